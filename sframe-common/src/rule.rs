@@ -1,0 +1,111 @@
+//! The normalized unwind rule.
+//!
+//! Both sources of unwind information, SFrame sections and DWARF CFI (`.eh_frame`,
+//! `.debug_frame`), are reduced to this one type: how to find the canonical frame address
+//! (CFA) of a frame, and from it the caller's return address (RA) and frame pointer (FP).
+//! It is plain data (`Copy`, no allocation) so the frame step can use it in `no_std` code.
+//!
+//! Register numbers in [`CfaBase::Reg`], [`RegRule::InReg`] and [`RegRule::AtReg`] are
+//! DWARF register numbers of the object's architecture (AMD64: 0..=16, AArch64: 0..=31).
+
+/// The register a CFA is computed from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum CfaBase {
+    /// The stack pointer.
+    Sp,
+    /// The frame pointer (rbp on AMD64, x29 on AArch64).
+    Fp,
+    /// Another register, by DWARF number. Its value is only known in the frame that was
+    /// interrupted (the top frame), so such rules cannot be used for caller frames.
+    Reg(u16),
+}
+
+/// How the CFA is computed: `base + offset`, or with `deref`, `*(base + offset)`
+/// (e.g. a DRAP-realigned frame on AMD64: CFA = *(rbp - 8)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CfaRule {
+    pub base: CfaBase,
+    pub offset: i32,
+    pub deref: bool,
+}
+
+impl CfaRule {
+    pub const fn sp(offset: i32) -> Self {
+        Self {
+            base: CfaBase::Sp,
+            offset,
+            deref: false,
+        }
+    }
+    pub const fn fp(offset: i32) -> Self {
+        Self {
+            base: CfaBase::Fp,
+            offset,
+            deref: false,
+        }
+    }
+}
+
+/// How the caller's value of a register (RA or FP) is recovered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RegRule {
+    /// Not saved by this frame: the caller's value is the current value. For the RA on
+    /// AArch64 this means "still in the link register" (usable in the top frame only).
+    Unchanged,
+    /// Saved in memory at `CFA + offset`.
+    AtCfa(i32),
+    /// The caller's value is `CFA + offset` itself (DWARF `val_offset`).
+    ValCfa(i32),
+    /// Held in another register (DWARF number); known in the top frame only.
+    InReg(u16),
+    /// Saved in memory at `*(reg + offset)` (SFrame v3 FLEX, DWARF expressions of the
+    /// form `DW_OP_bregN off`); known in the top frame only unless `reg` is SP/FP.
+    AtReg { reg: u16, offset: i32 },
+    /// Undefined. For the RA this marks the outermost frame (`_start`, `clone`): the walk
+    /// is complete.
+    Undefined,
+}
+
+/// Flag bits of a rule.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RuleFlags(pub u8);
+
+impl RuleFlags {
+    /// The function is a signal trampoline: the caller's registers are in a signal frame.
+    pub const SIGNAL: u8 = 1 << 0;
+    /// The RA is signed (AArch64 pointer authentication) and must be stripped.
+    pub const MANGLED_RA: u8 = 1 << 1;
+    /// The signing key is B (else A); meaningful with `MANGLED_RA`.
+    pub const PAUTH_KEY_B: u8 = 1 << 2;
+
+    pub const fn contains(self, bit: u8) -> bool {
+        self.0 & bit != 0
+    }
+    pub const fn with(self, bit: u8) -> Self {
+        Self(self.0 | bit)
+    }
+}
+
+/// The rule for one PC: how to get from this frame's registers to the caller's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct UnwindRule {
+    pub cfa: CfaRule,
+    pub ra: RegRule,
+    pub fp: RegRule,
+    pub flags: RuleFlags,
+}
+
+impl UnwindRule {
+    /// The outermost frame marker (RA undefined).
+    pub const fn is_outermost(&self) -> bool {
+        matches!(self.ra, RegRule::Undefined)
+    }
+
+    /// True when the rule needs registers other than SP, FP (and the RA register on
+    /// AArch64) and so is only usable in the interrupted frame.
+    pub const fn top_frame_only(&self) -> bool {
+        matches!(self.cfa.base, CfaBase::Reg(_))
+            || matches!(self.ra, RegRule::InReg(_) | RegRule::AtReg { .. })
+            || matches!(self.fp, RegRule::InReg(_) | RegRule::AtReg { .. })
+    }
+}

@@ -1,0 +1,83 @@
+//! BPF programs of the profiler.
+#![no_std]
+#![no_main]
+
+mod regs;
+
+use aya_ebpf::{
+    bindings::pt_regs,
+    helpers::{bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_probe_read_user},
+    macros::{map, perf_event},
+    maps::{HashMap, RingBuf},
+    programs::PerfEventContext,
+};
+use aya_log_ebpf::warn;
+use sframe_common::sample::{
+    RawSample, SAMPLE_FLAG_FROM_KERNEL, SAMPLE_FLAG_NO_USER_REGS, SAMPLE_FLAG_STACK_WORD_OK,
+};
+
+use crate::regs::RegsSource;
+
+/// Thread-group ids to sample (value unused). The program runs for every sample of the
+/// perf events it is attached to; this map keeps only the targets.
+#[map]
+static TARGET_TGIDS: HashMap<u32, u8> = HashMap::with_max_entries(4096, 0);
+
+/// Raw samples for user space (the diagnostic path; counting happens in the kernel).
+#[map]
+static RAW_SAMPLES: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
+
+/// Records the sampled task's user registers and the word at its user stack pointer.
+#[perf_event]
+pub fn sample_raw(ctx: PerfEventContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    // SAFETY: map lookup of a plain integer key.
+    if unsafe { TARGET_TGIDS.get(&tgid) }.is_none() {
+        return 0;
+    }
+    let Some(mut entry) = RAW_SAMPLES.reserve::<RawSample>(0) else {
+        return 0;
+    };
+    let mut sample = RawSample {
+        pid: tgid,
+        tid: pid_tgid as u32,
+        // SAFETY: helper without arguments.
+        cpu: unsafe { bpf_get_smp_processor_id() },
+        ..RawSample::default()
+    };
+    // SAFETY: `regs` is the first member of bpf_perf_event_data.
+    let ctx_regs = unsafe { core::ptr::addr_of!((*ctx.ctx).regs) } as *const pt_regs;
+    match unsafe { regs::user_regs(ctx_regs) } {
+        Some((user, source)) => {
+            sample.ip = user.ip;
+            sample.sp = user.sp;
+            sample.fp = user.fp;
+            if let RegsSource::Task = source {
+                sample.flags |= SAMPLE_FLAG_FROM_KERNEL;
+            }
+            // SAFETY: bpf_probe_read_user validates the user address.
+            if let Ok(word) = unsafe { bpf_probe_read_user(user.sp as *const u64) } {
+                sample.stack_word = word;
+                sample.flags |= SAMPLE_FLAG_STACK_WORD_OK;
+            }
+        }
+        None => {
+            sample.flags |= SAMPLE_FLAG_NO_USER_REGS;
+            warn!(&ctx, "no user registers for tid {}", sample.tid);
+        }
+    }
+    entry.write(sample);
+    entry.submit(0);
+    0
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

@@ -1,0 +1,93 @@
+//! Loading the embedded eBPF object.
+
+use aya::{Ebpf, EbpfLoader};
+use log::warn;
+
+/// The BPF object built by `build.rs` (aya-build) from `sframe-ebpf`.
+pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sframe"));
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("loading the eBPF object failed (root or CAP_BPF+CAP_PERFMON needed): {0}")]
+    Object(#[from] aya::EbpfError),
+    #[error("loading program {name} failed (verifier log follows if any): {source}")]
+    Program {
+        name: &'static str,
+        #[source]
+        source: aya::programs::ProgramError,
+    },
+    #[error("program {name} not found in the eBPF object")]
+    MissingProgram { name: &'static str },
+    #[error("map {name}: {source}")]
+    Map {
+        name: &'static str,
+        #[source]
+        source: aya::maps::MapError,
+    },
+    #[error("map {name} not found in the eBPF object")]
+    MissingMap { name: &'static str },
+    #[error("attaching {what}: {source}")]
+    Attach {
+        what: String,
+        #[source]
+        source: aya::programs::ProgramError,
+    },
+}
+
+/// Loads the object into the kernel (maps are created; programs are loaded on demand).
+pub fn load() -> Result<Ebpf, LoadError> {
+    raise_memlock_limit();
+    Ok(EbpfLoader::new().load(EBPF_OBJECT)?)
+}
+
+/// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; raise it so they load there too.
+fn raise_memlock_limit() {
+    let rlim = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: setrlimit with a valid pointer to an initialized struct.
+    let ret = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &rlim) };
+    if ret != 0 {
+        log::debug!(
+            "setrlimit(RLIMIT_MEMLOCK) failed: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
+/// Forwards the eBPF programs' aya-log records to the `log` crate on the current tokio
+/// runtime. Without a runtime, or without log statements in the object, it does nothing.
+pub fn spawn_logger(ebpf: &mut Ebpf) {
+    let Ok(handle) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let logger = match aya_log::EbpfLogger::init(ebpf) {
+        Ok(logger) => logger,
+        Err(err) => {
+            warn!("eBPF logs unavailable: {err}");
+            return;
+        }
+    };
+    // SAFETY: the logger owns its ring-buffer map fd; it stays open and unchanged for the
+    // logger's lifetime, which the AsyncFd owns.
+    let registered = unsafe {
+        tokio::io::unix::AsyncFd::register_with_interest(logger, tokio::io::Interest::READABLE)
+    };
+    let mut logger = match registered {
+        Ok(fd) => fd,
+        Err(err) => {
+            warn!("eBPF logs unavailable: {err}");
+            return;
+        }
+    };
+    handle.spawn(async move {
+        loop {
+            let Ok(mut guard) = logger.readable_mut().await else {
+                return;
+            };
+            guard.get_inner_mut().flush();
+            guard.clear_ready();
+        }
+    });
+}

@@ -1,0 +1,164 @@
+//! Reading `/proc/PID/maps`.
+//!
+//! The file's contents come from the kernel but describe a process we do not control
+//! (paths may contain anything); parsing never panics and reports the bad line.
+
+use std::path::PathBuf;
+
+/// One line of `/proc/PID/maps`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mapping {
+    pub start: u64,
+    pub end: u64,
+    pub readable: bool,
+    pub writable: bool,
+    pub executable: bool,
+    /// File offset of `start`.
+    pub offset: u64,
+    pub dev_major: u32,
+    pub dev_minor: u32,
+    pub inode: u64,
+    /// Path or pseudo-name (`[vdso]`, `[stack]`); empty for anonymous memory. A deleted
+    /// file keeps its path with a ` (deleted)` suffix.
+    pub path: String,
+}
+
+impl Mapping {
+    /// True for mappings of a file (not anonymous memory nor `[pseudo]` regions).
+    pub fn is_file(&self) -> bool {
+        self.inode != 0 && self.path.starts_with('/')
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum MapsError {
+    #[error("reading {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: line {line}: malformed {field}")]
+    Malformed {
+        path: PathBuf,
+        line: usize,
+        field: &'static str,
+    },
+}
+
+/// Reads and parses `/proc/PID/maps`.
+pub fn read_maps(pid: u32) -> Result<Vec<Mapping>, MapsError> {
+    let path = PathBuf::from(format!("/proc/{pid}/maps"));
+    let text = std::fs::read_to_string(&path).map_err(|source| MapsError::Io {
+        path: path.clone(),
+        source,
+    })?;
+    parse_maps(&text).map_err(|(line, field)| MapsError::Malformed { path, line, field })
+}
+
+/// Parses the text of a maps file; on error returns the 1-based line and the field.
+pub fn parse_maps(text: &str) -> Result<Vec<Mapping>, (usize, &'static str)> {
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| parse_line(l).map_err(|field| (i + 1, field)))
+        .collect()
+}
+
+fn parse_line(line: &str) -> Result<Mapping, &'static str> {
+    let mut rest = line;
+    let mut field = |name: &'static str| -> Result<&str, &'static str> {
+        let trimmed = rest.trim_start_matches(' ');
+        let end = trimmed.find(' ').unwrap_or(trimmed.len());
+        let (f, r) = trimmed.split_at(end);
+        rest = r;
+        if f.is_empty() { Err(name) } else { Ok(f) }
+    };
+    let range = field("address range")?;
+    let perms = field("permissions")?;
+    let offset = field("offset")?;
+    let dev = field("device")?;
+    let inode = field("inode")?;
+    let path = rest.trim_start_matches(' ').to_owned();
+
+    let (start, end) = range.split_once('-').ok_or("address range")?;
+    let start = u64::from_str_radix(start, 16).map_err(|_| "start address")?;
+    let end = u64::from_str_radix(end, 16).map_err(|_| "end address")?;
+    if end < start {
+        return Err("address range");
+    }
+    let perms = perms.as_bytes();
+    if perms.len() < 4 {
+        return Err("permissions");
+    }
+    let (major, minor) = dev.split_once(':').ok_or("device")?;
+    Ok(Mapping {
+        start,
+        end,
+        readable: perms[0] == b'r',
+        writable: perms[1] == b'w',
+        executable: perms[2] == b'x',
+        offset: u64::from_str_radix(offset, 16).map_err(|_| "offset")?,
+        dev_major: u32::from_str_radix(major, 16).map_err(|_| "device")?,
+        dev_minor: u32::from_str_radix(minor, 16).map_err(|_| "device")?,
+        inode: inode.parse().map_err(|_| "inode")?,
+        path,
+    })
+}
+
+/// The mapping containing `addr`, if any.
+pub fn find(maps: &[Mapping], addr: u64) -> Option<&Mapping> {
+    maps.iter().find(|m| m.start <= addr && addr < m.end)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_file_anonymous_and_pseudo_lines() {
+        let text = "\
+5581f1a00000-5581f1a28000 r-xp 00002000 fe:01 1835019                    /usr/bin/cat with spaces
+7ffd1c3e1000-7ffd1c402000 rw-p 00000000 00:00 0                          [stack]
+7f0000000000-7f0000001000 rw-p 00000000 00:00 0
+";
+        let maps = parse_maps(text).unwrap();
+        assert_eq!(maps.len(), 3);
+        assert_eq!(maps[0].start, 0x5581f1a00000);
+        assert!(maps[0].executable && !maps[0].writable);
+        assert_eq!(maps[0].offset, 0x2000);
+        assert_eq!((maps[0].dev_major, maps[0].dev_minor), (0xfe, 1));
+        assert_eq!(maps[0].path, "/usr/bin/cat with spaces");
+        assert!(maps[0].is_file());
+        assert_eq!(maps[1].path, "[stack]");
+        assert!(!maps[1].is_file());
+        assert_eq!(maps[2].path, "");
+        assert_eq!(find(&maps, 0x5581f1a00010).map(|m| m.inode), Some(1835019));
+        assert!(find(&maps, 0x10).is_none());
+    }
+
+    #[test]
+    fn malformed_lines_are_errors_not_panics() {
+        for (text, field) in [
+            ("zzzz-1000 r-xp 0 00:00 0 x", "start address"),
+            ("2000-1000 r-xp 0 00:00 0 x", "address range"),
+            ("1000-2000 r 0 00:00 0 x", "permissions"),
+            ("1000-2000 r-xp 0 0000 0 x", "device"),
+            ("1000-2000 r-xp 0 00:00 abc x", "inode"),
+            ("1000-2000", "permissions"),
+        ] {
+            let err = parse_maps(text).unwrap_err();
+            assert_eq!(err, (1, field), "{text:?}");
+        }
+        let second_line = "1000-2000 r-xp 0 00:00 0 /x\nok";
+        assert_eq!(parse_maps(second_line).unwrap_err(), (2, "permissions"));
+    }
+
+    #[test]
+    fn reads_own_maps() {
+        let maps = read_maps(std::process::id()).unwrap();
+        let here = reads_own_maps as *const () as u64;
+        let m = find(&maps, here).expect("own code is mapped");
+        assert!(m.executable);
+    }
+}

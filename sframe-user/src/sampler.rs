@@ -1,0 +1,151 @@
+//! The raw sampler: the `sample_raw` perf-event program and its ring buffer.
+//!
+//! Each sample of a target process carries the user registers (from the interrupt frame,
+//! or the task's saved user registers when the sample hit kernel mode) and the word at
+//! the user stack pointer.
+
+use aya::{
+    Ebpf,
+    maps::{HashMap, MapData, RingBuf},
+    programs::{
+        PerfEvent,
+        perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
+    },
+};
+use sframe_common::RawSample;
+
+use crate::bpf::{self, LoadError};
+
+const PROGRAM: &str = "sample_raw";
+
+/// A loaded raw-sample program.
+pub struct RawSampler {
+    ebpf: Ebpf,
+    ring: RingBuf<MapData>,
+}
+
+/// Which tasks a perf event covers.
+#[derive(Clone, Copy, Debug)]
+pub enum Scope {
+    /// One process (thread-group leader; with `inherit`, its later children too).
+    Process { pid: u32 },
+    /// Every task on every online CPU; the target map filters.
+    AllCpus,
+}
+
+impl RawSampler {
+    /// Loads the object and the program (not yet attached).
+    pub fn load() -> Result<Self, LoadError> {
+        let mut ebpf = bpf::load()?;
+        bpf::spawn_logger(&mut ebpf);
+        let program: &mut PerfEvent = ebpf
+            .program_mut(PROGRAM)
+            .ok_or(LoadError::MissingProgram { name: PROGRAM })?
+            .try_into()
+            .map_err(|source| LoadError::Program {
+                name: PROGRAM,
+                source,
+            })?;
+        program.load().map_err(|source| LoadError::Program {
+            name: PROGRAM,
+            source,
+        })?;
+        let ring = ebpf.take_map("RAW_SAMPLES").ok_or(LoadError::MissingMap {
+            name: "RAW_SAMPLES",
+        })?;
+        let ring = RingBuf::try_from(ring).map_err(|source| LoadError::Map {
+            name: "RAW_SAMPLES",
+            source,
+        })?;
+        Ok(Self { ebpf, ring })
+    }
+
+    /// Adds a thread-group id to the targets.
+    pub fn add_target(&mut self, pid: u32) -> Result<(), LoadError> {
+        let map = self
+            .ebpf
+            .map_mut("TARGET_TGIDS")
+            .ok_or(LoadError::MissingMap {
+                name: "TARGET_TGIDS",
+            })?;
+        let mut targets: HashMap<_, u32, u8> =
+            HashMap::try_from(map).map_err(|source| LoadError::Map {
+                name: "TARGET_TGIDS",
+                source,
+            })?;
+        targets.insert(pid, 1, 0).map_err(|source| LoadError::Map {
+            name: "TARGET_TGIDS",
+            source,
+        })
+    }
+
+    /// Attaches cpu-clock sampling at `frequency` Hz.
+    pub fn attach(&mut self, scope: Scope, frequency: u64) -> Result<(), LoadError> {
+        let program: &mut PerfEvent = self
+            .ebpf
+            .program_mut(PROGRAM)
+            .ok_or(LoadError::MissingProgram { name: PROGRAM })?
+            .try_into()
+            .map_err(|source| LoadError::Program {
+                name: PROGRAM,
+                source,
+            })?;
+        let config = PerfEventConfig::Software(SoftwareEvent::CpuClock);
+        let policy = SamplePolicy::Frequency(frequency);
+        match scope {
+            Scope::Process { pid } => {
+                program
+                    .attach(
+                        config,
+                        PerfEventScope::OneProcess { pid, cpu: None },
+                        policy,
+                        true,
+                    )
+                    .map_err(|source| LoadError::Attach {
+                        what: format!("cpu-clock to pid {pid}"),
+                        source,
+                    })?;
+            }
+            Scope::AllCpus => {
+                let cpus = aya::util::online_cpus().map_err(|(_, err)| LoadError::Attach {
+                    what: "reading online CPUs".into(),
+                    source: aya::programs::ProgramError::IOError(err),
+                })?;
+                for cpu in cpus {
+                    program
+                        .attach(
+                            config,
+                            PerfEventScope::AllProcessesOneCpu { cpu },
+                            policy,
+                            false,
+                        )
+                        .map_err(|source| LoadError::Attach {
+                            what: format!("cpu-clock on cpu {cpu}"),
+                            source,
+                        })?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves every sample waiting in the ring buffer into `out`; returns how many.
+    pub fn drain(&mut self, out: &mut Vec<RawSample>) -> usize {
+        let mut n = 0;
+        while let Some(item) = self.ring.next() {
+            if item.len() >= core::mem::size_of::<RawSample>() {
+                // SAFETY: the kernel wrote a RawSample (repr(C), any bit pattern valid);
+                // read_unaligned copes with the ring's 8-byte alignment.
+                let sample = unsafe { (item.as_ptr() as *const RawSample).read_unaligned() };
+                out.push(sample);
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// The ring buffer's file descriptor, for polling.
+    pub fn ring(&self) -> &RingBuf<MapData> {
+        &self.ring
+    }
+}

@@ -1,0 +1,39 @@
+//! `cargo xtask`: the project's task runner.
+//!
+//! - `setup`: provision what a fresh machine lacks (nightly rust-src, bpf-linker built
+//!   against the nightly toolchain's own LLVM, Debian packages the tests use).
+//! - `run -- ARGS`: setup, build, run `sframe-user ARGS` (through `sudo -E` unless root).
+//! - `test`: setup, then everything CI checks.
+
+mod cmd;
+mod run;
+mod setup;
+mod test;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "Tasks of the sframe profiler workspace")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Install what this machine lacks to build and test (idempotent, fast when done).
+    Setup,
+    /// Build and run sframe-user with the given arguments (as root).
+    Run(run::RunArgs),
+    /// Run every check CI runs: fmt, clippy (host and BPF crates), all tests.
+    Test(test::TestArgs),
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().command {
+        Command::Setup => setup::setup(),
+        Command::Run(args) => run::run(args),
+        Command::Test(args) => test::test(args),
+    }
+}

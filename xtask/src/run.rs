@@ -1,0 +1,44 @@
+//! `cargo xtask run -- ARGS`.
+
+use std::process::Command;
+
+use anyhow::{Result, bail};
+use clap::Args;
+
+use crate::{cmd, setup};
+
+#[derive(Args)]
+pub struct RunArgs {
+    /// Build in debug mode instead of release.
+    #[arg(long)]
+    debug: bool,
+    /// Arguments passed to sframe-user.
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    args: Vec<String>,
+}
+
+pub fn run(args: RunArgs) -> Result<()> {
+    setup::setup()?;
+    let root = cmd::workspace_root();
+    let mut build = Command::new("cargo");
+    build
+        .current_dir(&root)
+        .args(["build", "--package", "sframe-user", "--bin", "sframe-user"]);
+    if !args.debug {
+        build.arg("--release");
+    }
+    cmd::run(&mut build, "build sframe-user")?;
+    let profile = if args.debug { "debug" } else { "release" };
+    let bin = root.join("target").join(profile).join("sframe-user");
+    let mut run = cmd::privileged(&bin.to_string_lossy());
+    run.args(&args.args);
+    let status = run.status()?;
+    if !status.success() {
+        // sframe-user printed its own error; pass its exit code on.
+        match status.code() {
+            Some(code) => std::process::exit(code),
+            None => bail!("sframe-user was killed ({status})"),
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,190 @@
+//! Idempotent provisioning of a fresh machine.
+//!
+//! Every step first checks whether its result is already there, so a second run is a
+//! fast no-op. A failing step says which step failed and what to run by hand.
+
+use std::{
+    env,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::cmd;
+
+/// bpf-linker release built by setup (the newest that builds with rustc 1.95's nightly).
+const BPF_LINKER_VERSION: &str = "0.13.0";
+
+/// Debian packages the tests and benchmarks use, with a binary that proves each is there.
+const DEBIAN_PACKAGES: &[(&str, &str)] = &[
+    ("linux-perf", "perf"),
+    ("bpftool", "bpftool"),
+    ("gcc", "gcc"),
+    ("g++", "g++"),
+    ("binutils", "objdump"),
+];
+
+pub fn setup() -> Result<()> {
+    step("nightly toolchain", ensure_nightly)?;
+    step("rust-src for nightly", ensure_rust_src)?;
+    step("bpf-linker", ensure_bpf_linker)?;
+    step("Debian packages", ensure_debian_packages)?;
+    Ok(())
+}
+
+fn step(name: &str, f: impl FnOnce() -> Result<()>) -> Result<()> {
+    f().with_context(|| format!("setup step '{name}' failed"))
+}
+
+fn ensure_nightly() -> Result<()> {
+    if cmd::output(Command::new("rustc").args(["+nightly", "-vV"])).is_some() {
+        return Ok(());
+    }
+    cmd::run(
+        Command::new("rustup").args(["toolchain", "install", "nightly", "--profile", "minimal"]),
+        "install the nightly toolchain (by hand: rustup toolchain install nightly)",
+    )
+}
+
+fn ensure_rust_src() -> Result<()> {
+    let installed = cmd::output(Command::new("rustup").args([
+        "component",
+        "list",
+        "--installed",
+        "--toolchain",
+        "nightly",
+    ]))
+    .unwrap_or_default();
+    if installed.lines().any(|l| l.starts_with("rust-src")) {
+        return Ok(());
+    }
+    cmd::run(
+        Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]),
+        "add rust-src (by hand: rustup component add rust-src --toolchain nightly)",
+    )
+}
+
+fn cargo_home() -> PathBuf {
+    env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))
+        .unwrap_or_else(|| PathBuf::from("/root/.cargo"))
+}
+
+/// The nightly toolchain's LLVM: (major version, path of its shared libLLVM).
+fn nightly_llvm() -> Result<(String, PathBuf)> {
+    let vv = cmd::output(Command::new("rustc").args(["+nightly", "-vV"]))
+        .context("rustc +nightly -vV failed")?;
+    let version = vv
+        .lines()
+        .find_map(|l| l.strip_prefix("LLVM version: "))
+        .context("rustc +nightly -vV printed no LLVM version")?;
+    let major = version.split('.').next().unwrap_or(version).to_owned();
+    let sysroot = cmd::output(Command::new("rustc").args(["+nightly", "--print", "sysroot"]))
+        .context("rustc +nightly --print sysroot failed")?;
+    let lib_dir = Path::new(sysroot.trim()).join("lib");
+    // The SONAME form (libLLVM.so.MAJOR.MINOR-rust-...) is what bpf-linker records as
+    // its dependency; prefer it over the libLLVM-MAJOR-rust-....so alias.
+    let mut candidates: Vec<PathBuf> = std::fs::read_dir(&lib_dir)
+        .with_context(|| format!("reading {}", lib_dir.display()))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("libLLVM.so.") || n.starts_with("libLLVM-"))
+        })
+        .collect();
+    candidates.sort_by_key(|p| {
+        !p.file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with("libLLVM.so."))
+    });
+    let lib = candidates
+        .into_iter()
+        .next()
+        .with_context(|| format!("no libLLVM shared library in {}", lib_dir.display()))?;
+    Ok((major, lib))
+}
+
+fn ensure_bpf_linker() -> Result<()> {
+    let (major, libllvm) = nightly_llvm()?;
+    let stamp_value = format!("bpf-linker {BPF_LINKER_VERSION} llvm {}", libllvm.display());
+    let stamp = cargo_home().join("sframe-profiler-bpf-linker.stamp");
+    let runs = cmd::output(Command::new("bpf-linker").arg("--version")).is_some();
+    if runs && std::fs::read_to_string(&stamp).is_ok_and(|s| s.trim() == stamp_value) {
+        return Ok(());
+    }
+    if runs && !stamp.exists() && env::var_os("SFRAME_REBUILD_BPF_LINKER").is_none() {
+        // Installed by other means; trust it (set SFRAME_REBUILD_BPF_LINKER=1 to replace it).
+        return Ok(());
+    }
+    // bpf-linker links against a shared libLLVM found under LLVM_PREFIX/lib. Debian 12 has
+    // no matching LLVM, so point it at the nightly toolchain's own library through a
+    // prefix of symlinks. The binary's RUNPATH is that prefix: it must stay in place.
+    let file_name = libllvm
+        .file_name()
+        .context("libLLVM path has no file name")?
+        .to_owned();
+    let prefix = cargo_home().join("sframe-llvm-prefix").join(&file_name);
+    let lib = prefix.join("lib");
+    std::fs::create_dir_all(&lib).with_context(|| format!("creating {}", lib.display()))?;
+    for name in [std::ffi::OsString::from("libLLVM.so"), file_name.clone()] {
+        let link = lib.join(&name);
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&libllvm, &link)
+            .with_context(|| format!("symlinking {} -> {}", link.display(), libllvm.display()))?;
+    }
+    let feature = format!("llvm-{major}");
+    let mut install = Command::new("cargo");
+    install
+        .args(["+nightly", "install", "bpf-linker", "--force"])
+        .args(["--version", BPF_LINKER_VERSION, "--no-default-features"])
+        .args(["--features", &feature])
+        .env("LLVM_PREFIX", &prefix);
+    if let Err(err) = cmd::run(&mut install, "build bpf-linker against the nightly libLLVM") {
+        bail!(
+            "{err:#}\nby hand: LLVM_PREFIX={} cargo +nightly install bpf-linker --version {BPF_LINKER_VERSION} --no-default-features --features {feature}",
+            prefix.display()
+        );
+    }
+    if cmd::output(Command::new("bpf-linker").arg("--version")).is_none() {
+        bail!(
+            "bpf-linker was installed but does not run; is {} on PATH?",
+            cargo_home().join("bin").display()
+        );
+    }
+    std::fs::write(&stamp, stamp_value).with_context(|| format!("writing {}", stamp.display()))?;
+    Ok(())
+}
+
+fn has_binary(name: &str) -> bool {
+    cmd::output(Command::new("sh").args(["-c", &format!("command -v {name}")])).is_some()
+}
+
+fn package_installed(pkg: &str) -> bool {
+    cmd::output(Command::new("dpkg-query").args(["-W", "-f=${Status}", pkg]))
+        .is_some_and(|s| s.contains("install ok installed"))
+}
+
+fn ensure_debian_packages() -> Result<()> {
+    let missing: Vec<&str> = DEBIAN_PACKAGES
+        .iter()
+        .filter(|(pkg, bin)| !has_binary(bin) || !package_installed(pkg))
+        .map(|(pkg, _)| *pkg)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let by_hand = format!("apt-get update && apt-get install -y {}", missing.join(" "));
+    let mut update = cmd::privileged("apt-get");
+    update.args(["update", "-q"]);
+    cmd::run(&mut update, "apt-get update").with_context(|| format!("by hand: {by_hand}"))?;
+    let mut install = cmd::privileged("apt-get");
+    install
+        .args(["install", "-y", "-q", "--no-install-recommends"])
+        .args(&missing)
+        .env("DEBIAN_FRONTEND", "noninteractive");
+    cmd::run(&mut install, "install Debian packages").with_context(|| format!("by hand: {by_hand}"))
+}

@@ -1,0 +1,56 @@
+//! `cargo xtask test`: everything CI checks, in order of cost.
+
+use std::process::Command;
+
+use anyhow::Result;
+use clap::Args;
+
+use crate::{cmd, setup};
+
+#[derive(Args)]
+pub struct TestArgs {
+    /// Extra arguments for `cargo test` (e.g. a test name filter).
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    cargo_test_args: Vec<String>,
+}
+
+/// The BPF target and the cfg aya-build passes, so clippy sees the same code.
+const BPF_TARGET: &str = "bpfel-unknown-none";
+
+pub fn test(args: TestArgs) -> Result<()> {
+    setup::setup()?;
+    let root = cmd::workspace_root();
+    let cargo = || {
+        let mut c = Command::new("cargo");
+        c.current_dir(&root);
+        c
+    };
+
+    cmd::run(cargo().args(["fmt", "--all", "--check"]), "cargo fmt")?;
+    cmd::run(
+        cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"]),
+        "clippy (host crates)",
+    )?;
+    cmd::run(
+        cargo()
+            .args([
+                "+nightly",
+                "clippy",
+                "--package",
+                "sframe-ebpf",
+                "--release",
+            ])
+            .args(["--target", BPF_TARGET, "-Z", "build-std=core"])
+            .args(["--target-dir", "target/bpf-clippy", "--", "-D", "warnings"])
+            .env(
+                "CARGO_ENCODED_RUSTFLAGS",
+                format!("--cfg=bpf_target_arch=\"{}\"", std::env::consts::ARCH),
+            ),
+        "clippy (BPF crate)",
+    )?;
+    cmd::run(
+        cargo().arg("test").args(&args.cargo_test_args),
+        "unit and BPF tests",
+    )?;
+    Ok(())
+}
