@@ -33,7 +33,7 @@ pub fn sample_raw(ctx: PerfEventContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     // SAFETY: map lookup of a plain integer key.
-    if unsafe { TARGET_TGIDS.get(&tgid) }.is_none() {
+    if unsafe { TARGET_TGIDS.get(tgid) }.is_none() {
         return 0;
     }
     let Some(mut entry) = RAW_SAMPLES.reserve::<RawSample>(0) else {
@@ -47,7 +47,7 @@ pub fn sample_raw(ctx: PerfEventContext) -> u32 {
         ..RawSample::default()
     };
     // SAFETY: `regs` is the first member of bpf_perf_event_data.
-    let ctx_regs = unsafe { core::ptr::addr_of!((*ctx.ctx).regs) } as *const pt_regs;
+    let ctx_regs: *const pt_regs = unsafe { core::ptr::addr_of!((*ctx.ctx).regs) };
     match unsafe { regs::user_regs(ctx_regs) } {
         Some((user, source)) => {
             sample.ip = user.ip;
