@@ -1,6 +1,5 @@
 //! Rebuild the BPF object when `bpf-linker` changes: cargo cannot see that dependency.
 fn main() {
-    println!("cargo:rerun-if-env-changed=PATH");
     match which::which("bpf-linker") {
         Ok(path) => println!("cargo:rerun-if-changed={}", path.display()),
         Err(err) => {
