@@ -3,6 +3,9 @@
 use aya_build::{Package, Toolchain};
 
 fn main() -> anyhow::Result<()> {
+    if std::env::var_os("CARGO_FEATURE_BPF").is_none() {
+        return Ok(());
+    }
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../sframe-ebpf");
     aya_build::build_ebpf(
         [Package {

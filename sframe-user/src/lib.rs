@@ -1,5 +1,7 @@
 //! User space of the SFrame profiler.
 //!
+//! - [`ehframe`]: unwind rows derived from DWARF CFI (`.eh_frame`, `.debug_frame`) and PLTs.
+//! - [`sframe`]: the SFrame reader (versions 1–3), lookup, objdump-style dump, writer.
 //! - [`table`]: the in-memory unwind table of one object (normalized rules).
 //! - [`bpf`]: loading the embedded eBPF object and forwarding its logs.
 //! - [`sampler`]: attaching the perf-event program and reading raw samples.
@@ -10,8 +12,12 @@
 //! It does not contain the kernel-side code (`sframe-ebpf`) nor the shared map layout
 //! (`sframe-common`).
 
+#[cfg(feature = "bpf")]
 pub mod bpf;
+pub mod ehframe;
 pub mod privileges;
 pub mod procfs;
+#[cfg(feature = "bpf")]
 pub mod sampler;
+pub mod sframe;
 pub mod table;

@@ -1,0 +1,43 @@
+//! Budgets of the kernel-side walker, stated once and checked at compile time.
+
+/// Frames walked per sample (one `bpf_loop` iteration each).
+pub const MAX_FRAMES: usize = 256;
+
+/// Executable mappings per process in the kernel's per-process table.
+pub const MAX_MAPPINGS: usize = 256;
+/// Steps of the fixed-length binary search over a process's mappings.
+pub const MAPPING_SEARCH_STEPS: u32 = 9;
+
+/// Rows are grouped in pages of `1 << PAGE_SHIFT` bytes of code; a row stores the low
+/// `PAGE_SHIFT` bits of its address, and a page is searched in `ROW_SEARCH_STEPS`.
+pub const PAGE_SHIFT: u32 = 16;
+/// A page holds at most one row per byte address: `1 << PAGE_SHIFT` rows.
+pub const ROW_SEARCH_STEPS: u32 = PAGE_SHIFT + 1;
+
+/// Objects with tables loaded at once.
+pub const MAX_OBJECTS: u32 = 8192;
+/// Total rows in the kernel (4 bytes each).
+pub const MAX_ROWS: u32 = 1 << 23;
+/// Total page entries in the kernel (4 bytes each).
+pub const MAX_PAGES: u32 = 1 << 20;
+/// Distinct rules, shared by all objects (a row's rule index is a `u16`).
+pub const MAX_RULES: u32 = 1 << 16;
+
+/// Processes with mapping tables.
+pub const MAX_PROCESSES: u32 = 4096;
+/// Distinct user stacks kept between two reads by user space.
+pub const MAX_STACKS: u32 = 16384;
+/// Distinct (process, thread, stack, kernel stack, outcome) counters between two reads.
+pub const MAX_COUNTS: u32 = 32768;
+/// Kernel stacks (`bpf_get_stackid`).
+pub const MAX_KERNEL_STACKS: u32 = 8192;
+
+/// The per-CPU scratch record may not exceed this (keep it cache- and map-friendly).
+pub const MAX_SCRATCH_BYTES: usize = 32 * 1024;
+
+const _: () = assert!(1usize << MAPPING_SEARCH_STEPS > MAX_MAPPINGS);
+const _: () = assert!(MAX_MAPPINGS.is_power_of_two());
+const _: () = assert!(1u64 << ROW_SEARCH_STEPS > 1u64 << PAGE_SHIFT);
+const _: () = assert!(MAX_RULES <= 1 << 16, "row rule index is a u16");
+const _: () = assert!(PAGE_SHIFT <= 16, "row address is a u16");
+const _: () = assert!(MAX_FRAMES <= 1 << 16);

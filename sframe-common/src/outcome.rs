@@ -1,0 +1,151 @@
+//! Walk outcomes and event counters: defined once, counted per CPU by the kernel side,
+//! summed by user space.
+
+/// How a stack walk ended. Every sample of a target ends with exactly one.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum WalkOutcome {
+    /// Reached the outermost frame (RA undefined, e.g. `_start`, `clone3`): a full stack.
+    Complete = 0,
+    /// Stopped after `MAX_FRAMES` frames.
+    Truncated = 1,
+    /// A PC outside every executable mapping known for the process.
+    NoMapping = 2,
+    /// A PC in a mapped object with no rule for it, and no usable frame pointer.
+    NoRule = 3,
+    /// Reading the saved RA, FP or a dereferenced CFA from the user stack failed.
+    ReadFault = 4,
+    /// The CFA was not above the stack pointer (no progress, or a corrupt stack).
+    NoProgress = 5,
+    /// A caller frame's rule needs registers only known in the top frame.
+    TopFrameOnlyRule = 6,
+    /// The frame-pointer chain ended (FP = 0) in code without tables.
+    FramePointerEnd = 7,
+    /// No user registers (kernel thread, or they could not be read).
+    NoUserRegs = 8,
+    /// The process has no mapping table yet (user space has not loaded it).
+    UnknownProcess = 9,
+    /// The per-CPU scratch space was unavailable (should never happen).
+    NoScratch = 10,
+    /// A return address of 0: many runtimes end stacks this way.
+    ZeroReturnAddress = 11,
+}
+
+impl WalkOutcome {
+    pub const COUNT: usize = 12;
+    pub const ALL: [WalkOutcome; Self::COUNT] = [
+        Self::Complete,
+        Self::Truncated,
+        Self::NoMapping,
+        Self::NoRule,
+        Self::ReadFault,
+        Self::NoProgress,
+        Self::TopFrameOnlyRule,
+        Self::FramePointerEnd,
+        Self::NoUserRegs,
+        Self::UnknownProcess,
+        Self::NoScratch,
+        Self::ZeroReturnAddress,
+    ];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Complete => "complete",
+            Self::Truncated => "truncated",
+            Self::NoMapping => "no_mapping",
+            Self::NoRule => "no_rule",
+            Self::ReadFault => "read_fault",
+            Self::NoProgress => "no_progress",
+            Self::TopFrameOnlyRule => "top_frame_only_rule",
+            Self::FramePointerEnd => "frame_pointer_end",
+            Self::NoUserRegs => "no_user_regs",
+            Self::UnknownProcess => "unknown_process",
+            Self::NoScratch => "no_scratch",
+            Self::ZeroReturnAddress => "zero_return_address",
+        }
+    }
+
+    /// Stacks that reach the program's entry.
+    pub const fn is_complete(self) -> bool {
+        matches!(
+            self,
+            Self::Complete | Self::FramePointerEnd | Self::ZeroReturnAddress
+        )
+    }
+}
+
+impl TryFrom<u32> for WalkOutcome {
+    type Error = u32;
+    fn try_from(v: u32) -> Result<Self, u32> {
+        Self::ALL.get(v as usize).copied().ok_or(v)
+    }
+}
+
+/// Events counted per CPU besides the outcome.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Counter {
+    /// Samples of target processes.
+    Samples = 0,
+    /// Samples that hit kernel mode (user registers from the task).
+    SamplesInKernel = 1,
+    /// Frames unwound with a table row.
+    FramesFromTable = 2,
+    /// Frames unwound by the frame-pointer fallback.
+    FramesFromFramePointer = 3,
+    /// The stack map was full: the sample was counted without its user stack.
+    StackMapFull = 4,
+    /// The count map was full: the sample was lost.
+    CountMapFull = 5,
+    /// `bpf_get_stackid` failed for the kernel stack.
+    KernelStackFailed = 6,
+    /// Samples of non-target tasks that the program ignored.
+    Ignored = 7,
+}
+
+impl Counter {
+    pub const COUNT: usize = 8;
+    pub const ALL: [Counter; Self::COUNT] = [
+        Self::Samples,
+        Self::SamplesInKernel,
+        Self::FramesFromTable,
+        Self::FramesFromFramePointer,
+        Self::StackMapFull,
+        Self::CountMapFull,
+        Self::KernelStackFailed,
+        Self::Ignored,
+    ];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Samples => "samples",
+            Self::SamplesInKernel => "samples_in_kernel",
+            Self::FramesFromTable => "frames_from_table",
+            Self::FramesFromFramePointer => "frames_from_frame_pointer",
+            Self::StackMapFull => "stack_map_full",
+            Self::CountMapFull => "count_map_full",
+            Self::KernelStackFailed => "kernel_stack_failed",
+            Self::Ignored => "ignored",
+        }
+    }
+}
+
+impl TryFrom<u32> for Counter {
+    type Error = u32;
+    fn try_from(v: u32) -> Result<Self, u32> {
+        Self::ALL.get(v as usize).copied().ok_or(v)
+    }
+}
+
+const _: () = {
+    let mut i = 0;
+    while i < WalkOutcome::COUNT {
+        assert!(WalkOutcome::ALL[i] as usize == i);
+        i += 1;
+    }
+    let mut i = 0;
+    while i < Counter::COUNT {
+        assert!(Counter::ALL[i] as usize == i);
+        i += 1;
+    }
+};

@@ -1,0 +1,3 @@
+//! Subcommands of the `sframe-user` binary.
+
+pub mod profile;

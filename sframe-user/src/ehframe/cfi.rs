@@ -1,0 +1,633 @@
+//! DWARF CFI → rows: enumerates the FDEs of one `.eh_frame` / `.debug_frame` section,
+//! evaluates each FDE's program with gimli and normalizes every row to an
+//! [`UnwindRule`] (or `None` where no rule expresses it).
+
+use std::collections::HashMap;
+
+use gimli::{
+    BaseAddresses, CommonInformationEntry, DebugFrame, EhFrame, EhFrameHdr, EhFrameOffset,
+    EndianSlice, FrameDescriptionEntry, Register, RunTimeEndian, UnwindContext, UnwindSection,
+    UnwindTableRow,
+};
+use sframe_common::{CfaBase, CfaRule, RegRule, RuleFlags, UnwindRule};
+
+use super::error::{CfiSection, FdeError, SkipReason, Warning};
+use super::expr::{self, ExprBase};
+use super::stats::DeriveStats;
+use crate::table::{Arch, Function, PcType, Row};
+
+type R<'a> = EndianSlice<'a, RunTimeEndian>;
+
+/// DWARF register numbers that matter to the normalized rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ArchRegs {
+    pub arch: Arch,
+    pub sp: u16,
+    pub fp: u16,
+    /// The RA rule when the CFI leaves the RA column unspecified: on AMD64 the RA is
+    /// always at CFA-8; on AArch64 it is still in the link register.
+    pub default_ra: RegRule,
+}
+
+impl ArchRegs {
+    pub(crate) fn for_arch(arch: Arch) -> Option<Self> {
+        match arch {
+            Arch::Amd64 => Some(Self {
+                arch,
+                sp: 7,
+                fp: 6,
+                default_ra: RegRule::AtCfa(-8),
+            }),
+            Arch::Aarch64 { .. } => Some(Self {
+                arch,
+                sp: 31,
+                fp: 29,
+                default_ra: RegRule::Unchanged,
+            }),
+            Arch::S390x => None,
+        }
+    }
+
+    fn base(&self, reg: u16) -> CfaBase {
+        if reg == self.sp {
+            CfaBase::Sp
+        } else if reg == self.fp {
+            CfaBase::Fp
+        } else {
+            CfaBase::Reg(reg)
+        }
+    }
+
+    fn vendor(&self) -> gimli::Vendor {
+        match self.arch {
+            Arch::Aarch64 { .. } => gimli::Vendor::AArch64,
+            _ => gimli::Vendor::Default,
+        }
+    }
+}
+
+/// One section's bytes and the address they are loaded at.
+#[derive(Clone, Copy, Debug)]
+pub struct SectionData<'a> {
+    pub data: &'a [u8],
+    pub address: u64,
+}
+
+/// What the evaluator needs to know about the object.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Env {
+    pub regs: ArchRegs,
+    pub endian: RunTimeEndian,
+    pub address_size: u8,
+    pub text: Option<u64>,
+    pub got: Option<u64>,
+}
+
+impl Env {
+    fn bases(&self, section: CfiSection, s: &SectionData<'_>, hdr: Option<u64>) -> BaseAddresses {
+        let mut b = BaseAddresses::default();
+        if section == CfiSection::EhFrame {
+            b = b.set_eh_frame(s.address);
+        }
+        if let Some(h) = hdr {
+            b = b.set_eh_frame_hdr(h);
+        }
+        if let Some(t) = self.text {
+            b = b.set_text(t);
+        }
+        if let Some(g) = self.got {
+            b = b.set_got(g);
+        }
+        b
+    }
+}
+
+/// Converts `.eh_frame`, enumerating its FDEs through `.eh_frame_hdr`'s table when
+/// `hdr` is given and usable, else by walking the section.
+pub(crate) fn convert_eh_frame(
+    eh: &SectionData<'_>,
+    hdr: Option<&SectionData<'_>>,
+    env: &Env,
+    stats: &mut DeriveStats,
+) -> Vec<Candidate> {
+    let mut section = EhFrame::new(eh.data, env.endian);
+    section.set_address_size(env.address_size);
+    section.set_vendor(env.regs.vendor());
+    let bases = env.bases(CfiSection::EhFrame, eh, hdr.map(|h| h.address));
+    let mut conv = Converter::new(CfiSection::EhFrame, env, eh.data.len());
+
+    // The header's table is what the runtime unwinder searches, so its FDEs come first;
+    // the walk then adds any FDE the table does not list (and everything when there is
+    // no usable table).
+    let mut listed = Vec::new();
+    if let Some(hdr) = hdr {
+        match hdr_fde_offsets(hdr, eh, env, &bases) {
+            Ok(offsets) => {
+                stats.used_eh_frame_hdr = !offsets.is_empty();
+                for (index, &offset) in offsets.iter().enumerate() {
+                    stats.fdes_seen += 1;
+                    let partial = section.partial_fde_from_offset(&bases, EhFrameOffset(offset));
+                    let result = partial
+                        .map_err(|e| (SkipReason::from_gimli(e), Some(e)))
+                        .and_then(|p| conv.convert(&section, &bases, &p, index));
+                    conv.record(result, index, offset as u64, stats);
+                    if conv.budget_exhausted() {
+                        return conv.functions;
+                    }
+                }
+                listed = offsets;
+            }
+            Err(source) => stats.warnings.push(Warning::HdrUnusable { source }),
+        }
+    }
+    conv.walk(&section, eh.data, &bases, &listed, stats);
+    conv.functions
+}
+
+/// Converts `.debug_frame` (of the object or of its separate debug file).
+pub(crate) fn convert_debug_frame(
+    df: &SectionData<'_>,
+    kind: CfiSection,
+    env: &Env,
+    stats: &mut DeriveStats,
+) -> Vec<Candidate> {
+    let mut section = DebugFrame::new(df.data, env.endian);
+    section.set_address_size(env.address_size);
+    section.set_vendor(env.regs.vendor());
+    let bases = env.bases(kind, df, None);
+    let mut conv = Converter::new(kind, env, df.data.len());
+    conv.walk(&section, df.data, &bases, &[], stats);
+    conv.functions
+}
+
+/// The `.eh_frame` offsets of the FDEs listed in `.eh_frame_hdr`, sorted, deduplicated.
+fn hdr_fde_offsets(
+    hdr: &SectionData<'_>,
+    eh: &SectionData<'_>,
+    env: &Env,
+    bases: &BaseAddresses,
+) -> Result<Vec<usize>, gimli::Error> {
+    let parsed = EhFrameHdr::new(hdr.data, env.endian).parse(bases, env.address_size)?;
+    let eh_ptr = parsed.eh_frame_ptr().direct()?;
+    if eh_ptr != eh.address {
+        return Err(gimli::Error::OffsetOutOfBounds);
+    }
+    let Some(table) = parsed.table() else {
+        return Ok(Vec::new());
+    };
+    // Each entry takes at least 2 bytes: never trust fde_count for the allocation.
+    let cap = hdr.data.len() / 2;
+    let mut offsets = Vec::new();
+    let mut iter = table.iter(bases);
+    while let Some((_, fde_ptr)) = iter.next()? {
+        if offsets.len() >= cap {
+            break;
+        }
+        // gimli's pointer_to_offset subtracts unchecked; do it checked.
+        let off = fde_ptr
+            .direct()?
+            .checked_sub(eh_ptr)
+            .and_then(|o| usize::try_from(o).ok())
+            .filter(|&o| o < eh.data.len())
+            .ok_or(gimli::Error::OffsetOutOfBounds)?;
+        offsets.push(off);
+    }
+    offsets.sort_unstable();
+    offsets.dedup();
+    Ok(offsets)
+}
+
+type Skip = (SkipReason, Option<gimli::Error>);
+
+/// Where a converted function came from, to report it if it is later dropped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Origin {
+    pub section: CfiSection,
+    pub index: usize,
+    pub offset: u64,
+}
+
+/// A converted FDE.
+#[derive(Clone, Debug)]
+pub(crate) struct Candidate {
+    pub function: Function,
+    pub origin: Origin,
+}
+
+/// Evaluates FDEs of one section into functions.
+struct Converter<'e> {
+    kind: CfiSection,
+    env: Env,
+    ctx: UnwindContext<usize>,
+    cies: HashMap<usize, Result<CommonInformationEntry<R<'e>>, gimli::Error>>,
+    /// Rows left for this section: every row needs at least one byte of CFI, so a
+    /// well-formed section never exceeds its size; this bounds memory on crafted input
+    /// (e.g. a `.eh_frame_hdr` pointing many times into overlapping FDE bytes).
+    budget: usize,
+    functions: Vec<Candidate>,
+}
+
+impl<'e> Converter<'e> {
+    fn new(kind: CfiSection, env: &Env, section_len: usize) -> Self {
+        Self {
+            kind,
+            env: *env,
+            ctx: UnwindContext::new(),
+            cies: HashMap::new(),
+            budget: section_len.saturating_add(64),
+            functions: Vec::new(),
+        }
+    }
+
+    fn budget_exhausted(&self) -> bool {
+        self.budget == 0
+    }
+
+    fn record(
+        &mut self,
+        result: Result<Function, Skip>,
+        index: usize,
+        offset: u64,
+        stats: &mut DeriveStats,
+    ) {
+        match result {
+            Ok(f) => {
+                stats.fdes_converted += 1;
+                if self.kind != CfiSection::EhFrame {
+                    stats.fdes_from_debug_frame += 1;
+                }
+                self.functions.push(Candidate {
+                    function: f,
+                    origin: Origin {
+                        section: self.kind,
+                        index,
+                        offset,
+                    },
+                });
+            }
+            Err((reason, source)) => stats.skip(FdeError {
+                section: self.kind,
+                index,
+                offset,
+                reason,
+                source,
+            }),
+        }
+    }
+
+    /// Walks all entries of the section in order (skipping FDEs at the sorted offsets
+    /// `already`, converted from `.eh_frame_hdr`), reading only the entry headers itself
+    /// so that a bad CIE or FDE body skips that entry alone. A length that runs past the
+    /// section ends the walk (the next entry cannot be found); FDEs before it are kept.
+    fn walk<S>(
+        &mut self,
+        section: &S,
+        data: &'e [u8],
+        bases: &BaseAddresses,
+        already: &[usize],
+        stats: &mut DeriveStats,
+    ) where
+        S: UnwindSection<R<'e>>,
+        S::Offset: gimli::UnwindOffset<usize>,
+    {
+        let is_eh = self.kind == CfiSection::EhFrame;
+        let mut index = already.len();
+        let mut offset = 0usize;
+        while offset < data.len() {
+            let header = match entry_header(data, offset, self.env.endian, is_eh) {
+                Ok(Some(h)) => h,
+                // The zero terminator of `.eh_frame`.
+                Ok(None) => break,
+                Err(e) => {
+                    stats.skip(FdeError {
+                        section: self.kind,
+                        index,
+                        offset: offset as u64,
+                        reason: SkipReason::Truncated,
+                        source: Some(e),
+                    });
+                    break;
+                }
+            };
+            if !header.is_cie && already.binary_search(&offset).is_err() {
+                stats.fdes_seen += 1;
+                let result = section
+                    .partial_fde_from_offset(bases, S::Offset::from(offset))
+                    .map_err(|e| (SkipReason::from_gimli(e), Some(e)))
+                    .and_then(|partial| self.convert(section, bases, &partial, index));
+                self.record(result, index, offset as u64, stats);
+                index += 1;
+                if self.budget_exhausted() {
+                    break;
+                }
+            }
+            offset = header.end;
+        }
+    }
+
+    fn convert<S>(
+        &mut self,
+        section: &S,
+        bases: &BaseAddresses,
+        partial: &gimli::PartialFrameDescriptionEntry<'_, S, R<'e>>,
+        _index: usize,
+    ) -> Result<Function, Skip>
+    where
+        S: UnwindSection<R<'e>>,
+        S::Offset: gimli::UnwindOffset<usize>,
+    {
+        let mut cie_error = None;
+        let cies = &mut self.cies;
+        let fde = partial
+            .parse(|s, b, off| {
+                let key = gimli::UnwindOffset::into(off);
+                let r = cies
+                    .entry(key)
+                    .or_insert_with(|| s.cie_from_offset(b, off))
+                    .clone();
+                if let Err(e) = &r {
+                    cie_error = Some(*e);
+                }
+                r
+            })
+            .map_err(|e| match cie_error {
+                Some(ce) if ce == gimli::Error::UnknownAugmentation => {
+                    (SkipReason::UnknownAugmentation, Some(ce))
+                }
+                Some(ce) => (SkipReason::BadCie, Some(ce)),
+                None => (
+                    match SkipReason::from_gimli(e) {
+                        SkipReason::BadCie | SkipReason::BadInstructions => SkipReason::BadFde,
+                        r => r,
+                    },
+                    Some(e),
+                ),
+            })?;
+        self.convert_fde(section, bases, &fde)
+    }
+
+    fn convert_fde<S>(
+        &mut self,
+        section: &S,
+        bases: &BaseAddresses,
+        fde: &FrameDescriptionEntry<R<'e>>,
+    ) -> Result<Function, Skip>
+    where
+        S: UnwindSection<R<'e>>,
+    {
+        let start = fde.initial_address();
+        let len = fde.len();
+        if len == 0 {
+            return Err((SkipReason::Empty, None));
+        }
+        let size = u32::try_from(len).map_err(|_| (SkipReason::TooLarge, None))?;
+        let end = start
+            .checked_add(len)
+            .filter(|&e| self.env.address_size >= 8 || e <= u64::from(u32::MAX) + 1)
+            .ok_or((SkipReason::TooLarge, None))?;
+
+        let ra_col = fde.cie().return_address_register();
+        let ra_undefined = explicit_undefined(section, bases, fde, ra_col)
+            .map_err(|e| (SkipReason::from_gimli(e), Some(e)))?;
+        let mut base_flags = RuleFlags::default();
+        if fde.is_signal_trampoline() {
+            base_flags = base_flags.with(RuleFlags::SIGNAL);
+        }
+        let eval = RowEval {
+            regs: self.env.regs,
+            ra_col,
+            ra_undefined,
+            base_flags,
+        };
+
+        let mut rows: Vec<Row> = Vec::new();
+        let mut table = fde
+            .rows(section, bases, &mut self.ctx)
+            .map_err(|e| (SkipReason::from_gimli(e), Some(e)))?;
+        loop {
+            let row = match table.next_row() {
+                Ok(Some(row)) => row,
+                Ok(None) => break,
+                Err(e) => return Err((SkipReason::from_gimli(e), Some(e))),
+            };
+            let (rs, re) = (row.start_address(), row.end_address());
+            if rs >= end {
+                break;
+            }
+            if re <= rs {
+                // Zero-length row (an advance by 0): the next row replaces it.
+                continue;
+            }
+            if self.budget == 0 {
+                return Err((SkipReason::RowBudget, None));
+            }
+            self.budget -= 1;
+            // rs is in [start, end) and end - start fits u32.
+            let offset = u32::try_from(rs - start).map_err(|_| (SkipReason::TooLarge, None))?;
+            push_row(
+                &mut rows,
+                Row {
+                    start_offset: offset,
+                    rule: eval.rule(section, row),
+                },
+            );
+        }
+        if rows.is_empty() {
+            return Err((SkipReason::Empty, None));
+        }
+        Ok(Function {
+            start,
+            size,
+            pc_type: PcType::Inc,
+            rows,
+        })
+    }
+}
+
+struct EntryHeader {
+    is_cie: bool,
+    /// Offset of the next entry.
+    end: usize,
+}
+
+/// Reads the length and CIE id/pointer of the entry at `offset`; `None` at the
+/// `.eh_frame` zero terminator.
+fn entry_header(
+    data: &[u8],
+    offset: usize,
+    endian: RunTimeEndian,
+    is_eh: bool,
+) -> Result<Option<EntryHeader>, gimli::Error> {
+    use gimli::Reader;
+    let mut r = EndianSlice::new(data.get(offset..).unwrap_or(&[]), endian);
+    let len32 = r.read_u32()?;
+    let (len, id_size) = match len32 {
+        0 if is_eh => return Ok(None),
+        0xffff_ffff => (r.read_u64()?, 8usize),
+        0xffff_fff0..=0xffff_fffe => return Err(gimli::Error::UnknownReservedLength),
+        l => (u64::from(l), 4),
+    };
+    let header = if id_size == 8 { 12 } else { 4 };
+    let end = usize::try_from(len)
+        .ok()
+        .and_then(|l| offset.checked_add(header)?.checked_add(l))
+        .filter(|&e| e <= data.len())
+        .ok_or(gimli::Error::UnexpectedEof(gimli::ReaderOffsetId(
+            offset as u64,
+        )))?;
+    if len == 0 {
+        // An empty entry (only seen in `.debug_frame` padding): skip it.
+        return Ok(Some(EntryHeader { is_cie: true, end }));
+    }
+    let id = if id_size == 8 {
+        r.read_u64()?
+    } else {
+        u64::from(r.read_u32()?)
+    };
+    let is_cie = if is_eh {
+        id == 0
+    } else {
+        id == 0xffff_ffff || id == u64::MAX
+    };
+    Ok(Some(EntryHeader { is_cie, end }))
+}
+
+/// Appends a row, merging it into the previous one when the rule is the same.
+pub(crate) fn push_row(rows: &mut Vec<Row>, row: Row) {
+    if let Some(last) = rows.last_mut() {
+        if last.start_offset == row.start_offset {
+            last.rule = row.rule;
+            // The replaced row may now equal its predecessor.
+            if rows.len() >= 2 && rows[rows.len() - 2].rule == rows[rows.len() - 1].rule {
+                rows.pop();
+            }
+            return;
+        }
+        if last.rule == row.rule {
+            return;
+        }
+    }
+    rows.push(row);
+}
+
+/// True when the CIE or FDE program says `DW_CFA_undefined` for the RA column. gimli
+/// stores "undefined" and "never specified" alike; they differ for the RA (outermost
+/// frame vs. the architecture's default location).
+fn explicit_undefined<'a, S>(
+    section: &S,
+    bases: &BaseAddresses,
+    fde: &FrameDescriptionEntry<R<'a>>,
+    ra_col: Register,
+) -> Result<bool, gimli::Error>
+where
+    S: UnwindSection<R<'a>>,
+{
+    let mut cie_insns = fde.cie().instructions(section, bases);
+    while let Some(insn) = cie_insns.next()? {
+        if matches!(insn, gimli::CallFrameInstruction::Undefined { register } if register == ra_col)
+        {
+            return Ok(true);
+        }
+    }
+    let mut insns = fde.instructions(section, bases);
+    while let Some(insn) = insns.next()? {
+        if matches!(insn, gimli::CallFrameInstruction::Undefined { register } if register == ra_col)
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// Per-FDE constants for normalizing rows.
+struct RowEval {
+    regs: ArchRegs,
+    ra_col: Register,
+    ra_undefined: bool,
+    base_flags: RuleFlags,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Ra,
+    Fp,
+}
+
+impl RowEval {
+    fn rule<'a, S: UnwindSection<R<'a>>>(
+        &self,
+        section: &S,
+        row: &UnwindTableRow<usize>,
+    ) -> Option<UnwindRule> {
+        let cfa = match row.cfa() {
+            gimli::CfaRule::RegisterAndOffset { register, offset } => CfaRule {
+                base: self.regs.base(register.0),
+                offset: i32::try_from(*offset).ok()?,
+                deref: false,
+            },
+            gimli::CfaRule::Expression(e) => {
+                let x = expr::parse(e.get(section).ok()?.0.slice())?;
+                match x.base {
+                    ExprBase::Reg(r) => CfaRule {
+                        base: self.regs.base(r),
+                        offset: i32::try_from(x.offset).ok()?,
+                        deref: x.deref,
+                    },
+                    ExprBase::Cfa => return None,
+                }
+            }
+        };
+        let ra = self.reg_rule(section, row.register(self.ra_col), self.ra_col, Role::Ra)?;
+        let fp_reg = Register(self.regs.fp);
+        let fp = self.reg_rule(section, row.register(fp_reg), fp_reg, Role::Fp)?;
+        let mut flags = self.base_flags;
+        if matches!(self.regs.arch, Arch::Aarch64 { .. })
+            && matches!(row.register(gimli::AArch64::RA_SIGN_STATE), gimli::RegisterRule::Constant(v) if v & 1 == 1)
+        {
+            flags = flags.with(RuleFlags::MANGLED_RA);
+        }
+        Some(UnwindRule { cfa, ra, fp, flags })
+    }
+
+    fn reg_rule<'a, S: UnwindSection<R<'a>>>(
+        &self,
+        section: &S,
+        rule: gimli::RegisterRule<usize>,
+        own: Register,
+        role: Role,
+    ) -> Option<RegRule> {
+        use gimli::RegisterRule as G;
+        Some(match rule {
+            G::Undefined => match role {
+                // "Same value" and "unspecified" are alike for the FP.
+                Role::Fp => RegRule::Unchanged,
+                Role::Ra if self.ra_undefined => RegRule::Undefined,
+                Role::Ra => self.regs.default_ra,
+            },
+            G::SameValue => RegRule::Unchanged,
+            G::Offset(o) => RegRule::AtCfa(i32::try_from(o).ok()?),
+            G::ValOffset(o) => RegRule::ValCfa(i32::try_from(o).ok()?),
+            G::Register(r) if r == own => RegRule::Unchanged,
+            G::Register(r) => RegRule::InReg(r.0),
+            G::Expression(e) => {
+                let x = expr::parse(e.get(section).ok()?.0.slice())?;
+                let offset = i32::try_from(x.offset).ok()?;
+                match (x.base, x.deref) {
+                    (_, true) => return None,
+                    (ExprBase::Cfa, false) => RegRule::AtCfa(offset),
+                    (ExprBase::Reg(reg), false) => RegRule::AtReg { reg, offset },
+                }
+            }
+            G::ValExpression(e) => {
+                let x = expr::parse(e.get(section).ok()?.0.slice())?;
+                match (x.base, x.deref, x.offset) {
+                    (ExprBase::Cfa, false, o) => RegRule::ValCfa(i32::try_from(o).ok()?),
+                    (ExprBase::Reg(r), false, 0) if r == own.0 => RegRule::Unchanged,
+                    (ExprBase::Reg(r), false, 0) => RegRule::InReg(r),
+                    _ => return None,
+                }
+            }
+            _ => return None,
+        })
+    }
+}

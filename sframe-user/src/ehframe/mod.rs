@@ -1,0 +1,233 @@
+//! Unwind rows derived from DWARF CFI: `.eh_frame` (enumerated through `.eh_frame_hdr`
+//! when present), `.debug_frame` (own, or of a separate debug file found by build-id or
+//! `.gnu_debuglink`), and synthesized rows for PLT sections.
+//!
+//! Every FDE's call frame program is evaluated with gimli and each row normalized to an
+//! [`UnwindRule`](sframe_common::UnwindRule); rows that no rule expresses (arbitrary DWARF
+//! expressions) become explicit `rule: None` ranges. The result is an [`UnwindTable`]
+//! (functions sorted, non-overlapping, adjacent identical rows merged) and a
+//! [`DeriveStats`] saying what was converted, what was skipped and why, and how many rows
+//! and bytes of code fall in each [`RowCategory`].
+//!
+//! Input is untrusted: nothing here panics or allocates beyond a bound derived from the
+//! input's size; a bad FDE is skipped and counted, the rest of the object converts.
+//! [`derive_from_elf`] touches no file system and is the fuzzing entry point.
+//!
+//! Not here: choosing between `.sframe` and CFI per object, and writing SFrame.
+
+mod assemble;
+mod cfi;
+mod elf;
+mod error;
+mod expr;
+mod plt;
+mod stats;
+
+use std::path::{Path, PathBuf};
+
+pub use cfi::SectionData;
+pub use error::{CfiSection, EhFrameError, FdeError, SkipReason, Warning};
+pub use plt::{PltKind, PltSection};
+pub use stats::{CategoryCount, DeriveStats, MAX_KEPT_ERRORS, RowCategory};
+
+use crate::table::{Arch, Source, UnwindTable};
+
+/// The derived table of one object and what happened on the way.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Derived {
+    pub table: UnwindTable,
+    pub stats: DeriveStats,
+}
+
+/// Where to look for a separate debug file.
+#[derive(Clone, Debug, Default)]
+pub struct DeriveOptions {
+    /// Root of the debug file tree, usually `/usr/lib/debug`. `None`: do not look.
+    pub debug_root: Option<PathBuf>,
+    /// Path of the object itself, for `.gnu_debuglink` lookups next to it.
+    pub object_path: Option<PathBuf>,
+}
+
+/// Largest separate debug file read into memory.
+const MAX_DEBUG_FILE_BYTES: u64 = 1 << 31;
+
+/// Raw CFI sections with their load addresses, e.g. of a vDSO read from process memory.
+#[derive(Clone, Copy, Debug)]
+pub struct CfiSections<'a> {
+    pub arch: Arch,
+    pub eh_frame: Option<SectionData<'a>>,
+    pub eh_frame_hdr: Option<SectionData<'a>>,
+    pub debug_frame: Option<SectionData<'a>>,
+    /// Bases for `DW_EH_PE_textrel` / `DW_EH_PE_datarel` pointers, when known.
+    pub text_address: Option<u64>,
+    pub got_address: Option<u64>,
+    pub plts: &'a [PltSection<'a>],
+}
+
+/// Derives the table of an ELF file from its own sections only (no file system access).
+/// Suitable as a fuzz target over arbitrary bytes.
+pub fn derive_from_elf(data: &[u8]) -> Result<Derived, EhFrameError> {
+    derive_from_elf_with(data, &DeriveOptions::default())
+}
+
+/// Derives the table of an ELF file, adding the `.debug_frame` of its separate debug
+/// file (when `options.debug_root` is set and one is found) for code `.eh_frame` does
+/// not cover.
+pub fn derive_from_elf_with(data: &[u8], options: &DeriveOptions) -> Result<Derived, EhFrameError> {
+    let info = elf::parse(data)?;
+    let mut warnings = info.warnings.clone();
+    let debug_file = match (&options.debug_root, info.debug_frame) {
+        (Some(root), None) => {
+            read_debug_file(root, &info, options.object_path.as_deref(), &mut warnings)
+        }
+        _ => None,
+    };
+    let mut separate = None;
+    let mut used_debug_file = None;
+    if let Some((path, bytes)) = &debug_file {
+        match elf::parse(bytes) {
+            Ok(d) if d.arch == info.arch => {
+                if d.debug_frame.is_some() {
+                    separate = d.debug_frame;
+                    used_debug_file = Some(path.clone());
+                } else if !d.warnings.is_empty() {
+                    warnings.push(Warning::Compressed {
+                        section: CfiSection::DebugFrameSeparate,
+                    });
+                }
+            }
+            Ok(_) => warnings.push(Warning::DebugFile {
+                path: path.clone(),
+                reason: "architecture differs from the object".into(),
+            }),
+            Err(e) => warnings.push(Warning::DebugFile {
+                path: path.clone(),
+                reason: e.to_string(),
+            }),
+        }
+    }
+    let sections = CfiSections {
+        arch: info.arch,
+        eh_frame: info.eh_frame,
+        eh_frame_hdr: info.eh_frame_hdr,
+        debug_frame: info.debug_frame,
+        text_address: info.text,
+        got_address: info.got,
+        plts: &info.plts,
+    };
+    let mut derived = derive(&sections, info.endian, separate)?;
+    warnings.append(&mut derived.stats.warnings);
+    derived.stats.warnings = warnings;
+    derived.stats.debug_file = used_debug_file;
+    Ok(derived)
+}
+
+/// Derives a table from raw sections (little-endian unless the arch says big-endian).
+pub fn derive_from_sections(sections: &CfiSections<'_>) -> Result<Derived, EhFrameError> {
+    let endian = match sections.arch {
+        Arch::Aarch64 { big_endian: true } | Arch::S390x => gimli::RunTimeEndian::Big,
+        _ => gimli::RunTimeEndian::Little,
+    };
+    derive(sections, endian, None)
+}
+
+fn derive(
+    s: &CfiSections<'_>,
+    endian: gimli::RunTimeEndian,
+    separate_debug_frame: Option<SectionData<'_>>,
+) -> Result<Derived, EhFrameError> {
+    let regs = cfi::ArchRegs::for_arch(s.arch).ok_or(EhFrameError::UnsupportedArch {
+        machine: object::elf::EM_S390,
+    })?;
+    if s.eh_frame.is_none()
+        && s.debug_frame.is_none()
+        && separate_debug_frame.is_none()
+        && s.plts.is_empty()
+    {
+        return Err(EhFrameError::NoCfi);
+    }
+    let env = cfi::Env {
+        regs,
+        endian,
+        address_size: 8,
+        text: s.text_address,
+        got: s.got_address,
+    };
+    let mut stats = DeriveStats::default();
+    let eh = match &s.eh_frame {
+        Some(eh) => cfi::convert_eh_frame(eh, s.eh_frame_hdr.as_ref(), &env, &mut stats),
+        None => Vec::new(),
+    };
+    let mut debug = Vec::new();
+    if let Some(df) = &s.debug_frame {
+        debug = cfi::convert_debug_frame(df, CfiSection::DebugFrame, &env, &mut stats);
+    } else if let Some(df) = &separate_debug_frame {
+        debug = cfi::convert_debug_frame(df, CfiSection::DebugFrameSeparate, &env, &mut stats);
+    }
+    let source = if !eh.is_empty() {
+        Source::EhFrame
+    } else if !debug.is_empty() {
+        Source::DebugFrame
+    } else {
+        Source::Synthesized
+    };
+    let functions = assemble::assemble(s.arch, eh, debug, s.plts, &mut stats);
+    let table = UnwindTable {
+        arch: s.arch,
+        source,
+        functions,
+    };
+    stats.count_table(&table);
+    Ok(Derived { table, stats })
+}
+
+/// Reads the first candidate debug file that exists, is not too large and (when both
+/// have one) carries the object's build-id.
+fn read_debug_file(
+    root: &Path,
+    info: &elf::ElfCfi<'_>,
+    object_path: Option<&Path>,
+    warnings: &mut Vec<Warning>,
+) -> Option<(PathBuf, Vec<u8>)> {
+    for path in elf::debug_file_candidates(root, info.build_id, info.debuglink, object_path) {
+        let Ok(meta) = std::fs::metadata(&path) else {
+            continue;
+        };
+        if !meta.is_file() {
+            continue;
+        }
+        if meta.len() > MAX_DEBUG_FILE_BYTES {
+            warnings.push(Warning::DebugFile {
+                path,
+                reason: format!("larger than {MAX_DEBUG_FILE_BYTES} bytes"),
+            });
+            continue;
+        }
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) => {
+                warnings.push(Warning::DebugFile {
+                    path,
+                    reason: e.to_string(),
+                });
+                continue;
+            }
+        };
+        let id_matches = match (
+            info.build_id,
+            elf::parse(&bytes).ok().and_then(|d| d.build_id),
+        ) {
+            (Some(a), Some(b)) => a == b,
+            _ => true,
+        };
+        if !id_matches {
+            warnings.push(Warning::DebugFile {
+                path,
+                reason: "build-id differs from the object's".into(),
+            });
+            continue;
+        }
+        return Some((path, bytes));
+    }
+    None
+}

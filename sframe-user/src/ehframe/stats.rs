@@ -1,0 +1,182 @@
+//! Per-object counters: what was converted, what was skipped and why, and how many rows
+//! and bytes of code fall into each expressiveness category.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use sframe_common::{CfaBase, RegRule, RuleFlags, UnwindRule};
+
+use super::error::{FdeError, SkipReason, Warning};
+use crate::table::{Function, PcType, UnwindTable};
+
+/// How far a row is from what SFrame can encode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RowCategory {
+    /// CFA = SP|FP + offset, RA at CFA+offset (or in LR on AArch64), FP unchanged or at
+    /// CFA+offset: SFrame's default rows.
+    Plain,
+    /// Plain, but the RA is undefined: the outermost frame (`_start`, `clone3`).
+    Outermost,
+    /// CFA = *(base + offset), e.g. DRAP-realigned frames (CFA = *(rbp-8)) and signal
+    /// trampolines (CFA = *(rsp+160)). SFrame v3 FLEX.
+    CfaDeref,
+    /// CFA computed from a register other than SP/FP (e.g. DRAP's r10 before the frame is
+    /// set up). SFrame v3 FLEX, top frame only.
+    CfaOtherReg,
+    /// The RA is held in a register or at `*(reg + offset)`. SFrame v3 FLEX.
+    RaInRegister,
+    /// Other FLEX-expressible rows: FP in a register or at `*(reg + offset)`, or
+    /// `val_offset` rules.
+    OtherFlex,
+    /// No rule: CFI that no supported rule expresses (arbitrary DWARF expressions).
+    NoRule,
+}
+
+impl RowCategory {
+    pub const ALL: [RowCategory; 7] = [
+        Self::Plain,
+        Self::Outermost,
+        Self::CfaDeref,
+        Self::CfaOtherReg,
+        Self::RaInRegister,
+        Self::OtherFlex,
+        Self::NoRule,
+    ];
+
+    pub fn of(rule: Option<&UnwindRule>) -> Self {
+        let Some(rule) = rule else {
+            return Self::NoRule;
+        };
+        if matches!(rule.cfa.base, CfaBase::Reg(_)) {
+            return Self::CfaOtherReg;
+        }
+        if rule.cfa.deref {
+            return Self::CfaDeref;
+        }
+        match rule.ra {
+            RegRule::InReg(_) | RegRule::AtReg { .. } | RegRule::ValCfa(_) => {
+                return Self::RaInRegister;
+            }
+            _ => {}
+        }
+        if !matches!(rule.fp, RegRule::Unchanged | RegRule::AtCfa(_)) {
+            return Self::OtherFlex;
+        }
+        if matches!(rule.ra, RegRule::Undefined) {
+            return Self::Outermost;
+        }
+        Self::Plain
+    }
+}
+
+/// Rows and bytes of code in one category.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CategoryCount {
+    pub rows: u64,
+    pub bytes: u64,
+}
+
+/// Most per-FDE errors kept verbatim; the rest are only counted.
+pub const MAX_KEPT_ERRORS: usize = 32;
+
+/// What happened while deriving one object's table.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DeriveStats {
+    /// FDEs found in all CFI sections (including ones later skipped).
+    pub fdes_seen: u64,
+    /// FDEs that contributed rows to the table.
+    pub fdes_converted: u64,
+    /// FDEs of `.debug_frame` (own or separate debug file) among the converted.
+    pub fdes_from_debug_frame: u64,
+    /// Skipped FDEs by reason.
+    pub fdes_skipped: BTreeMap<SkipReason, u64>,
+    /// The first [`MAX_KEPT_ERRORS`] skip reasons with their location.
+    pub errors: Vec<FdeError>,
+    pub warnings: Vec<Warning>,
+    /// Functions synthesized for PLT sections.
+    pub plt_functions: u64,
+    /// Whether `.eh_frame_hdr`'s table was used to enumerate FDEs.
+    pub used_eh_frame_hdr: bool,
+    /// The separate debug file whose `.debug_frame` was used.
+    pub debug_file: Option<PathBuf>,
+    /// Functions and rows in the final table.
+    pub functions: u64,
+    pub rows: u64,
+    /// Rows and code bytes per category, indexed like [`RowCategory::ALL`].
+    pub categories: [CategoryCount; 7],
+    /// Rows with the SIGNAL / MANGLED_RA flag.
+    pub signal_rows: u64,
+    pub mangled_ra_rows: u64,
+    /// Bytes of code covered by functions of the table (with or without a rule).
+    pub code_bytes: u64,
+}
+
+impl DeriveStats {
+    pub(crate) fn skip(&mut self, err: FdeError) {
+        *self.fdes_skipped.entry(err.reason).or_insert(0) += 1;
+        if self.errors.len() < MAX_KEPT_ERRORS {
+            self.errors.push(err);
+        }
+    }
+
+    pub fn skipped_total(&self) -> u64 {
+        self.fdes_skipped.values().sum()
+    }
+
+    pub fn category(&self, cat: RowCategory) -> CategoryCount {
+        self.categories[cat as usize]
+    }
+
+    /// Bytes of code that have a rule (any category but [`RowCategory::NoRule`]).
+    pub fn bytes_with_rule(&self) -> u64 {
+        self.code_bytes - self.category(RowCategory::NoRule).bytes
+    }
+
+    /// Fills the table-derived counters (functions, rows, categories, code bytes).
+    pub(crate) fn count_table(&mut self, table: &UnwindTable) {
+        self.functions = table.functions.len() as u64;
+        self.rows = table.row_count() as u64;
+        self.categories = Default::default();
+        self.signal_rows = 0;
+        self.mangled_ra_rows = 0;
+        self.code_bytes = 0;
+        for f in &table.functions {
+            self.code_bytes += u64::from(f.size);
+            for (row, bytes) in row_spans(f) {
+                let cat = RowCategory::of(row.rule.as_ref());
+                let c = &mut self.categories[cat as usize];
+                c.rows += 1;
+                c.bytes += bytes;
+                if let Some(rule) = &row.rule {
+                    if rule.flags.contains(RuleFlags::SIGNAL) {
+                        self.signal_rows += 1;
+                    }
+                    if rule.flags.contains(RuleFlags::MANGLED_RA) {
+                        self.mangled_ra_rows += 1;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Each row of `f` with the number of code bytes it covers.
+fn row_spans(f: &Function) -> impl Iterator<Item = (&crate::table::Row, u64)> {
+    let (block, repeats) = match f.pc_type {
+        PcType::Inc => (u64::from(f.size), 1),
+        PcType::Mask { rep_size } if rep_size > 0 => {
+            (u64::from(rep_size), u64::from(f.size) / u64::from(rep_size))
+        }
+        PcType::Mask { .. } => (0, 0),
+    };
+    f.rows.iter().enumerate().map(move |(i, row)| {
+        let end = f
+            .rows
+            .get(i + 1)
+            .map_or(block, |next| u64::from(next.start_offset).min(block));
+        (
+            row,
+            end.saturating_sub(u64::from(row.start_offset)) * repeats,
+        )
+    })
+}

@@ -1,0 +1,493 @@
+//! Byte-level malformed sections, one per validation rule, plus small writer/reader
+//! unit tests. Sections are produced by the writer (known layout) and then corrupted.
+
+use sframe_common::{CfaBase, CfaRule, RegRule, RuleFlags, UnwindRule};
+
+use super::error::{FlexProblem, SFrameError, Subsection};
+use super::read::Section;
+use super::write::{WriteOptions, WriteVersion, write_section};
+use crate::table::{Arch, Function, PcType, Row, Source, UnwindTable};
+
+const VADDR: u64 = 0x2000;
+
+fn rule(cfa: i32) -> UnwindRule {
+    UnwindRule {
+        cfa: CfaRule::sp(cfa),
+        ra: RegRule::AtCfa(-8),
+        fp: RegRule::Unchanged,
+        flags: RuleFlags::default(),
+    }
+}
+
+fn row(start: u32, r: UnwindRule) -> Row {
+    Row {
+        start_offset: start,
+        rule: Some(r),
+    }
+}
+
+/// v2 AMD64: header 28 bytes, FDE0 at 28, FDE1 at 48, FREs at 68 (3 bytes each:
+/// f0 rows at 68 and 71, f1 row at 74), 77 bytes in all.
+fn table() -> UnwindTable {
+    UnwindTable {
+        arch: Arch::Amd64,
+        source: Source::Synthesized,
+        functions: vec![
+            Function {
+                start: 0x1000,
+                size: 0x20,
+                pc_type: PcType::Inc,
+                rows: vec![row(0, rule(8)), row(4, rule(16))],
+            },
+            Function {
+                start: 0x1020,
+                size: 0x10,
+                pc_type: PcType::Inc,
+                rows: vec![row(0, rule(8))],
+            },
+        ],
+    }
+}
+
+fn v2() -> Vec<u8> {
+    let (b, _) = write_section(
+        &table(),
+        &WriteOptions {
+            version: WriteVersion::V2,
+            section_vaddr: VADDR,
+        },
+    )
+    .unwrap();
+    assert_eq!(b.len(), 77);
+    b
+}
+
+fn put32(b: &mut [u8], off: usize, v: u32) {
+    b[off..off + 4].copy_from_slice(&v.to_le_bytes());
+}
+
+fn get32(b: &[u8], off: usize) -> u32 {
+    u32::from_le_bytes(b[off..off + 4].try_into().unwrap())
+}
+
+fn err(b: &[u8]) -> SFrameError {
+    Section::parse(b, VADDR).expect_err("section should be rejected")
+}
+
+#[test]
+fn valid_section_parses_and_looks_up() {
+    let b = v2();
+    let s = Section::parse(&b, VADDR).unwrap();
+    assert_eq!(s.find_fre(0x1000).map(|r| r.1.cfa.offset), Some(8));
+    assert_eq!(s.find_fre(0x1004).map(|r| r.1.cfa.offset), Some(16));
+    assert_eq!(s.find_fre(0x101f).map(|r| r.1.cfa.offset), Some(16));
+    assert_eq!(s.find_fre(0x1020).map(|r| r.0), Some(1));
+    assert_eq!(s.find_fre(0x1030), None);
+    assert_eq!(s.find_fre(0xfff), None);
+    assert_eq!(s.to_table().unwrap().functions, table().functions);
+}
+
+#[test]
+fn header_checks() {
+    let b = v2();
+    assert!(matches!(
+        err(&b[..10]),
+        SFrameError::TruncatedHeader { len: 10, .. }
+    ));
+    let mut m = b.clone();
+    m[0] = 0;
+    assert!(matches!(err(&m), SFrameError::BadMagic { .. }));
+    let mut m = b.clone();
+    m.swap(0, 1);
+    assert!(matches!(err(&m), SFrameError::AbiEndianMismatch { abi: 3 }));
+    let mut m = b.clone();
+    m[2] = 9;
+    assert!(matches!(
+        err(&m),
+        SFrameError::UnsupportedVersion { version: 9 }
+    ));
+    let mut m = b.clone();
+    m[3] |= 0x80;
+    assert!(matches!(
+        err(&m),
+        SFrameError::UnknownFlags {
+            flags: 0x85,
+            version: 2
+        }
+    ));
+    let mut m = b.clone();
+    m[4] = 9;
+    assert!(matches!(err(&m), SFrameError::UnknownAbi { abi: 9 }));
+    let mut m = b.clone();
+    m[7] = 200;
+    assert!(matches!(
+        err(&m),
+        SFrameError::SubsectionOutOfBounds {
+            which: Subsection::AuxHeader,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn subsection_checks() {
+    let b = v2();
+    let mut m = b.clone();
+    put32(&mut m, 20, 100);
+    assert!(matches!(
+        err(&m),
+        SFrameError::SubsectionOrder {
+            fdeoff: 100,
+            freoff: 40
+        }
+    ));
+    let mut m = b.clone();
+    put32(&mut m, 8, 1000);
+    assert!(matches!(
+        err(&m),
+        SFrameError::SubsectionOutOfBounds {
+            which: Subsection::Fdes,
+            ..
+        }
+    ));
+    let mut m = b.clone();
+    put32(&mut m, 8, 1);
+    assert!(matches!(
+        err(&m),
+        SFrameError::FdeCountMismatch {
+            num_fdes: 1,
+            space: 40,
+            ..
+        }
+    ));
+    let mut m = b.clone();
+    put32(&mut m, 16, 10_000);
+    assert!(matches!(
+        err(&m),
+        SFrameError::SubsectionOutOfBounds {
+            which: Subsection::Fres,
+            ..
+        }
+    ));
+    let mut m = b.clone();
+    m.push(1);
+    assert!(matches!(err(&m), SFrameError::TrailingData { offset: 77 }));
+    let mut m = b.clone();
+    m.push(0); // zero padding after the FRE sub-section is fine
+    assert!(Section::parse(&m, VADDR).is_ok());
+    let mut m = b.clone();
+    put32(&mut m, 12, 4);
+    assert!(matches!(
+        err(&m),
+        SFrameError::FreCountMismatch {
+            header: 4,
+            found: 3
+        }
+    ));
+    let mut m = b.clone();
+    m.push(0);
+    put32(&mut m, 16, 10);
+    assert!(matches!(
+        err(&m),
+        SFrameError::FreLenMismatch {
+            header: 10,
+            used: 9
+        }
+    ));
+}
+
+#[test]
+fn fde_checks() {
+    let b = v2();
+    let mut m = b.clone();
+    m[28 + 16] = 3;
+    assert!(matches!(
+        err(&m),
+        SFrameError::InvalidFreType {
+            fde: 0,
+            offset: 28,
+            code: 3
+        }
+    ));
+    let mut m = b.clone();
+    m[28 + 16] |= 0x40;
+    assert!(matches!(
+        err(&m),
+        SFrameError::FdeReservedBits {
+            fde: 0,
+            offset: 28,
+            ..
+        }
+    ));
+    let mut m = b.clone();
+    m[48 + 16] |= 0x20; // pauth key on AMD64
+    assert!(matches!(
+        err(&m),
+        SFrameError::FdeReservedBits {
+            fde: 1,
+            offset: 48,
+            ..
+        }
+    ));
+    let mut m = b.clone();
+    m[28 + 16] |= 0x10; // PCMASK with rep_size 0
+    assert!(matches!(
+        err(&m),
+        SFrameError::ZeroRepSize { fde: 0, offset: 28 }
+    ));
+    let mut m = b.clone();
+    let v = get32(&m, 48).wrapping_sub(0x100);
+    put32(&mut m, 48, v); // FDE1 now starts before FDE0
+    assert!(matches!(
+        err(&m),
+        SFrameError::FdesNotSorted { fde: 1, offset: 48 }
+    ));
+    m[3] &= !super::header::F_FDE_SORTED; // without SORTED: accepted, private index
+    let s = Section::parse(&m, VADDR).unwrap();
+    assert_eq!(s.find_fre(0x1020 - 0x100).map(|r| r.0), Some(1));
+    assert_eq!(s.find_fre(0x1004).map(|r| r.0), Some(0));
+    assert_eq!(
+        s.functions_sorted().map(|f| f.index).collect::<Vec<_>>(),
+        vec![1, 0]
+    );
+    let mut m = b.clone();
+    put32(&mut m, 48 + 8, 14); // FRE offset past the FRE sub-section
+    assert!(matches!(
+        err(&m),
+        SFrameError::FreDataOutOfBounds { fde: 1, .. }
+    ));
+    let mut m = b.clone();
+    put32(&mut m, 48 + 8, 0); // FDE1 shares FDE0's first FRE (3 bytes, like its own)
+    assert!(matches!(
+        err(&m),
+        SFrameError::FreDataOverlap { fde: 1, offset: 68 }
+    ));
+}
+
+#[test]
+fn fre_checks() {
+    let b = v2();
+    let mut m = b.clone();
+    m[69] |= 0x60;
+    assert!(matches!(
+        err(&m),
+        SFrameError::InvalidDataWordSize {
+            fde: 0,
+            fre: 0,
+            offset: 68,
+            code: 3
+        }
+    ));
+    let mut m = b.clone();
+    m[71] = 0;
+    assert!(matches!(
+        err(&m),
+        SFrameError::FreStartNotIncreasing {
+            fde: 0,
+            fre: 1,
+            offset: 71,
+            start: 0
+        }
+    ));
+    let mut m = b.clone();
+    put32(&mut m, 28 + 4, 3); // function size 3 < row start 4
+    assert!(matches!(
+        err(&m),
+        SFrameError::FreStartBeyondFunction {
+            fde: 0,
+            fre: 1,
+            start: 4,
+            size: 3,
+            ..
+        }
+    ));
+    let mut m = b.clone();
+    m[75] |= 0x80; // mangled-RA bit on AMD64
+    assert!(matches!(
+        err(&m),
+        SFrameError::FreReservedBits {
+            fde: 1,
+            fre: 0,
+            offset: 74,
+            ..
+        }
+    ));
+    // Last FRE: 1 word -> 3 words (AMD64 uses at most 2), two more bytes.
+    let mut m = b.clone();
+    m[75] = (m[75] & !0x1e) | (3 << 1);
+    m.extend_from_slice(&[0, 0]);
+    put32(&mut m, 16, 11);
+    assert!(matches!(
+        err(&m),
+        SFrameError::LeftoverDataWords {
+            fde: 1,
+            fre: 0,
+            offset: 74,
+            count: 3,
+            max: 2
+        }
+    ));
+    // Zero data words: RA undefined in v2 ...
+    let mut m = b.clone();
+    m[75] &= !0x1e;
+    m.pop();
+    put32(&mut m, 16, 8);
+    let s = Section::parse(&m, VADDR).unwrap();
+    assert!(s.find_fre(0x1020).unwrap().1.is_outermost());
+    // ... but not valid in v1.
+    m[2] = 1;
+    let v1 = to_v1(&m);
+    assert!(matches!(
+        err(&v1),
+        SFrameError::EmptyFreInV1 { fde: 1, fre: 0, .. }
+    ));
+}
+
+/// Rewrite a v2 section from `v2()` (PCREL) as v1: 17-byte FDEs, section-relative starts.
+fn to_v1(v2: &[u8]) -> Vec<u8> {
+    let n = get32(v2, 8) as usize;
+    let mut out = v2[..28].to_vec();
+    out[2] = 1;
+    out[3] = super::header::F_FDE_SORTED;
+    put32(&mut out, 24, (n * 17) as u32);
+    for k in 0..n {
+        let f = &v2[28 + 20 * k..48 + 20 * k];
+        let start = (get32(f, 0) as i32 as i64 + (28 + 20 * k) as i64) as i32;
+        out.extend_from_slice(&start.to_le_bytes());
+        out.extend_from_slice(&f[4..17]);
+    }
+    out.extend_from_slice(&v2[28 + 20 * n..]);
+    out
+}
+
+#[test]
+fn v1_sections() {
+    let v1 = to_v1(&v2());
+    let s = Section::parse(&v1, VADDR).unwrap();
+    assert_eq!(s.to_table().unwrap().functions, table().functions);
+    // v1 PCMASK: understood on AMD64 (16-byte PLT entries) only.
+    let mut m = v1.clone();
+    m[28 + 16] |= 0x10;
+    let s = Section::parse(&m, VADDR).unwrap();
+    assert_eq!(s.fde(0).unwrap().pc_type, PcType::Mask { rep_size: 16 });
+    m[4] = 2; // AArch64 little-endian
+    assert!(matches!(
+        err(&m),
+        SFrameError::V1PcMaskUnsupported { fde: 0, offset: 28 }
+    ));
+}
+
+fn flex_table() -> UnwindTable {
+    let drap = UnwindRule {
+        cfa: CfaRule {
+            base: CfaBase::Reg(10),
+            offset: 0,
+            deref: false,
+        },
+        ra: RegRule::AtCfa(-8),
+        fp: RegRule::AtReg { reg: 6, offset: 0 },
+        flags: RuleFlags::default(),
+    };
+    UnwindTable {
+        arch: Arch::Amd64,
+        source: Source::Synthesized,
+        functions: vec![Function {
+            start: 0x1000,
+            size: 0x20,
+            pc_type: PcType::Inc,
+            rows: vec![row(0, rule(8)), row(9, drap)],
+        }],
+    }
+}
+
+#[test]
+fn v3_checks() {
+    let t = flex_table();
+    let (b, _) = write_section(
+        &t,
+        &WriteOptions {
+            version: WriteVersion::V3,
+            section_vaddr: VADDR,
+        },
+    )
+    .unwrap();
+    let s = Section::parse(&b, VADDR).unwrap();
+    assert!(s.fde(0).unwrap().flex);
+    assert_eq!(s.to_table().unwrap().functions, t.functions);
+    // Layout: header 28, FDE index 28..44, attr 44..49, FRE0 at 49 (sp+8 FLEX: 1+1+2 words).
+    let mut m = b.clone();
+    m[47] = 5;
+    assert!(matches!(
+        err(&m),
+        SFrameError::InvalidFdeType {
+            fde: 0,
+            offset: 28,
+            code: 5
+        }
+    ));
+    let mut m = b.clone();
+    m[28..36].copy_from_slice(&i64::MAX.to_le_bytes());
+    assert!(matches!(
+        err(&m),
+        SFrameError::FunctionStartOverflow { fde: 0, offset: 28 }
+    ));
+    let mut m = b.clone();
+    m[51] &= !1; // CFA control word without reg_p
+    assert!(matches!(
+        err(&m),
+        SFrameError::BadFlexRule {
+            fde: 0,
+            fre: 0,
+            offset: 49,
+            problem: FlexProblem::CfaNotRegister
+        }
+    ));
+}
+
+#[test]
+fn writer_reports_unrepresentable_in_v2() {
+    let t = flex_table();
+    let e = write_section(
+        &t,
+        &WriteOptions {
+            version: WriteVersion::V2,
+            section_vaddr: VADDR,
+        },
+    )
+    .unwrap_err();
+    assert!(matches!(
+        e,
+        super::error::WriteError::Unrepresentable {
+            function: 0,
+            row: 1,
+            version: 2,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn writer_splits_at_none_rows() {
+    let mut t = table();
+    t.functions[0].rows.insert(
+        1,
+        Row {
+            start_offset: 2,
+            rule: None,
+        },
+    );
+    let (b, stats) = write_section(
+        &t,
+        &WriteOptions {
+            version: WriteVersion::V3,
+            section_vaddr: VADDR,
+        },
+    )
+    .unwrap();
+    assert_eq!((stats.fdes, stats.none_rows), (3, 1));
+    let s = Section::parse(&b, VADDR).unwrap();
+    assert_eq!(s.find_fre(0x1001).map(|r| r.1.cfa.offset), Some(8));
+    assert_eq!(s.find_fre(0x1002), None);
+    assert_eq!(s.find_fre(0x1003), None);
+    assert_eq!(s.find_fre(0x1004).map(|r| r.1.cfa.offset), Some(16));
+}

@@ -1,0 +1,425 @@
+//! Malformed CFI built byte by byte: every case ends in a typed error or a counted
+//! per-FDE skip, never a panic, and good FDEs next to bad ones still convert.
+
+use sframe_common::{CfaRule, RegRule};
+use sframe_user::ehframe::{
+    CfiSections, Derived, SectionData, SkipReason, derive_from_elf, derive_from_sections,
+};
+use sframe_user::table::Arch;
+
+const EH_ADDR: u64 = 0x2000;
+
+/// Builds an `.eh_frame` section; pointers are absolute `udata4` (augmentation "zR", 0x03).
+#[derive(Default)]
+struct EhFrame {
+    bytes: Vec<u8>,
+}
+
+impl EhFrame {
+    /// A CIE with augmentation `aug`; returns its offset.
+    fn cie(&mut self, aug: &str, insns: &[u8]) -> usize {
+        let off = self.bytes.len();
+        let mut body = vec![0, 0, 0, 0, 1]; // CIE id 0, version 1
+        body.extend_from_slice(aug.as_bytes());
+        body.push(0);
+        body.extend_from_slice(&[1, 0x78, 16]); // caf 1, daf -8, RA column 16
+        if aug.starts_with('z') {
+            body.extend_from_slice(&[1, 0x03]); // augmentation data: R = udata4
+        }
+        // def_cfa rsp+8; offset r16 at cfa-8
+        body.extend_from_slice(&[0x0c, 7, 8, 0x90, 1]);
+        body.extend_from_slice(insns);
+        self.push_entry(body);
+        off
+    }
+
+    fn fde(&mut self, cie: usize, start: u32, len: u32, insns: &[u8]) -> usize {
+        let off = self.bytes.len();
+        let cie_ptr = u32::try_from(off + 4 - cie).unwrap();
+        let mut body = cie_ptr.to_le_bytes().to_vec();
+        body.extend_from_slice(&start.to_le_bytes());
+        body.extend_from_slice(&len.to_le_bytes());
+        body.push(0); // augmentation data length
+        body.extend_from_slice(insns);
+        self.push_entry(body);
+        off
+    }
+
+    fn push_entry(&mut self, mut body: Vec<u8>) {
+        while !(body.len() + 4).is_multiple_of(8) {
+            body.push(0); // DW_CFA_nop
+        }
+        self.bytes
+            .extend_from_slice(&u32::try_from(body.len()).unwrap().to_le_bytes());
+        self.bytes.extend_from_slice(&body);
+    }
+
+    fn raw(&mut self, b: &[u8]) {
+        self.bytes.extend_from_slice(b);
+    }
+
+    fn derive(&self) -> Derived {
+        derive_from_sections(&CfiSections {
+            arch: Arch::Amd64,
+            eh_frame: Some(SectionData {
+                data: &self.bytes,
+                address: EH_ADDR,
+            }),
+            eh_frame_hdr: None,
+            debug_frame: None,
+            text_address: None,
+            got_address: None,
+            plts: &[],
+        })
+        .unwrap()
+    }
+}
+
+// push rbp; mov rbp,rsp: advance 1, def_cfa_offset 16, offset r6 at cfa-16,
+// advance 3, def_cfa_register r6.
+const PROLOGUE: &[u8] = &[0x41, 0x0e, 16, 0x86, 2, 0x43, 0x0d, 6];
+
+fn skipped(d: &Derived, r: SkipReason) -> u64 {
+    d.stats.fdes_skipped.get(&r).copied().unwrap_or(0)
+}
+
+#[test]
+fn well_formed_reference() {
+    let mut eh = EhFrame::default();
+    let cie = eh.cie("zR", &[]);
+    eh.fde(cie, 0x1000, 0x20, PROLOGUE);
+    let d = eh.derive();
+    assert_eq!(d.stats.fdes_converted, 1);
+    let f = &d.table.functions[0];
+    assert_eq!((f.start, f.size), (0x1000, 0x20));
+    let r: Vec<_> = f
+        .rows
+        .iter()
+        .map(|r| (r.start_offset, r.rule.unwrap()))
+        .collect();
+    assert_eq!(r.len(), 3);
+    assert_eq!(
+        (r[0].0, r[0].1.cfa, r[0].1.ra, r[0].1.fp),
+        (0, CfaRule::sp(8), RegRule::AtCfa(-8), RegRule::Unchanged)
+    );
+    assert_eq!(
+        (r[1].0, r[1].1.cfa, r[1].1.fp),
+        (1, CfaRule::sp(16), RegRule::AtCfa(-16))
+    );
+    assert_eq!(
+        (r[2].0, r[2].1.cfa, r[2].1.fp),
+        (4, CfaRule::fp(16), RegRule::AtCfa(-16))
+    );
+}
+
+#[test]
+fn truncated_cie_ends_the_walk() {
+    let mut eh = EhFrame::default();
+    let cie = eh.cie("zR", &[]);
+    eh.fde(cie, 0x1000, 0x10, &[]);
+    // A CIE whose length runs past the section end.
+    eh.raw(&[0x40, 0, 0, 0, 0, 0, 0, 0, 1, b'z']);
+    let d = eh.derive();
+    assert_eq!(d.stats.fdes_converted, 1);
+    assert_eq!(
+        skipped(&d, SkipReason::Truncated),
+        1,
+        "{:?}",
+        d.stats.errors
+    );
+}
+
+#[test]
+fn truncated_fde() {
+    let mut eh = EhFrame::default();
+    let cie = eh.cie("zR", &[]);
+    eh.fde(cie, 0x1000, 0x10, &[]);
+    let second = eh.fde(cie, 0x1010, 0x10, PROLOGUE);
+    eh.bytes.truncate(second + 10);
+    let d = eh.derive();
+    assert_eq!(d.stats.fdes_converted, 1);
+    assert_eq!(d.stats.skipped_total(), 1);
+    // An FDE whose body is too short for its pointers.
+    let mut eh = EhFrame::default();
+    let cie = eh.cie("zR", &[]);
+    let off = eh.bytes.len();
+    eh.raw(&[8, 0, 0, 0]);
+    eh.raw(&u32::try_from(off + 4 - cie).unwrap().to_le_bytes());
+    eh.raw(&[0, 0x10, 0, 0]);
+    let d = eh.derive();
+    assert_eq!(d.stats.fdes_converted, 0);
+    assert_eq!(d.stats.skipped_total(), 1, "{:?}", d.stats.errors);
+}
+
+#[test]
+fn bad_augmentation_skips_only_its_fdes() {
+    let mut eh = EhFrame::default();
+    let bad = eh.cie("zX", &[]);
+    let good = eh.cie("zR", &[]);
+    eh.fde(bad, 0x1000, 0x10, &[]);
+    eh.fde(good, 0x1010, 0x10, &[]);
+    eh.fde(bad, 0x1020, 0x10, &[]);
+    let d = eh.derive();
+    assert_eq!(d.stats.fdes_converted, 1);
+    assert_eq!(
+        skipped(&d, SkipReason::UnknownAugmentation),
+        2,
+        "{:?}",
+        d.stats.errors
+    );
+    let e = &d.stats.errors[0];
+    assert_eq!(
+        (e.section, e.index),
+        (sframe_user::ehframe::CfiSection::EhFrame, 0)
+    );
+    assert_eq!(d.table.functions[0].start, 0x1010);
+}
+
+#[test]
+fn huge_lengths() {
+    for header in [
+        &[0xf0, 0xff, 0xff, 0xff][..], // reserved length
+        &[
+            0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f,
+        ][..], // 64-bit
+        &[0xfe, 0xff, 0xff, 0x7f, 0, 0, 0, 0][..],
+    ] {
+        let mut eh = EhFrame::default();
+        let cie = eh.cie("zR", &[]);
+        eh.fde(cie, 0x1000, 0x10, &[]);
+        eh.raw(header);
+        eh.raw(&[0; 16]);
+        let d = eh.derive();
+        assert_eq!(d.stats.fdes_converted, 1);
+        assert_eq!(d.stats.skipped_total(), 1, "{:?}", d.stats.errors);
+    }
+    // An FDE covering more than 4 GiB cannot be a function: only its pc_range is huge.
+    let mut eh = EhFrame::default();
+    let cie = eh.cie("zR", &[]);
+    eh.fde(cie, 0xffff_fff0, 0x20, &[]);
+    eh.fde(cie, 0x1000, 0, &[]);
+    let d = eh.derive();
+    assert_eq!(d.stats.fdes_converted, 1, "{:?}", d.stats.errors);
+    assert_eq!(skipped(&d, SkipReason::Empty), 1);
+}
+
+#[test]
+fn remember_restore_abuse() {
+    let mut eh = EhFrame::default();
+    let cie = eh.cie("zR", &[]);
+    // Nested remember_state beyond the evaluator's stack.
+    eh.fde(cie, 0x1000, 0x10, &[0x0a; 64]);
+    // restore_state without remember_state.
+    eh.fde(cie, 0x1010, 0x10, &[0x0b]);
+    // A long but balanced remember/advance/restore sequence: fine, and bounded.
+    let mut seq = Vec::new();
+    for _ in 0..2000 {
+        seq.extend_from_slice(&[0x0a, 0x0e, 32, 0x41, 0x0b, 0x41]);
+    }
+    eh.fde(cie, 0x1020, 0x10000, &seq);
+    // remember_state in the CIE's initial instructions, restore in the FDE.
+    let cie2 = eh.cie("zR", &[0x0a, 0x0a, 0x0a, 0x0a, 0x0a]);
+    eh.fde(cie2, 0x20000, 0x10, &[0x0b]);
+    let d = eh.derive();
+    assert_eq!(
+        skipped(&d, SkipReason::StateStack),
+        3,
+        "{:?}",
+        d.stats.errors
+    );
+    assert_eq!(d.stats.fdes_converted, 1);
+    // Rows alternate between two rules: merged where identical, one per advance else.
+    let f = &d.table.functions[0];
+    assert_eq!(f.start, 0x1020);
+    assert!(f.rows.len() <= 4001);
+}
+
+#[test]
+fn cie_pointer_to_garbage() {
+    let mut eh = EhFrame::default();
+    let cie = eh.cie("zR", &[]);
+    let fde = eh.fde(cie, 0x1000, 0x10, &[]);
+    // A second FDE whose CIE pointer points at the first FDE, and one pointing before
+    // the section start.
+    eh.fde(fde, 0x1010, 0x10, &[]);
+    let off = eh.bytes.len();
+    let mut body = u32::try_from(off + 4 + 100).unwrap().to_le_bytes().to_vec();
+    body.extend_from_slice(&[0; 12]);
+    eh.push_entry(body);
+    let d = eh.derive();
+    assert_eq!(d.stats.fdes_converted, 1);
+    assert_eq!(d.stats.skipped_total(), 2, "{:?}", d.stats.errors);
+}
+
+#[test]
+fn advance_past_the_end_and_bad_instructions() {
+    let mut eh = EhFrame::default();
+    let cie = eh.cie("zR", &[]);
+    // advance_loc4 far beyond the FDE end, then a rule change.
+    eh.fde(
+        cie,
+        0x1000,
+        0x10,
+        &[0x41, 0x0e, 16, 0x04, 0, 0, 0, 1, 0x0e, 24],
+    );
+    // def_cfa_offset after def_cfa_expression is invalid.
+    eh.fde(cie, 0x1010, 0x10, &[0x0f, 1, 0x96, 0x0e, 8]);
+    // Unknown opcode.
+    eh.fde(cie, 0x1020, 0x10, &[0x3e, 0x3e]);
+    // LEB128 operand truncated by the end of the entry (7 bytes: no padding follows).
+    eh.fde(
+        cie,
+        0x1030,
+        0x10,
+        &[0x0e, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80],
+    );
+    let d = eh.derive();
+    let f = &d.table.functions[0];
+    assert_eq!((f.start, f.size, f.rows.len()), (0x1000, 0x10, 2));
+    assert_eq!(d.stats.fdes_converted, 1);
+    assert_eq!(d.stats.skipped_total(), 3, "{:?}", d.stats.errors);
+}
+
+#[test]
+fn unrecognized_expression_is_an_explicit_no_rule_range() {
+    let mut eh = EhFrame::default();
+    let cie = eh.cie("zR", &[]);
+    // The PLT's CFA expression, then back to rsp+8.
+    let expr = [
+        0x77, 0x08, 0x80, 0x00, 0x3f, 0x1a, 0x3b, 0x2a, 0x33, 0x24, 0x22,
+    ];
+    let mut insns = vec![0x44, 0x0f, expr.len() as u8];
+    insns.extend_from_slice(&expr);
+    insns.extend_from_slice(&[0x44, 0x0c, 7, 8]);
+    eh.fde(cie, 0x1000, 0x10, &insns);
+    let d = eh.derive();
+    let rows: Vec<_> = d.table.functions[0]
+        .rows
+        .iter()
+        .map(|r| (r.start_offset, r.rule.is_some()))
+        .collect();
+    assert_eq!(rows, vec![(0, true), (4, false), (8, true)]);
+    assert_eq!(
+        d.stats
+            .category(sframe_user::ehframe::RowCategory::NoRule)
+            .bytes,
+        4
+    );
+}
+
+fn hdr(eh: &EhFrame, entries: &[(u32, u32)], count: u32) -> Vec<u8> {
+    // version 1; eh_frame_ptr, fde_count and table all udata4 (absolute).
+    let mut h = vec![1, 0x03, 0x03, 0x03];
+    h.extend_from_slice(&(EH_ADDR as u32).to_le_bytes());
+    h.extend_from_slice(&count.to_le_bytes());
+    for &(pc, fde) in entries {
+        h.extend_from_slice(&pc.to_le_bytes());
+        h.extend_from_slice(&fde.to_le_bytes());
+    }
+    let _ = eh;
+    h
+}
+
+fn derive_with_hdr(eh: &EhFrame, hdr: &[u8]) -> Derived {
+    derive_from_sections(&CfiSections {
+        arch: Arch::Amd64,
+        eh_frame: Some(SectionData {
+            data: &eh.bytes,
+            address: EH_ADDR,
+        }),
+        eh_frame_hdr: Some(SectionData {
+            data: hdr,
+            address: 0x1800,
+        }),
+        debug_frame: None,
+        text_address: None,
+        got_address: None,
+        plts: &[],
+    })
+    .unwrap()
+}
+
+#[test]
+fn eh_frame_hdr_table() {
+    let mut eh = EhFrame::default();
+    let cie = eh.cie("zR", &[]);
+    let a = eh.fde(cie, 0x1000, 0x10, PROLOGUE) as u32;
+    let b = eh.fde(cie, 0x1010, 0x10, &[]) as u32;
+    let base = EH_ADDR as u32;
+    // Valid, with a duplicate entry: used, duplicates ignored.
+    let h = hdr(
+        &eh,
+        &[(0x1000, base + a), (0x1010, base + b), (0x1010, base + b)],
+        3,
+    );
+    let d = derive_with_hdr(&eh, &h);
+    assert!(d.stats.used_eh_frame_hdr);
+    assert_eq!((d.stats.fdes_seen, d.stats.fdes_converted), (2, 2));
+    // A count far beyond the table, a pointer before .eh_frame, a pointer into a CIE:
+    // the walk still finds both FDEs.
+    for h in [
+        hdr(&eh, &[(0x1000, base + a)], u32::MAX),
+        hdr(&eh, &[(0x1000, base - 8)], 1),
+        hdr(&eh, &[(0x1000, base + 5)], 1),
+    ] {
+        let d = derive_with_hdr(&eh, &h);
+        assert_eq!(d.stats.fdes_converted, 2, "{:?}", d.stats);
+    }
+    // A pointer into the middle of an FDE: that entry is skipped and counted; the walk
+    // adds the FDE the table misses.
+    let d = derive_with_hdr(
+        &eh,
+        &hdr(&eh, &[(0x1000, base + a), (0x1010, base + a + 4)], 2),
+    );
+    assert_eq!(d.stats.fdes_converted, 2);
+    assert_eq!(d.stats.skipped_total(), 1, "{:?}", d.stats.errors);
+}
+
+#[test]
+fn not_elf_and_no_cfi() {
+    assert!(derive_from_elf(b"").is_err());
+    assert!(derive_from_elf(b"\x7fELF garbage").is_err());
+    assert!(derive_from_elf(&[0u8; 4096]).is_err());
+}
+
+/// Mutates bytes of real ELF files (deterministic xorshift) and derives each: errors are
+/// fine, panics are not. A cheap stand-in for the cargo-fuzz target.
+#[test]
+fn mutated_elf_never_panics() {
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let original = std::fs::read("/proc/self/exe").unwrap();
+    let file = object::File::parse(&*original).unwrap();
+    let mut ranges = Vec::new();
+    for name in [".eh_frame", ".eh_frame_hdr"] {
+        if let Some(s) = object::Object::section_by_name(&file, name) {
+            let (off, size) = object::ObjectSection::file_range(&s).unwrap();
+            ranges.push((off as usize, size as usize));
+        }
+    }
+    assert_eq!(ranges.len(), 2);
+    let baseline = derive_from_elf(&original).unwrap();
+    assert!(baseline.stats.fdes_converted > 100);
+    let mut data = original.clone();
+    for round in 0..120 {
+        data.copy_from_slice(&original);
+        let (off, size) = ranges[round % 2];
+        for _ in 0..(1 + next() % 16) {
+            let i = off + (next() as usize % size);
+            data[i] = next() as u8;
+        }
+        if let Ok(d) = derive_from_elf(&data) {
+            let fns = &d.table.functions;
+            assert!(fns.windows(2).all(|w| w[0].end() <= w[1].start));
+        }
+    }
+    // Truncations of the whole file.
+    for cut in [64, 1000, original.len() / 2, original.len() - 1] {
+        let _ = derive_from_elf(&original[..cut]);
+    }
+}

@@ -1,0 +1,164 @@
+//! Rows derived from the system's own objects (Debian: `.eh_frame` only). Prints the
+//! numbers and asserts bounds on FDEs converted, rows and code covered by a rule.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use object::{Object, ObjectSection};
+use sframe_common::{CfaRule, RegRule, RuleFlags};
+use sframe_user::ehframe::{Derived, RowCategory, derive_from_elf};
+use sframe_user::table::Source;
+
+struct Bounds {
+    min_fdes: u64,
+    min_rows: u64,
+    /// Minimum share of the FDE-covered code bytes that have a rule, in per mille.
+    min_covered_permille: u64,
+}
+
+fn derive(path: &str, b: Bounds) -> (PathBuf, Vec<u8>, Derived) {
+    let path = std::fs::canonicalize(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let data = std::fs::read(&path).unwrap();
+    let t = Instant::now();
+    let d = derive_from_elf(&data).unwrap();
+    let elapsed = t.elapsed();
+    let s = &d.stats;
+    println!(
+        "{}: {:?}, FDEs seen {} converted {} skipped {:?}; {} functions ({} PLT), {} rows; code {} bytes, {} with a rule ({:.3}%)",
+        path.display(),
+        elapsed,
+        s.fdes_seen,
+        s.fdes_converted,
+        s.fdes_skipped,
+        s.functions,
+        s.plt_functions,
+        s.rows,
+        s.code_bytes,
+        s.bytes_with_rule(),
+        100.0 * s.bytes_with_rule() as f64 / s.code_bytes.max(1) as f64
+    );
+    for c in RowCategory::ALL {
+        println!("    {c:?}: {:?}", s.category(c));
+    }
+    assert_eq!(d.table.source, Source::EhFrame);
+    assert!(s.used_eh_frame_hdr);
+    assert!(
+        s.fdes_converted >= b.min_fdes,
+        "FDEs converted {}",
+        s.fdes_converted
+    );
+    assert!(
+        s.fdes_converted * 100 >= s.fdes_seen * 99,
+        "too many skipped: {:?}",
+        s.errors
+    );
+    assert!(s.rows >= b.min_rows, "rows {}", s.rows);
+    assert!(
+        s.bytes_with_rule() * 1000 >= s.code_bytes * b.min_covered_permille,
+        "covered {} of {}",
+        s.bytes_with_rule(),
+        s.code_bytes
+    );
+    let fns = &d.table.functions;
+    assert!(
+        fns.windows(2).all(|w| w[0].end() <= w[1].start),
+        "sorted, non-overlapping"
+    );
+    (path, data, d)
+}
+
+#[test]
+fn libc() {
+    let (_, data, d) = derive(
+        "/lib/x86_64-linux-gnu/libc.so.6",
+        Bounds {
+            min_fdes: 2000,
+            min_rows: 10_000,
+            min_covered_permille: 990,
+        },
+    );
+    // __restore_rt (`mov $15,%rax; syscall`): a signal frame whose CFA is the saved
+    // rsp in the ucontext, *(rsp+160), and whose RA is the saved rip at rsp+168.
+    let file = object::File::parse(&*data).unwrap();
+    let text = file.section_by_name(".text").unwrap();
+    let bytes = text.data().unwrap();
+    let signal: Vec<_> = d
+        .table
+        .functions
+        .iter()
+        .filter(|f| {
+            f.rows
+                .iter()
+                .any(|r| r.rule.is_some_and(|r| r.flags.contains(RuleFlags::SIGNAL)))
+        })
+        .collect();
+    assert_eq!(signal.len(), 1, "one signal trampoline in libc");
+    let f = signal[0];
+    let off = usize::try_from(f.start - text.address()).unwrap();
+    let code = &bytes[off..off + f.size as usize];
+    const RT_SIGRETURN: [u8; 9] = [0x48, 0xc7, 0xc0, 0x0f, 0x00, 0x00, 0x00, 0x0f, 0x05];
+    assert!(code.windows(9).any(|w| w == RT_SIGRETURN), "{code:x?}");
+    let rule = f.rows[0].rule.unwrap();
+    assert_eq!(
+        rule.cfa,
+        CfaRule {
+            base: sframe_common::CfaBase::Sp,
+            offset: 160,
+            deref: true
+        }
+    );
+    assert_eq!(
+        rule.ra,
+        RegRule::AtReg {
+            reg: 7,
+            offset: 168
+        }
+    );
+    // clone / clone3 mark the child's outermost frame.
+    assert!(d.stats.category(RowCategory::Outermost).rows >= 1);
+}
+
+#[test]
+fn ld_so() {
+    derive(
+        "/lib64/ld-linux-x86-64.so.2",
+        Bounds {
+            min_fdes: 200,
+            min_rows: 1000,
+            min_covered_permille: 990,
+        },
+    );
+}
+
+#[test]
+fn libstdcxx() {
+    derive(
+        "/usr/lib/x86_64-linux-gnu/libstdc++.so.6",
+        Bounds {
+            min_fdes: 3000,
+            min_rows: 15_000,
+            min_covered_permille: 990,
+        },
+    );
+}
+
+#[test]
+fn python3() {
+    let (_, data, d) = derive(
+        "/usr/bin/python3",
+        Bounds {
+            min_fdes: 5000,
+            min_rows: 30_000,
+            min_covered_permille: 990,
+        },
+    );
+    // The entry point is _start: RA undefined.
+    let entry = object::File::parse(&*data).unwrap().entry();
+    let f = d
+        .table
+        .functions
+        .iter()
+        .find(|f| f.start <= entry && entry < f.end())
+        .unwrap();
+    assert_eq!(f.rows[0].rule.unwrap().ra, RegRule::Undefined);
+}
