@@ -17,16 +17,16 @@ pub const ROW_SEARCH_STEPS: u32 = PAGE_SHIFT + 1;
 /// Objects with tables loaded at once.
 pub const MAX_OBJECTS: u32 = 8192;
 /// Total rows in the kernel (4 bytes each).
-pub const MAX_ROWS: u32 = 1 << 23;
+pub const MAX_ROWS: u32 = 1 << 22;
 /// Total page entries in the kernel (4 bytes each).
 pub const MAX_PAGES: u32 = 1 << 20;
 /// Distinct rules, shared by all objects (a row's rule index is a `u16`).
 pub const MAX_RULES: u32 = 1 << 16;
 
 /// Processes with mapping tables.
-pub const MAX_PROCESSES: u32 = 4096;
+pub const MAX_PROCESSES: u32 = 1024;
 /// Distinct user stacks kept between two reads by user space.
-pub const MAX_STACKS: u32 = 16384;
+pub const MAX_STACKS: u32 = 4096;
 /// Distinct (process, thread, stack, kernel stack, outcome) counters between two reads.
 pub const MAX_COUNTS: u32 = 32768;
 /// Kernel stacks (`bpf_get_stackid`).

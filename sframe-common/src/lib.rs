@@ -8,8 +8,14 @@
 //! It is not a parser: reading SFrame or DWARF happens in `sframe-user`.
 #![no_std]
 
+pub mod budget;
+pub mod layout;
+pub mod outcome;
 pub mod rule;
 pub mod sample;
+pub mod stack;
+pub mod step;
 
+pub use outcome::{Counter, WalkOutcome};
 pub use rule::{CfaBase, CfaRule, RegRule, RuleFlags, UnwindRule};
 pub use sample::RawSample;

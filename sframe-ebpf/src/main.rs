@@ -3,6 +3,7 @@
 #![no_main]
 
 mod regs;
+mod unwind;
 
 use aya_ebpf::{
     bindings::pt_regs,
@@ -18,10 +19,16 @@ use sframe_common::sample::{
 
 use crate::regs::RegsSource;
 
+/// Walks and counts the user stack of each sample of a target (see `unwind`).
+#[perf_event]
+pub fn profile(ctx: PerfEventContext) -> u32 {
+    unwind::profile(&ctx)
+}
+
 /// Thread-group ids to sample (value unused). The program runs for every sample of the
 /// perf events it is attached to; this map keeps only the targets.
 #[map]
-static TARGET_TGIDS: HashMap<u32, u8> = HashMap::with_max_entries(4096, 0);
+pub(crate) static TARGET_TGIDS: HashMap<u32, u8> = HashMap::with_max_entries(4096, 0);
 
 /// Raw samples for user space (the diagnostic path; counting happens in the kernel).
 #[map]
@@ -49,8 +56,9 @@ pub fn sample_raw(ctx: PerfEventContext) -> u32 {
     // SAFETY: `regs` is the first member of bpf_perf_event_data.
     let ctx_regs: *const pt_regs = unsafe { core::ptr::addr_of!((*ctx.ctx).regs) };
     match unsafe { regs::user_regs(ctx_regs) } {
-        Some((user, source)) => {
-            sample.ip = user.ip;
+        Some((pt, source)) => {
+            let user = regs::walk_regs(&pt);
+            sample.ip = user.pc;
             sample.sp = user.sp;
             sample.fp = user.fp;
             if let RegsSource::Task = source {

@@ -11,14 +11,7 @@ use aya_ebpf::{
         generated::{bpf_get_current_task_btf, bpf_task_pt_regs},
     },
 };
-
-/// The registers an unwinder needs.
-#[derive(Clone, Copy)]
-pub struct UserRegs {
-    pub ip: u64,
-    pub sp: u64,
-    pub fp: u64,
-}
+use sframe_common::step::{Regs, TOP_REGS};
 
 #[cfg(bpf_target_arch = "x86_64")]
 fn is_user_mode(regs: &pt_regs) -> bool {
@@ -26,13 +19,39 @@ fn is_user_mode(regs: &pt_regs) -> bool {
     regs.cs & 3 == 3
 }
 
+/// PC, SP, FP.
 #[cfg(bpf_target_arch = "x86_64")]
-fn from_pt_regs(regs: &pt_regs) -> UserRegs {
-    UserRegs {
-        ip: regs.rip,
+pub fn walk_regs(regs: &pt_regs) -> Regs {
+    Regs {
+        pc: regs.rip,
         sp: regs.rsp,
         fp: regs.rbp,
     }
+}
+
+/// The DWARF register file of the top frame (x86-64 numbering: rax rdx rcx rbx rsi rdi
+/// rbp rsp r8..r15 rip).
+#[cfg(bpf_target_arch = "x86_64")]
+#[inline(always)]
+pub fn dwarf_regs(r: &pt_regs, out: &mut [u64; TOP_REGS]) {
+    *out = [0; TOP_REGS];
+    out[0] = r.rax;
+    out[1] = r.rdx;
+    out[2] = r.rcx;
+    out[3] = r.rbx;
+    out[4] = r.rsi;
+    out[5] = r.rdi;
+    out[6] = r.rbp;
+    out[7] = r.rsp;
+    out[8] = r.r8;
+    out[9] = r.r9;
+    out[10] = r.r10;
+    out[11] = r.r11;
+    out[12] = r.r12;
+    out[13] = r.r13;
+    out[14] = r.r14;
+    out[15] = r.r15;
+    out[16] = r.rip;
 }
 
 #[cfg(bpf_target_arch = "aarch64")]
@@ -42,15 +61,28 @@ fn is_user_mode(regs: &pt_regs) -> bool {
 }
 
 #[cfg(bpf_target_arch = "aarch64")]
-fn from_pt_regs(regs: &pt_regs) -> UserRegs {
-    UserRegs {
-        ip: regs.pc,
+pub fn walk_regs(regs: &pt_regs) -> Regs {
+    Regs {
+        pc: regs.pc,
         sp: regs.sp,
         fp: regs.regs[29],
     }
 }
 
+/// The DWARF register file of the top frame (AArch64: x0..x30, sp).
+#[cfg(bpf_target_arch = "aarch64")]
+#[inline(always)]
+pub fn dwarf_regs(r: &pt_regs, out: &mut [u64; TOP_REGS]) {
+    let mut i = 0;
+    while i < 31 {
+        out[i] = r.regs[i];
+        i += 1;
+    }
+    out[31] = r.sp;
+}
+
 /// Where the registers came from.
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub enum RegsSource {
     /// The sample interrupted user mode.
     Interrupt,
@@ -64,12 +96,12 @@ pub enum RegsSource {
 /// # Safety
 /// `ctx_regs` must point to the perf-event context's register block.
 #[inline(always)]
-pub unsafe fn user_regs(ctx_regs: *const pt_regs) -> Option<(UserRegs, RegsSource)> {
+pub unsafe fn user_regs(ctx_regs: *const pt_regs) -> Option<(pt_regs, RegsSource)> {
     // SAFETY: the context pointer is valid for the program's lifetime; the kernel
     // verifies the read is inside the context.
     let regs = unsafe { &*ctx_regs };
     if is_user_mode(regs) {
-        return Some((from_pt_regs(regs), RegsSource::Interrupt));
+        return Some((*regs, RegsSource::Interrupt));
     }
     // SAFETY: plain helper calls; the verifier checks their arguments.
     let task = unsafe { bpf_get_current_task_btf() };
@@ -82,10 +114,10 @@ pub unsafe fn user_regs(ctx_regs: *const pt_regs) -> Option<(UserRegs, RegsSourc
     }
     // SAFETY: `saved` is a kernel address; bpf_probe_read_kernel checks it.
     let saved = unsafe { bpf_probe_read_kernel(saved) }.ok()?;
-    let user = from_pt_regs(&saved);
+    let user = walk_regs(&saved);
     // A kernel thread has no user registers: its saved block is all zero.
-    if user.ip == 0 || user.sp == 0 {
+    if user.pc == 0 || user.sp == 0 {
         return None;
     }
-    Some((user, RegsSource::Task))
+    Some((saved, RegsSource::Task))
 }

@@ -15,6 +15,7 @@
 #[cfg(feature = "bpf")]
 pub mod bpf;
 pub mod ehframe;
+pub mod flatten;
 pub mod privileges;
 pub mod procfs;
 #[cfg(feature = "bpf")]

@@ -1,0 +1,187 @@
+//! The kernel map layout of the unwind tables.
+//!
+//! ```text
+//! PROCESSES  hash   tgid -> ProcessEntry { count, mappings[MAX_MAPPINGS] sorted by start }
+//!                         MappingEntry { start, end, bias, object }   (object vaddr = pc - bias)
+//! OBJECTS    array  object id -> ObjectEntry { base, page_first, page_count, row_first }
+//! PAGES      array  of PageBlock (PAGE_BLOCK u32s): per object page_count + 1 entries;
+//!                   entry p = index (relative to row_first) of the first row of page p,
+//!                   entry page_count = the object's row count (sentinel)
+//! ROWS       array  of RowBlock (ROW_BLOCK rows of 4 bytes): RowEntry { addr_low, rule }
+//! RULES      array  rule index -> RuleEntry (12 bytes), shared by all objects; 0 = no rule
+//! ```
+//!
+//! A page covers `1 << PAGE_SHIFT` bytes of an object's address space starting at
+//! `ObjectEntry::base`. Every page that exists starts with a row at `addr_low == 0`, so
+//! the search inside a page always finds a row, and a row costs 4 bytes: the low 16 bits
+//! of its address and a 16-bit rule index. Function boundaries are rows too: where a
+//! function ends and the next does not start, a row with rule 0 ("no rule") begins.
+//!
+//! Array maps round elements up to 8 bytes, so rows and page entries are stored in
+//! blocks; `ROW_BLOCK` rows per element keeps the 4-byte cost.
+
+use crate::budget::{MAX_MAPPINGS, PAGE_SHIFT};
+
+/// No object table for this mapping (use frame pointers).
+pub const NO_OBJECT: u32 = u32::MAX;
+
+/// One executable mapping of a process.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MappingEntry {
+    pub start: u64,
+    pub end: u64,
+    /// `object virtual address = pc - bias`.
+    pub bias: u64,
+    /// Index in OBJECTS, or [`NO_OBJECT`].
+    pub object: u32,
+    /// `MAPPING_FLAG_*` bits.
+    pub flags: u32,
+}
+
+/// The mapping is the vDSO.
+pub const MAPPING_FLAG_VDSO: u32 = 1 << 0;
+
+/// A process's executable mappings, sorted by `start`, non-overlapping.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ProcessEntry {
+    pub count: u32,
+    pub _pad: u32,
+    pub mappings: [MappingEntry; MAX_MAPPINGS],
+}
+
+impl Default for ProcessEntry {
+    fn default() -> Self {
+        Self {
+            count: 0,
+            _pad: 0,
+            mappings: [MappingEntry::default(); MAX_MAPPINGS],
+        }
+    }
+}
+
+/// One object's tables.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ObjectEntry {
+    /// Object virtual address of the start of page 0 (aligned to the page size).
+    pub base: u64,
+    /// Index of the object's first entry in PAGES (not in blocks).
+    pub page_first: u32,
+    /// Number of pages (PAGES holds `page_count + 1` entries for the object).
+    pub page_count: u32,
+    /// Index of the object's first row in ROWS (not in blocks).
+    pub row_first: u32,
+    pub _pad: u32,
+}
+
+/// One row: from its address to the next row's, `rule` holds.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct RowEntry {
+    /// Low `PAGE_SHIFT` bits of the row's start address (relative to the object base).
+    pub addr_low: u16,
+    /// Index in RULES; 0 means "no rule here".
+    pub rule: u16,
+}
+
+pub const ROW_BLOCK: usize = 8;
+pub const PAGE_BLOCK: usize = 8;
+
+/// ROWS element.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RowBlock(pub [RowEntry; ROW_BLOCK]);
+
+/// PAGES element.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PageBlock(pub [u32; PAGE_BLOCK]);
+
+/// How to find the CFA: `RuleEntry::cfa_base`.
+pub const CFA_BASE_SP: u8 = 0;
+pub const CFA_BASE_FP: u8 = 1;
+/// `0x80 | dwarf_register` (register < 0x7f): top frame only.
+pub const CFA_BASE_REG: u8 = 0x80;
+/// No rule: the rule entry at index 0.
+pub const CFA_BASE_NONE: u8 = 0xff;
+
+/// How to recover a register (RA or FP): `RuleEntry::ra_kind` / `fp_kind`.
+/// The value is unchanged (FP), or still in the link register (AArch64 RA, top frame).
+pub const REG_UNCHANGED: u8 = 0;
+/// Saved at `CFA + offset`.
+pub const REG_AT_CFA: u8 = 1;
+/// Saved at `SP + offset` (SP of the frame being unwound).
+pub const REG_AT_SP: u8 = 2;
+/// Saved at `FP + offset`.
+pub const REG_AT_FP: u8 = 3;
+/// Undefined: for the RA, the outermost frame.
+pub const REG_UNDEFINED: u8 = 4;
+/// The value is `CFA + offset`.
+pub const REG_VAL_CFA: u8 = 5;
+/// Held in DWARF register `offset` (top frame only).
+pub const REG_IN_REG: u8 = 6;
+
+/// `RuleEntry::flags`: the CFA is `*(base + offset)`.
+pub const RULE_FLAG_CFA_DEREF: u8 = 1 << 0;
+/// The frame is a signal trampoline: the caller's PC is exact, not a return address.
+pub const RULE_FLAG_SIGNAL: u8 = 1 << 1;
+/// The RA is signed (AArch64 pointer authentication).
+pub const RULE_FLAG_MANGLED_RA: u8 = 1 << 2;
+
+/// One deduplicated rule.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RuleEntry {
+    pub cfa_offset: i32,
+    pub ra_offset: i16,
+    pub fp_offset: i16,
+    pub cfa_base: u8,
+    pub ra_kind: u8,
+    pub fp_kind: u8,
+    pub flags: u8,
+}
+
+impl RuleEntry {
+    /// The "no rule here" entry (index 0 of RULES).
+    pub const NONE: RuleEntry = RuleEntry {
+        cfa_offset: 0,
+        ra_offset: 0,
+        fp_offset: 0,
+        cfa_base: CFA_BASE_NONE,
+        ra_kind: REG_UNDEFINED,
+        fp_kind: REG_UNCHANGED,
+        flags: 0,
+    };
+
+    pub const fn is_none(&self) -> bool {
+        self.cfa_base == CFA_BASE_NONE
+    }
+}
+
+/// Page size in bytes of object address space.
+pub const PAGE_BYTES: u64 = 1 << PAGE_SHIFT;
+
+const _: () = assert!(core::mem::size_of::<MappingEntry>() == 32);
+const _: () = assert!(core::mem::size_of::<ObjectEntry>() == 24);
+const _: () = assert!(core::mem::size_of::<RowEntry>() == 4);
+const _: () = assert!(core::mem::size_of::<RowBlock>() == 4 * ROW_BLOCK);
+const _: () = assert!(core::mem::size_of::<PageBlock>() == 4 * PAGE_BLOCK);
+const _: () = assert!(core::mem::size_of::<RuleEntry>() == 12);
+const _: () = assert!(ROW_BLOCK.is_power_of_two() && PAGE_BLOCK.is_power_of_two());
+const _: () = assert!(core::mem::size_of::<ProcessEntry>() == 8 + 32 * MAX_MAPPINGS);
+
+#[cfg(feature = "user")]
+mod pod {
+    use super::*;
+    // SAFETY: all repr(C) with integer fields only and no implicit padding (sizes
+    // asserted above).
+    unsafe impl aya::Pod for MappingEntry {}
+    unsafe impl aya::Pod for ProcessEntry {}
+    unsafe impl aya::Pod for ObjectEntry {}
+    unsafe impl aya::Pod for RowEntry {}
+    unsafe impl aya::Pod for RowBlock {}
+    unsafe impl aya::Pod for PageBlock {}
+    unsafe impl aya::Pod for RuleEntry {}
+}

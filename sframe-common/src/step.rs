@@ -1,0 +1,392 @@
+//! The frame step and the table lookup: pure functions over injected map accessors and
+//! an injected memory reader. The eBPF program runs them once per frame (inside
+//! `bpf_loop`); host tests and fuzzing run the same code through [`walk`].
+//!
+//! Termination and safety do not depend on the tables or the stack being sane: every
+//! search has a fixed step count, every walk at most `MAX_FRAMES` steps, and a caller
+//! frame must have a CFA above the current stack pointer (except after a signal frame).
+
+use crate::{
+    budget::{MAPPING_SEARCH_STEPS, MAX_FRAMES, MAX_MAPPINGS, PAGE_SHIFT, ROW_SEARCH_STEPS},
+    layout::*,
+    outcome::WalkOutcome,
+    stack::{HASH_SEED, UserStack, finish, mix},
+};
+
+/// DWARF registers kept for the top frame (x86-64 uses 0..=16, AArch64 0..=31).
+pub const TOP_REGS: usize = 32;
+
+/// The registers the walk carries from frame to frame.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Regs {
+    pub pc: u64,
+    pub sp: u64,
+    pub fp: u64,
+}
+
+/// Read access to the kernel tables (BPF maps, or slices in host tests).
+pub trait Tables {
+    /// Executable mappings of the sampled process (sorted by start).
+    fn mapping_count(&mut self) -> u32;
+    fn mapping(&mut self, index: u32) -> Option<MappingEntry>;
+    fn object(&mut self, id: u32) -> Option<ObjectEntry>;
+    /// PAGES entry by absolute index.
+    fn page_entry(&mut self, index: u32) -> Option<u32>;
+    /// ROWS entry by absolute index.
+    fn row(&mut self, index: u32) -> Option<RowEntry>;
+    fn rule(&mut self, index: u16) -> Option<RuleEntry>;
+}
+
+/// Index of the last element of `[0, n)` whose key is ≤ `x`, in exactly `STEPS` halvings
+/// (enough for `n < 2^STEPS`). The choice is arithmetic, not a branch on data, which
+/// keeps the verifier's path count flat. A key that cannot be read counts as > `x`.
+#[inline(always)]
+pub fn search_last_le<const STEPS: u32>(
+    n: u32,
+    x: u64,
+    mut key: impl FnMut(u32) -> Option<u64>,
+) -> Option<u32> {
+    if n == 0 {
+        return None;
+    }
+    let mut base = 0u32;
+    let mut len = n;
+    let mut i = 0;
+    while i < STEPS {
+        let half = len / 2;
+        let mid = base + half;
+        let le = matches!(key(mid), Some(k) if k <= x) as u32;
+        base += half * le;
+        len -= half;
+        i += 1;
+    }
+    match key(base) {
+        Some(k) if k <= x => Some(base),
+        _ => None,
+    }
+}
+
+/// What the tables say about a PC.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lookup {
+    /// A row with a rule.
+    Rule(RuleEntry),
+    /// In an object with tables, but no rule covers the PC.
+    NoRule,
+    /// In an executable mapping without tables.
+    NoTable,
+    /// In no known executable mapping.
+    NoMapping,
+}
+
+/// Finds the rule for `pc` of the sampled process.
+#[inline(always)]
+pub fn find_rule<T: Tables>(t: &mut T, pc: u64) -> Lookup {
+    let count = t.mapping_count();
+    let n = if count as usize > MAX_MAPPINGS {
+        MAX_MAPPINGS as u32
+    } else {
+        count
+    };
+    let Some(i) = search_last_le::<MAPPING_SEARCH_STEPS>(n, pc, |i| t.mapping(i).map(|m| m.start))
+    else {
+        return Lookup::NoMapping;
+    };
+    let Some(m) = t.mapping(i) else {
+        return Lookup::NoMapping;
+    };
+    if pc >= m.end {
+        return Lookup::NoMapping;
+    }
+    if m.object == NO_OBJECT {
+        return Lookup::NoTable;
+    }
+    let Some(o) = t.object(m.object) else {
+        return Lookup::NoTable;
+    };
+    let vaddr = pc.wrapping_sub(m.bias);
+    let Some(rel) = vaddr.checked_sub(o.base) else {
+        return Lookup::NoRule;
+    };
+    let page = rel >> PAGE_SHIFT;
+    if page >= u64::from(o.page_count) {
+        return Lookup::NoRule;
+    }
+    let page = page as u32;
+    let (Some(lo), Some(hi)) = (
+        t.page_entry(o.page_first.wrapping_add(page)),
+        t.page_entry(o.page_first.wrapping_add(page).wrapping_add(1)),
+    ) else {
+        return Lookup::NoRule;
+    };
+    if hi <= lo {
+        return Lookup::NoRule;
+    }
+    let first = o.row_first.wrapping_add(lo);
+    let low = rel & ((1 << PAGE_SHIFT) - 1);
+    let Some(k) = search_last_le::<ROW_SEARCH_STEPS>(hi - lo, low, |k| {
+        t.row(first.wrapping_add(k)).map(|r| u64::from(r.addr_low))
+    }) else {
+        return Lookup::NoRule;
+    };
+    let Some(row) = t.row(first.wrapping_add(k)) else {
+        return Lookup::NoRule;
+    };
+    match t.rule(row.rule) {
+        Some(rule) if !rule.is_none() => Lookup::Rule(rule),
+        _ => Lookup::NoRule,
+    }
+}
+
+/// The result of one frame step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// The caller's registers; `exact_pc` when the caller's PC is not a return address
+    /// (the frame was a signal trampoline).
+    Caller { regs: Regs, exact_pc: bool },
+    /// This frame is the outermost one.
+    Outermost,
+}
+
+#[inline(always)]
+fn add_signed(a: u64, off: i64) -> Option<u64> {
+    a.checked_add_signed(off)
+}
+
+/// Applies `rule` to `regs`. `top` holds the DWARF registers of the interrupted frame,
+/// only for the top frame.
+#[inline(always)]
+pub fn step_rule(
+    rule: &RuleEntry,
+    regs: &Regs,
+    top: Option<&[u64; TOP_REGS]>,
+    read: &mut impl FnMut(u64) -> Option<u64>,
+) -> Result<Step, WalkOutcome> {
+    let base = match rule.cfa_base {
+        CFA_BASE_SP => regs.sp,
+        CFA_BASE_FP => regs.fp,
+        CFA_BASE_NONE => return Err(WalkOutcome::NoRule),
+        b => match top {
+            Some(top) => top[usize::from(b & 0x1f)],
+            None => return Err(WalkOutcome::TopFrameOnlyRule),
+        },
+    };
+    let mut cfa = add_signed(base, i64::from(rule.cfa_offset)).ok_or(WalkOutcome::NoProgress)?;
+    if rule.flags & RULE_FLAG_CFA_DEREF != 0 {
+        cfa = read(cfa).ok_or(WalkOutcome::ReadFault)?;
+    }
+    let signal = rule.flags & RULE_FLAG_SIGNAL != 0;
+    if !signal && (cfa <= regs.sp || cfa & 7 != 0) {
+        return Err(WalkOutcome::NoProgress);
+    }
+    let recover = |kind: u8,
+                   off: i16,
+                   current: u64,
+                   read: &mut dyn FnMut(u64) -> Option<u64>|
+     -> Result<u64, WalkOutcome> {
+        let off = i64::from(off);
+        let at = |base: u64, read: &mut dyn FnMut(u64) -> Option<u64>| {
+            add_signed(base, off)
+                .and_then(read)
+                .ok_or(WalkOutcome::ReadFault)
+        };
+        match kind {
+            REG_UNCHANGED => Ok(current),
+            REG_AT_CFA => at(cfa, read),
+            REG_AT_SP => at(regs.sp, read),
+            REG_AT_FP => at(regs.fp, read),
+            REG_VAL_CFA => add_signed(cfa, off).ok_or(WalkOutcome::NoProgress),
+            REG_IN_REG => match top {
+                Some(top) => Ok(top[(off as usize) & (TOP_REGS - 1)]),
+                None => Err(WalkOutcome::TopFrameOnlyRule),
+            },
+            _ => Err(WalkOutcome::NoRule),
+        }
+    };
+    if rule.ra_kind == REG_UNDEFINED {
+        return Ok(Step::Outermost);
+    }
+    // An unchanged RA is still in the link register (AArch64, DWARF 30): top frame only.
+    let lr = match top {
+        Some(top) => top[30],
+        None if rule.ra_kind == REG_UNCHANGED => return Err(WalkOutcome::TopFrameOnlyRule),
+        None => 0,
+    };
+    let mut ra = recover(rule.ra_kind, rule.ra_offset, lr, read)?;
+    if rule.flags & RULE_FLAG_MANGLED_RA != 0 {
+        // Strip the pointer-authentication code (48-bit user address space).
+        ra &= (1u64 << 48) - 1;
+    }
+    let fp = recover(rule.fp_kind, rule.fp_offset, regs.fp, read)?;
+    Ok(Step::Caller {
+        regs: Regs {
+            pc: ra,
+            sp: cfa,
+            fp,
+        },
+        exact_pc: signal,
+    })
+}
+
+/// The frame-pointer step for code without tables: `[fp] = caller fp`,
+/// `[fp + 8] = return address`, caller sp = fp + 16 (x86-64 and AArch64 frame records).
+#[inline(always)]
+pub fn step_frame_pointer(
+    regs: &Regs,
+    read: &mut impl FnMut(u64) -> Option<u64>,
+) -> Result<Step, WalkOutcome> {
+    if regs.fp == 0 {
+        return Err(WalkOutcome::FramePointerEnd);
+    }
+    if regs.fp < regs.sp || regs.fp & 7 != 0 {
+        return Err(WalkOutcome::NoProgress);
+    }
+    let ra = read(regs.fp.wrapping_add(8)).ok_or(WalkOutcome::ReadFault)?;
+    let fp = read(regs.fp).ok_or(WalkOutcome::ReadFault)?;
+    let sp = regs.fp.checked_add(16).ok_or(WalkOutcome::NoProgress)?;
+    Ok(Step::Caller {
+        regs: Regs { pc: ra, sp, fp },
+        exact_pc: false,
+    })
+}
+
+/// The walk's state, kept in per-CPU scratch by the eBPF program.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct WalkState {
+    pub regs: Regs,
+    /// DWARF registers of the interrupted frame.
+    pub top: [u64; TOP_REGS],
+    pub hash: u64,
+    /// A `WalkOutcome`, valid once the walk stopped.
+    pub outcome: u32,
+    /// Non-zero when `regs.pc` is exact (after a signal frame), not a return address.
+    pub exact_pc: u32,
+    pub frames_from_table: u32,
+    pub frames_from_fp: u32,
+    pub stack: UserStack,
+}
+
+impl WalkState {
+    /// Starts a walk at the interrupted frame.
+    #[inline(always)]
+    pub fn start(&mut self, regs: Regs) {
+        self.regs = regs;
+        self.hash = HASH_SEED;
+        self.outcome = WalkOutcome::Truncated as u32;
+        self.exact_pc = 0;
+        self.frames_from_table = 0;
+        self.frames_from_fp = 0;
+        self.stack.len = 0;
+    }
+
+    /// The stack's key for the STACKS map (never 0).
+    #[inline(always)]
+    pub fn stack_key(&self) -> u64 {
+        finish(self.hash, self.stack.len)
+    }
+}
+
+impl Default for WalkState {
+    fn default() -> Self {
+        Self {
+            regs: Regs::default(),
+            top: [0; TOP_REGS],
+            hash: HASH_SEED,
+            outcome: WalkOutcome::Truncated as u32,
+            exact_pc: 0,
+            frames_from_table: 0,
+            frames_from_fp: 0,
+            stack: UserStack::default(),
+        }
+    }
+}
+
+/// Records the current frame and unwinds it. Returns `false` when the walk ended
+/// (`st.outcome` says how), `true` to go on.
+#[inline(always)]
+pub fn walk_step<T: Tables>(
+    st: &mut WalkState,
+    t: &mut T,
+    read: &mut impl FnMut(u64) -> Option<u64>,
+) -> bool {
+    let i = st.stack.len;
+    if i as usize >= MAX_FRAMES {
+        st.outcome = WalkOutcome::Truncated as u32;
+        return false;
+    }
+    let pc = st.regs.pc;
+    st.stack.frames[(i as usize) & (MAX_FRAMES - 1)] = pc;
+    st.stack.len = i + 1;
+    st.hash = mix(st.hash, pc);
+
+    let top = i == 0;
+    // A return address points after the call; the call itself may be the function's
+    // last instruction, so look up the byte before it.
+    let lookup_pc = if top || st.exact_pc != 0 {
+        pc
+    } else {
+        pc.wrapping_sub(1)
+    };
+    let top_regs = if top { Some(&st.top) } else { None };
+    let result = match find_rule(t, lookup_pc) {
+        Lookup::Rule(rule) => {
+            st.frames_from_table += 1;
+            step_rule(&rule, &st.regs, top_regs, read)
+        }
+        Lookup::NoRule => {
+            st.frames_from_fp += 1;
+            step_frame_pointer(&st.regs, read).map_err(|e| match e {
+                WalkOutcome::FramePointerEnd => WalkOutcome::NoRule,
+                e => e,
+            })
+        }
+        Lookup::NoTable => {
+            st.frames_from_fp += 1;
+            step_frame_pointer(&st.regs, read)
+        }
+        Lookup::NoMapping => Err(WalkOutcome::NoMapping),
+    };
+    match result {
+        Ok(Step::Caller { regs, exact_pc }) => {
+            if regs.pc == 0 {
+                st.outcome = WalkOutcome::ZeroReturnAddress as u32;
+                return false;
+            }
+            st.regs = regs;
+            st.exact_pc = exact_pc as u32;
+            true
+        }
+        Ok(Step::Outermost) => {
+            st.outcome = WalkOutcome::Complete as u32;
+            false
+        }
+        Err(outcome) => {
+            st.outcome = outcome as u32;
+            false
+        }
+    }
+}
+
+/// The reference walker: the same steps as the eBPF program, for host tests and fuzzing.
+pub fn walk<T: Tables>(
+    st: &mut WalkState,
+    regs: Regs,
+    t: &mut T,
+    read: &mut impl FnMut(u64) -> Option<u64>,
+) -> WalkOutcome {
+    st.start(regs);
+    let mut n = 0;
+    while n < MAX_FRAMES + 1 && walk_step(st, t, read) {
+        n += 1;
+    }
+    WalkOutcome::try_from(st.outcome).unwrap_or(WalkOutcome::Truncated)
+}
+
+#[cfg(feature = "user")]
+// SAFETY: repr(C), integers only, no implicit padding.
+unsafe impl aya::Pod for WalkState {}
+
+const _: () = assert!(core::mem::size_of::<WalkState>() <= crate::budget::MAX_SCRATCH_BYTES);
+const _: () = assert!(TOP_REGS.is_power_of_two());

@@ -1,0 +1,233 @@
+//! The `profile` program: walks the user stack of each sample with the SFrame-style
+//! tables user space loaded, and counts (stack, kernel stack, outcome) per thread.
+
+use core::ffi::c_void;
+
+use aya_ebpf::{
+    bindings::{BPF_F_MMAPABLE, BPF_NOEXIST, pt_regs},
+    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user, generated::bpf_loop},
+    macros::map,
+    maps::{Array, HashMap, PerCpuArray, StackTrace},
+    programs::{PerfEventContext, tracing::StackIdContext},
+};
+use sframe_common::{
+    budget::{
+        MAX_COUNTS, MAX_FRAMES, MAX_KERNEL_STACKS, MAX_MAPPINGS, MAX_OBJECTS, MAX_PAGES,
+        MAX_PROCESSES, MAX_ROWS, MAX_RULES, MAX_STACKS,
+    },
+    layout::{
+        MappingEntry, ObjectEntry, PAGE_BLOCK, PageBlock, ProcessEntry, ROW_BLOCK, RowBlock,
+        RowEntry, RuleEntry,
+    },
+    outcome::{Counter, WalkOutcome},
+    stack::{CountKey, UserStack},
+    step::{Tables, WalkState, walk_step},
+};
+
+use crate::{
+    TARGET_TGIDS,
+    regs::{self, RegsSource},
+};
+
+#[map]
+static PROCESSES: HashMap<u32, ProcessEntry> = HashMap::with_max_entries(MAX_PROCESSES, 0);
+#[map]
+static OBJECTS: Array<ObjectEntry> = Array::with_max_entries(MAX_OBJECTS, 0);
+#[map]
+static PAGES: Array<PageBlock> =
+    Array::with_max_entries(MAX_PAGES / PAGE_BLOCK as u32, BPF_F_MMAPABLE);
+#[map]
+static ROWS: Array<RowBlock> = Array::with_max_entries(MAX_ROWS / ROW_BLOCK as u32, BPF_F_MMAPABLE);
+#[map]
+static RULES: Array<RuleEntry> = Array::with_max_entries(MAX_RULES, 0);
+
+#[map]
+static SCRATCH: PerCpuArray<WalkState> = PerCpuArray::with_max_entries(1, 0);
+#[map]
+static STACKS: HashMap<u64, UserStack> = HashMap::with_max_entries(MAX_STACKS, 0);
+#[map]
+static COUNTS: HashMap<CountKey, u64> = HashMap::with_max_entries(MAX_COUNTS, 0);
+#[map]
+static KERNEL_STACKS: StackTrace = StackTrace::with_max_entries(MAX_KERNEL_STACKS, 0);
+
+#[map]
+static OUTCOMES: PerCpuArray<u64> = PerCpuArray::with_max_entries(WalkOutcome::COUNT as u32, 0);
+#[map]
+static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Counter::COUNT as u32, 0);
+
+#[inline(always)]
+fn count(counter: Counter, n: u64) {
+    if let Some(p) = COUNTERS.get_ptr_mut(counter as u32) {
+        // SAFETY: per-CPU slot; no concurrent writer on this CPU.
+        unsafe { *p += n };
+    }
+}
+
+#[inline(always)]
+fn count_outcome(outcome: u32) {
+    if let Some(p) = OUTCOMES.get_ptr_mut(outcome) {
+        // SAFETY: per-CPU slot.
+        unsafe { *p += 1 };
+    }
+}
+
+struct BpfTables {
+    process: *const ProcessEntry,
+}
+
+impl Tables for BpfTables {
+    #[inline(always)]
+    fn mapping_count(&mut self) -> u32 {
+        // SAFETY: `process` points to a PROCESSES value for the whole program run.
+        unsafe { (*self.process).count }
+    }
+    #[inline(always)]
+    fn mapping(&mut self, index: u32) -> Option<MappingEntry> {
+        // SAFETY: as above; the index is masked into the array.
+        Some(unsafe { (*self.process).mappings[index as usize & (MAX_MAPPINGS - 1)] })
+    }
+    #[inline(always)]
+    fn object(&mut self, id: u32) -> Option<ObjectEntry> {
+        OBJECTS.get(id).copied()
+    }
+    #[inline(always)]
+    fn page_entry(&mut self, index: u32) -> Option<u32> {
+        PAGES
+            .get(index / PAGE_BLOCK as u32)
+            .map(|b| b.0[index as usize & (PAGE_BLOCK - 1)])
+    }
+    #[inline(always)]
+    fn row(&mut self, index: u32) -> Option<RowEntry> {
+        ROWS.get(index / ROW_BLOCK as u32)
+            .map(|b| b.0[index as usize & (ROW_BLOCK - 1)])
+    }
+    #[inline(always)]
+    fn rule(&mut self, index: u16) -> Option<RuleEntry> {
+        RULES.get(u32::from(index)).copied()
+    }
+}
+
+/// What `bpf_loop` hands each iteration (must live on the BPF stack).
+#[repr(C)]
+struct LoopCtx {
+    state: *mut WalkState,
+    process: *const ProcessEntry,
+}
+
+#[inline(always)]
+fn read_user(addr: u64) -> Option<u64> {
+    // SAFETY: bpf_probe_read_user checks the user address.
+    unsafe { bpf_probe_read_user(addr as *const u64) }.ok()
+}
+
+unsafe extern "C" fn walk_callback(_index: u32, ctx: *mut c_void) -> i64 {
+    // SAFETY: `ctx` is the LoopCtx on the caller's stack; its pointers are a per-CPU map
+    // value and a PROCESSES value, valid during the loop.
+    let ctx = unsafe { &*(ctx as *const LoopCtx) };
+    let state = unsafe { &mut *ctx.state };
+    let mut tables = BpfTables {
+        process: ctx.process,
+    };
+    if walk_step(state, &mut tables, &mut read_user) {
+        0
+    } else {
+        1
+    }
+}
+
+pub fn profile(ctx: &PerfEventContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    // SAFETY: map lookup of a plain integer key.
+    if unsafe { TARGET_TGIDS.get(tgid) }.is_none() {
+        count(Counter::Ignored, 1);
+        return 0;
+    }
+    count(Counter::Samples, 1);
+    let mut key = CountKey {
+        pid: tgid,
+        tid: pid_tgid as u32,
+        user_stack: 0,
+        kernel_stack: -1,
+        outcome: WalkOutcome::NoUserRegs as u32,
+    };
+    // SAFETY: `regs` is the first member of bpf_perf_event_data.
+    let ctx_regs: *const pt_regs = unsafe { core::ptr::addr_of!((*ctx.ctx).regs) };
+    let user = unsafe { regs::user_regs(ctx_regs) };
+    if let Some((_, RegsSource::Task)) = user {
+        count(Counter::SamplesInKernel, 1);
+    }
+    let in_kernel = !matches!(user, Some((_, RegsSource::Interrupt)));
+    if in_kernel {
+        match ctx.get_stackid(&KERNEL_STACKS, 0) {
+            Ok(id) => key.kernel_stack = id as i32,
+            Err(_) => count(Counter::KernelStackFailed, 1),
+        }
+    }
+    if let Some((pt, _)) = user {
+        key.outcome = walk(tgid, &pt, &mut key.user_stack);
+    }
+    count_outcome(key.outcome);
+    bump(&key);
+    0
+}
+
+/// Walks the user stack; stores it in STACKS and returns the outcome (and its key).
+#[inline(always)]
+fn walk(tgid: u32, pt: &pt_regs, stack_key: &mut u64) -> u32 {
+    let Some(state) = SCRATCH.get_ptr_mut(0) else {
+        return WalkOutcome::NoScratch as u32;
+    };
+    // SAFETY: per-CPU scratch, used by this program only, never concurrently on one CPU.
+    let st = unsafe { &mut *state };
+    st.start(regs::walk_regs(pt));
+    regs::dwarf_regs(pt, &mut st.top);
+    match PROCESSES.get_ptr(tgid) {
+        Some(process) => {
+            let mut loop_ctx = LoopCtx { state, process };
+            // SAFETY: bpf_loop with a static callback and a pointer to the stack.
+            unsafe {
+                bpf_loop(
+                    MAX_FRAMES as u32 + 1,
+                    walk_callback as *mut c_void,
+                    &mut loop_ctx as *mut LoopCtx as *mut c_void,
+                    0,
+                )
+            };
+        }
+        None => {
+            // Tables not loaded yet: keep the sampled PC at least.
+            st.stack.frames[0] = st.regs.pc;
+            st.stack.len = 1;
+            st.hash = sframe_common::stack::mix(st.hash, st.regs.pc);
+            st.outcome = WalkOutcome::UnknownProcess as u32;
+        }
+    }
+    count(Counter::FramesFromTable, u64::from(st.frames_from_table));
+    count(
+        Counter::FramesFromFramePointer,
+        u64::from(st.frames_from_fp),
+    );
+    let k = st.stack_key();
+    match STACKS.insert(k, &st.stack, u64::from(BPF_NOEXIST)) {
+        Ok(()) => *stack_key = k,
+        Err(e) if e == -17 => *stack_key = k, // EEXIST: the same stack is stored already
+        Err(_) => count(Counter::StackMapFull, 1),
+    }
+    st.outcome
+}
+
+/// Adds one sample to the key's count. Keys include the thread id and a thread runs on
+/// one CPU at a time, so two programs never update one key concurrently: a plain add
+/// suffices (the BPF target has no atomic read-modify-write in `core`).
+#[inline(always)]
+fn bump(key: &CountKey) {
+    if let Some(n) = COUNTS.get_ptr_mut(key) {
+        // SAFETY: a COUNTS value, see above.
+        unsafe { *n += 1 };
+        return;
+    }
+    if COUNTS.insert(key, 1u64, u64::from(BPF_NOEXIST)).is_err() {
+        count(Counter::CountMapFull, 1);
+    }
+}

@@ -1,0 +1,715 @@
+//! Flattening an object's [`UnwindTable`] into the kernel layout of
+//! `sframe_common::layout`: 4-byte rows grouped in 64 KiB pages, rules deduplicated into
+//! a dictionary shared by all objects.
+//!
+//! Function boundaries become rows: where a function ends and the next does not start,
+//! a "no rule" row begins. PCMASK functions (PLT blocks) are expanded into plain rows.
+
+use std::collections::HashMap;
+
+use sframe_common::{
+    CfaBase, RegRule, RuleFlags, UnwindRule,
+    budget::{MAX_RULES, PAGE_SHIFT},
+    layout::*,
+    step::Tables,
+};
+
+use crate::table::{Arch, PcType, UnwindTable};
+
+/// Rows a PCMASK function may expand to before it is left without rules.
+const MAX_PCMASK_EXPANSION: u64 = 1 << 16;
+/// Pages one object may span (4 GiB of address space).
+const MAX_PAGES_PER_OBJECT: u64 = 1 << 16;
+
+#[derive(Debug, thiserror::Error, Clone, Copy, PartialEq, Eq)]
+pub enum FlattenError {
+    #[error("the rule dictionary is full ({MAX_RULES} rules)")]
+    RuleDictionaryFull,
+    #[error("object spans {pages} pages of 64 KiB (limit {MAX_PAGES_PER_OBJECT})")]
+    TooManyPages { pages: u64 },
+    #[error("object has {rows} rows (limit u32::MAX)")]
+    TooManyRows { rows: usize },
+}
+
+/// The shared rule dictionary: index 0 is "no rule".
+#[derive(Debug, Clone)]
+pub struct RuleDict {
+    index: HashMap<RuleEntry, u16>,
+    rules: Vec<RuleEntry>,
+}
+
+impl Default for RuleDict {
+    fn default() -> Self {
+        let mut index = HashMap::new();
+        index.insert(RuleEntry::NONE, 0);
+        Self {
+            index,
+            rules: vec![RuleEntry::NONE],
+        }
+    }
+}
+
+impl RuleDict {
+    pub fn intern(&mut self, rule: RuleEntry) -> Result<u16, FlattenError> {
+        if let Some(&i) = self.index.get(&rule) {
+            return Ok(i);
+        }
+        if self.rules.len() >= MAX_RULES as usize {
+            return Err(FlattenError::RuleDictionaryFull);
+        }
+        let i = self.rules.len() as u16;
+        self.rules.push(rule);
+        self.index.insert(rule, i);
+        Ok(i)
+    }
+    pub fn rules(&self) -> &[RuleEntry] {
+        &self.rules
+    }
+    pub fn len(&self) -> usize {
+        self.rules.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+}
+
+/// DWARF numbers of SP and FP for an architecture.
+fn sp_fp(arch: Arch) -> (u16, u16) {
+    match arch {
+        Arch::Amd64 => (7, 6),
+        Arch::Aarch64 { .. } => (31, 29),
+        Arch::S390x => (15, 11),
+    }
+}
+
+/// Encodes a normalized rule for the kernel, or `None` when the kernel walker cannot
+/// apply it (the row then becomes "no rule", and the walker falls back to frame
+/// pointers there).
+pub fn encode_rule(rule: &UnwindRule, arch: Arch) -> Option<RuleEntry> {
+    let (sp, fp) = sp_fp(arch);
+    let cfa_base = match rule.cfa.base {
+        CfaBase::Sp => CFA_BASE_SP,
+        CfaBase::Fp => CFA_BASE_FP,
+        CfaBase::Reg(r) if r == sp => CFA_BASE_SP,
+        CfaBase::Reg(r) if r == fp => CFA_BASE_FP,
+        CfaBase::Reg(r) if r < 32 => CFA_BASE_REG | r as u8,
+        CfaBase::Reg(_) => return None,
+    };
+    let reg = |r: RegRule| -> Option<(u8, i16)> {
+        Some(match r {
+            RegRule::Unchanged => (REG_UNCHANGED, 0),
+            RegRule::AtCfa(o) => (REG_AT_CFA, i16::try_from(o).ok()?),
+            RegRule::ValCfa(o) => (REG_VAL_CFA, i16::try_from(o).ok()?),
+            RegRule::InReg(r) if r < 32 => (REG_IN_REG, r as i16),
+            RegRule::InReg(_) => return None,
+            RegRule::AtReg { reg, offset } if reg == sp => (REG_AT_SP, i16::try_from(offset).ok()?),
+            RegRule::AtReg { reg, offset } if reg == fp => (REG_AT_FP, i16::try_from(offset).ok()?),
+            RegRule::AtReg { .. } => return None,
+            RegRule::Undefined => (REG_UNDEFINED, 0),
+        })
+    };
+    let (ra_kind, ra_offset) = reg(rule.ra)?;
+    let (fp_kind, fp_offset) = match rule.fp {
+        // An undefined FP is as good as unknown: keep the value (it is only used by a
+        // frame-pointer fallback further up).
+        RegRule::Undefined => (REG_UNCHANGED, 0),
+        r => reg(r)?,
+    };
+    let mut flags = 0;
+    if rule.cfa.deref {
+        flags |= RULE_FLAG_CFA_DEREF;
+    }
+    if rule.flags.contains(RuleFlags::SIGNAL) {
+        flags |= RULE_FLAG_SIGNAL;
+    }
+    if rule.flags.contains(RuleFlags::MANGLED_RA) {
+        flags |= RULE_FLAG_MANGLED_RA;
+    }
+    Some(RuleEntry {
+        cfa_offset: rule.cfa.offset,
+        ra_offset,
+        fp_offset,
+        cfa_base,
+        ra_kind,
+        fp_kind,
+        flags,
+    })
+}
+
+/// One object in the kernel layout (row and page indices relative to the object).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FlatObject {
+    pub base: u64,
+    /// `page_count + 1` entries; the last is `rows.len()`.
+    pub pages: Vec<u32>,
+    pub rows: Vec<RowEntry>,
+    /// Rows of the input table the kernel cannot apply (became "no rule").
+    pub unencodable_rows: u64,
+    /// PCMASK functions too large to expand (left without rules).
+    pub unexpanded_pcmask: u64,
+}
+
+impl FlatObject {
+    pub fn page_count(&self) -> u32 {
+        self.pages.len().saturating_sub(1) as u32
+    }
+    /// Kernel bytes this object occupies (rows, page entries, its object entry).
+    pub fn kernel_bytes(&self) -> u64 {
+        (self.rows.len() * 4 + self.pages.len() * 4 + size_of::<ObjectEntry>()) as u64
+    }
+}
+
+pub fn flatten(table: &UnwindTable, dict: &mut RuleDict) -> Result<FlatObject, FlattenError> {
+    let mut events: Vec<(u64, u16)> = Vec::with_capacity(table.row_count() + table.functions.len());
+    let mut unencodable = 0u64;
+    let mut unexpanded = 0u64;
+    let push = |events: &mut Vec<(u64, u16)>, addr: u64, rule: u16| {
+        if let Some(last) = events.last_mut()
+            && last.0 == addr
+        {
+            last.1 = rule;
+            // Merging may now make it equal to the one before.
+            if events.len() >= 2 && events[events.len() - 2].1 == rule {
+                events.pop();
+            }
+            return;
+        }
+        if events.last().is_some_and(|l| l.1 == rule) {
+            return;
+        }
+        events.push((addr, rule));
+    };
+    let mut last_end = 0u64;
+    for (i, f) in table.functions.iter().enumerate() {
+        if f.size == 0 || f.start < last_end {
+            continue; // empty or overlapping the previous function
+        }
+        let end = f.end();
+        let mut intern = |rule: &Option<UnwindRule>| -> Result<u16, FlattenError> {
+            match rule.as_ref().and_then(|r| encode_rule(r, table.arch)) {
+                Some(e) => dict.intern(e),
+                None => {
+                    if rule.is_some() {
+                        unencodable += 1;
+                    }
+                    Ok(0)
+                }
+            }
+        };
+        match f.pc_type {
+            PcType::Inc => {
+                if f.rows.first().is_none_or(|r| r.start_offset != 0) {
+                    push(&mut events, f.start, 0);
+                }
+                for r in &f.rows {
+                    let addr = f.start + u64::from(r.start_offset);
+                    if addr < end {
+                        let rule = intern(&r.rule)?;
+                        push(&mut events, addr, rule);
+                    }
+                }
+            }
+            PcType::Mask { rep_size } => {
+                let rep = u64::from(rep_size);
+                let reps = if rep == 0 {
+                    0
+                } else {
+                    u64::from(f.size).div_ceil(rep)
+                };
+                if rep == 0 || reps * (f.rows.len() as u64) > MAX_PCMASK_EXPANSION {
+                    unexpanded += 1;
+                    push(&mut events, f.start, 0);
+                } else {
+                    let rules: Vec<(u64, u16)> = f
+                        .rows
+                        .iter()
+                        .map(|r| Ok((u64::from(r.start_offset), intern(&r.rule)?)))
+                        .collect::<Result<_, FlattenError>>()?;
+                    for k in 0..reps {
+                        let block = f.start + k * rep;
+                        if rules.first().is_none_or(|r| r.0 != 0) {
+                            push(&mut events, block, 0);
+                        }
+                        for &(off, rule) in &rules {
+                            if off < rep && block + off < end {
+                                push(&mut events, block + off, rule);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        last_end = end;
+        let next_start = table.functions.get(i + 1).map(|n| n.start);
+        if next_start != Some(end) {
+            push(&mut events, end, 0);
+        }
+    }
+    let mut out = FlatObject {
+        unencodable_rows: unencodable,
+        unexpanded_pcmask: unexpanded,
+        ..FlatObject::default()
+    };
+    let (Some(first), Some(last)) = (events.first(), events.last()) else {
+        out.pages.push(0);
+        return Ok(out);
+    };
+    let page_mask = (1u64 << PAGE_SHIFT) - 1;
+    out.base = first.0 & !page_mask;
+    let page_count = ((last.0 - out.base) >> PAGE_SHIFT) + 1;
+    if page_count > MAX_PAGES_PER_OBJECT {
+        return Err(FlattenError::TooManyPages { pages: page_count });
+    }
+    out.rows.reserve(events.len() + page_count as usize);
+    out.pages.reserve(page_count as usize + 1);
+    let mut current = 0u16;
+    let mut ev = events.iter().peekable();
+    for p in 0..page_count {
+        let page_start = out.base + (p << PAGE_SHIFT);
+        let page_end = page_start + (1 << PAGE_SHIFT);
+        out.pages.push(out.rows.len() as u32);
+        if ev.peek().is_none_or(|e| e.0 != page_start) {
+            out.rows.push(RowEntry {
+                addr_low: 0,
+                rule: current,
+            });
+        }
+        while let Some(&&(addr, rule)) = ev.peek() {
+            if addr >= page_end {
+                break;
+            }
+            out.rows.push(RowEntry {
+                addr_low: (addr - page_start) as u16,
+                rule,
+            });
+            current = rule;
+            ev.next();
+        }
+    }
+    if out.rows.len() > u32::MAX as usize {
+        return Err(FlattenError::TooManyRows {
+            rows: out.rows.len(),
+        });
+    }
+    out.pages.push(out.rows.len() as u32);
+    Ok(out)
+}
+
+/// Host-side tables over slices, laid out exactly as in the kernel, for the reference
+/// walker (tests, fuzzing, `sframe-user` diagnostics).
+#[derive(Debug, Default, Clone)]
+pub struct HostTables {
+    pub mappings: Vec<MappingEntry>,
+    pub objects: Vec<ObjectEntry>,
+    pub pages: Vec<u32>,
+    pub rows: Vec<RowEntry>,
+    pub rules: Vec<RuleEntry>,
+}
+
+impl HostTables {
+    /// Adds a flattened object; returns its id.
+    pub fn add_object(&mut self, flat: &FlatObject) -> u32 {
+        let id = self.objects.len() as u32;
+        self.objects.push(ObjectEntry {
+            base: flat.base,
+            page_first: self.pages.len() as u32,
+            page_count: flat.page_count(),
+            row_first: self.rows.len() as u32,
+            _pad: 0,
+        });
+        self.pages.extend_from_slice(&flat.pages);
+        self.rows.extend_from_slice(&flat.rows);
+        id
+    }
+}
+
+impl Tables for HostTables {
+    fn mapping_count(&mut self) -> u32 {
+        self.mappings.len() as u32
+    }
+    fn mapping(&mut self, index: u32) -> Option<MappingEntry> {
+        self.mappings.get(index as usize).copied()
+    }
+    fn object(&mut self, id: u32) -> Option<ObjectEntry> {
+        self.objects.get(id as usize).copied()
+    }
+    fn page_entry(&mut self, index: u32) -> Option<u32> {
+        self.pages.get(index as usize).copied()
+    }
+    fn row(&mut self, index: u32) -> Option<RowEntry> {
+        self.rows.get(index as usize).copied()
+    }
+    fn rule(&mut self, index: u16) -> Option<RuleEntry> {
+        self.rules.get(usize::from(index)).copied()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use sframe_common::{
+        CfaRule, WalkOutcome,
+        step::{Lookup, Regs, WalkState, find_rule, walk},
+    };
+
+    use super::*;
+    use crate::table::{Function, Row, Source};
+
+    fn rule(cfa_sp: i32) -> UnwindRule {
+        UnwindRule {
+            cfa: CfaRule::sp(cfa_sp),
+            ra: RegRule::AtCfa(-8),
+            fp: RegRule::Unchanged,
+            flags: RuleFlags::default(),
+        }
+    }
+
+    fn func(start: u64, size: u32, rows: &[(u32, Option<UnwindRule>)]) -> Function {
+        Function {
+            start,
+            size,
+            pc_type: PcType::Inc,
+            rows: rows
+                .iter()
+                .map(|&(start_offset, rule)| Row { start_offset, rule })
+                .collect(),
+        }
+    }
+
+    fn table(functions: Vec<Function>) -> UnwindTable {
+        UnwindTable {
+            arch: Arch::Amd64,
+            source: Source::EhFrame,
+            functions,
+        }
+    }
+
+    /// What the table says for `addr` (the model the kernel layout must reproduce).
+    fn model(t: &UnwindTable, addr: u64) -> Option<RuleEntry> {
+        let f = t
+            .functions
+            .iter()
+            .find(|f| f.start <= addr && addr < f.end())?;
+        let off = match f.pc_type {
+            PcType::Inc => addr - f.start,
+            PcType::Mask { rep_size } => (addr - f.start) % u64::from(rep_size),
+        };
+        let row = f
+            .rows
+            .iter()
+            .rev()
+            .find(|r| u64::from(r.start_offset) <= off)?;
+        row.rule.and_then(|r| encode_rule(&r, t.arch))
+    }
+
+    fn host(t: &UnwindTable, bias: u64) -> (HostTables, FlatObject) {
+        let mut dict = RuleDict::default();
+        let flat = flatten(t, &mut dict).unwrap();
+        let mut h = HostTables::default();
+        let id = h.add_object(&flat);
+        h.rules = dict.rules().to_vec();
+        h.mappings.push(MappingEntry {
+            start: bias,
+            end: bias + (1 << 40),
+            bias,
+            object: id,
+            flags: 0,
+        });
+        (h, flat)
+    }
+
+    fn check_every_address(t: &UnwindTable, from: u64, to: u64) {
+        let bias = 0x5555_0000_0000;
+        let (mut h, _) = host(t, bias);
+        for addr in from..to {
+            let got = match find_rule(&mut h, addr + bias) {
+                Lookup::Rule(r) => Some(r),
+                Lookup::NoRule => None,
+                other => panic!("{addr:#x}: {other:?}"),
+            };
+            assert_eq!(got, model(t, addr), "address {addr:#x}");
+        }
+    }
+
+    #[test]
+    fn lookups_match_the_table_at_every_address() {
+        let t = table(vec![
+            func(
+                0x1000,
+                0x20,
+                &[
+                    (0, Some(rule(8))),
+                    (1, Some(rule(16))),
+                    (0x1f, Some(rule(8))),
+                ],
+            ),
+            // Adjacent function starting with the same rule: merged across the boundary.
+            func(0x1020, 0x10, &[(0, Some(rule(8))), (4, Some(rule(32)))]),
+            // A gap, then a function whose first row starts late and with a no-rule range.
+            func(
+                0x1100,
+                0x40,
+                &[(8, Some(rule(16))), (0x10, None), (0x20, Some(rule(24)))],
+            ),
+        ]);
+        check_every_address(&t, 0xf00, 0x1200);
+    }
+
+    #[test]
+    fn rules_carry_across_pages() {
+        // One function spanning three 64 KiB pages with rows only in the first.
+        let t = table(vec![
+            func(
+                0xfff0,
+                0x30000,
+                &[(0, Some(rule(8))), (0x20, Some(rule(48)))],
+            ),
+            func(0x40000, 0x10, &[(0, Some(rule(8)))]),
+        ]);
+        let (_, flat) = host(&t, 0);
+        assert_eq!(flat.base, 0);
+        assert_eq!(flat.page_count(), 5);
+        for p in 0..flat.page_count() as usize {
+            let first = flat.pages[p] as usize;
+            assert_eq!(
+                flat.rows[first].addr_low, 0,
+                "page {p} starts with a row at 0"
+            );
+        }
+        for addr in [
+            0xffef, 0xfff0, 0x1000f, 0x10010, 0x1ffff, 0x20000, 0x3ffef, 0x3fff0,
+        ] {
+            let bias = 0x5555_0000_0000;
+            let (mut h, _) = host(&t, bias);
+            let got = match find_rule(&mut h, addr + bias) {
+                Lookup::Rule(r) => Some(r),
+                _ => None,
+            };
+            assert_eq!(got, model(&t, addr), "address {addr:#x}");
+        }
+    }
+
+    #[test]
+    fn pcmask_blocks_are_expanded() {
+        let mut plt = func(0x2000, 0x40, &[(0, Some(rule(8))), (11, Some(rule(16)))]);
+        plt.pc_type = PcType::Mask { rep_size: 16 };
+        let t = table(vec![plt]);
+        check_every_address(&t, 0x1ff0, 0x2050);
+    }
+
+    #[test]
+    fn unencodable_rules_become_no_rule_and_are_counted() {
+        let mut r = rule(8);
+        r.ra = RegRule::AtReg { reg: 3, offset: 0 };
+        let t = table(vec![func(0x1000, 0x10, &[(0, Some(r))])]);
+        let mut dict = RuleDict::default();
+        let flat = flatten(&t, &mut dict).unwrap();
+        assert_eq!(flat.unencodable_rows, 1);
+        assert_eq!(dict.len(), 1, "only the no-rule entry");
+    }
+
+    #[test]
+    fn bytes_per_row_stay_near_four() {
+        let functions = (0..1000u64)
+            .map(|i| {
+                func(
+                    0x1000 + i * 0x40,
+                    0x40,
+                    &[
+                        (0, Some(rule(8))),
+                        (1, Some(rule(16))),
+                        (8, Some(rule(24))),
+                        (0x3f, Some(rule(8))),
+                    ],
+                )
+            })
+            .collect();
+        let (_, flat) = host(&table(functions), 0);
+        let per_row = flat.kernel_bytes() as f64 / flat.rows.len() as f64;
+        assert!(per_row < 4.1, "{per_row} bytes per row");
+    }
+
+    /// A synthetic process: `main` calls `f` calls `g`; RA rules at CFA-8.
+    struct Synth {
+        tables: HostTables,
+        memory: HashMap<u64, u64>,
+    }
+
+    const BIAS: u64 = 0x4000_0000;
+
+    fn synth() -> Synth {
+        let mut outermost = rule(8);
+        outermost.ra = RegRule::Undefined;
+        let t = table(vec![
+            func(0x1000, 0x100, &[(0, Some(outermost))]), // _start
+            func(0x1100, 0x100, &[(0, Some(rule(8))), (1, Some(rule(32)))]), // main
+            func(0x1200, 0x100, &[(0, Some(rule(8))), (4, Some(rule(24)))]), // f
+            func(0x1300, 0x100, &[(0, Some(rule(16)))]),  // g
+        ]);
+        let (tables, _) = host(&t, BIAS);
+        Synth {
+            tables,
+            memory: HashMap::new(),
+        }
+    }
+
+    fn run(s: &mut Synth, regs: Regs) -> (WalkOutcome, Vec<u64>) {
+        let mut st = Box::new(WalkState::default());
+        let memory = s.memory.clone();
+        let outcome = walk(&mut st, regs, &mut s.tables, &mut |a| {
+            memory.get(&a).copied()
+        });
+        let frames = st.stack.frames[..st.stack.len as usize].to_vec();
+        (outcome, frames)
+    }
+
+    #[test]
+    fn reference_walker_unwinds_a_synthetic_stack_to_the_outermost_frame() {
+        let mut s = synth();
+        // g at 0x1310 with CFA = sp + 16: RA (into f) at sp + 8.
+        let sp = 0x7fff_0000u64;
+        s.memory.insert(sp + 8, BIAS + 0x1250); // in f, after row 4: CFA = sp' + 24
+        let sp_f = sp + 16;
+        s.memory.insert(sp_f + 16, BIAS + 0x1150); // RA into main: CFA = sp'' + 32
+        let sp_main = sp_f + 24;
+        s.memory.insert(sp_main + 24, BIAS + 0x1010); // RA into _start
+        let (outcome, frames) = run(
+            &mut s,
+            Regs {
+                pc: BIAS + 0x1310,
+                sp,
+                fp: 0,
+            },
+        );
+        assert_eq!(outcome, WalkOutcome::Complete);
+        assert_eq!(
+            frames,
+            vec![BIAS + 0x1310, BIAS + 0x1250, BIAS + 0x1150, BIAS + 0x1010]
+        );
+    }
+
+    #[test]
+    fn hostile_stacks_always_end_with_an_outcome() {
+        let sp = 0x7fff_0000u64;
+        // Unreadable return address.
+        let mut s = synth();
+        assert_eq!(
+            run(
+                &mut s,
+                Regs {
+                    pc: BIAS + 0x1310,
+                    sp,
+                    fp: 0
+                }
+            )
+            .0,
+            WalkOutcome::ReadFault
+        );
+        // A return address into no mapping.
+        let mut s = synth();
+        s.memory.insert(sp + 8, 0x10);
+        assert_eq!(
+            run(
+                &mut s,
+                Regs {
+                    pc: BIAS + 0x1310,
+                    sp,
+                    fp: 0
+                }
+            )
+            .0,
+            WalkOutcome::NoMapping
+        );
+        // A return address of 0.
+        let mut s = synth();
+        s.memory.insert(sp + 8, 0);
+        assert_eq!(
+            run(
+                &mut s,
+                Regs {
+                    pc: BIAS + 0x1310,
+                    sp,
+                    fp: 0
+                }
+            )
+            .0,
+            WalkOutcome::ZeroReturnAddress
+        );
+        // A loop: every frame returns into g with its stack pointing at itself. The CFA
+        // rises each step, so the walk is bounded by MAX_FRAMES or the memory.
+        let mut s = synth();
+        for k in 0..1000u64 {
+            s.memory.insert(sp + 8 + 16 * k, BIAS + 0x1310);
+        }
+        let (outcome, frames) = run(
+            &mut s,
+            Regs {
+                pc: BIAS + 0x1310,
+                sp,
+                fp: 0,
+            },
+        );
+        assert_eq!(outcome, WalkOutcome::Truncated);
+        assert_eq!(frames.len(), sframe_common::budget::MAX_FRAMES);
+        // Frame-pointer fallback with a frame pointer pointing below the stack pointer.
+        let mut s = synth();
+        s.tables.mappings[0].object = NO_OBJECT;
+        assert_eq!(
+            run(
+                &mut s,
+                Regs {
+                    pc: BIAS + 0x1310,
+                    sp,
+                    fp: sp - 64
+                }
+            )
+            .0,
+            WalkOutcome::NoProgress
+        );
+        // Frame-pointer chain to a zero frame pointer.
+        let mut s = synth();
+        s.tables.mappings[0].object = NO_OBJECT;
+        s.memory.insert(sp + 8, BIAS + 0x1250);
+        s.memory.insert(sp, 0);
+        let (outcome, frames) = run(
+            &mut s,
+            Regs {
+                pc: BIAS + 0x1310,
+                sp,
+                fp: sp,
+            },
+        );
+        assert_eq!(outcome, WalkOutcome::FramePointerEnd);
+        assert_eq!(frames.len(), 2);
+    }
+
+    #[test]
+    fn the_reference_walker_terminates_on_random_tables_and_memory() {
+        // A tiny deterministic PRNG (no dependency): xorshift64*.
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        };
+        for _ in 0..200 {
+            let mut s = synth();
+            for r in s.tables.rows.iter_mut() {
+                r.rule = (next() % 6) as u16;
+            }
+            for i in 0..64 {
+                s.memory
+                    .insert(0x7fff_0000 + 8 * i, BIAS + 0x1000 + next() % 0x400);
+            }
+            let regs = Regs {
+                pc: BIAS + 0x1000 + next() % 0x400,
+                sp: 0x7fff_0000,
+                fp: 0x7fff_0000 + (next() % 64) * 8,
+            };
+            let (_, frames) = run(&mut s, regs);
+            assert!(!frames.is_empty() && frames.len() <= sframe_common::budget::MAX_FRAMES);
+        }
+    }
+}
