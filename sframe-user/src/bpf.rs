@@ -26,6 +26,12 @@ pub enum LoadError {
     },
     #[error("map {name} not found in the eBPF object")]
     MissingMap { name: &'static str },
+    #[error("mapping BPF map {name} into memory: {source}")]
+    Mmap {
+        name: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("attaching {what}: {source}")]
     Attach {
         what: String,

@@ -16,9 +16,17 @@
 pub mod bpf;
 pub mod ehframe;
 pub mod flatten;
+#[cfg(feature = "bpf")]
+pub mod kmaps;
+#[cfg(feature = "bpf")]
+pub mod objects;
+pub mod objtable;
 pub mod privileges;
 pub mod procfs;
 #[cfg(feature = "bpf")]
+pub mod profiler;
+#[cfg(feature = "bpf")]
 pub mod sampler;
 pub mod sframe;
+pub mod symbolize;
 pub mod table;

@@ -23,7 +23,10 @@ struct Cli {
 }
 
 #[derive(Subcommand, Debug)]
-enum Command {}
+enum Command {
+    #[command(flatten)]
+    Tables(cli::tables::TablesCommand),
+}
 
 #[tokio::main]
 async fn main() {
@@ -31,6 +34,7 @@ async fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         None => cli::profile::run(cli.profile).await,
+        Some(Command::Tables(cmd)) => std::process::exit(cli::tables::run(cmd)),
     };
     if let Err(err) = result {
         eprintln!("sframe-user: error: {err:#}");

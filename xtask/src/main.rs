@@ -3,9 +3,11 @@
 //! - `setup`: provision what a fresh machine lacks (nightly rust-src, bpf-linker built
 //!   against the nightly toolchain's own LLVM, Debian packages the tests use).
 //! - `run -- ARGS`: setup, build, run `sframe-user ARGS` (through `sudo -E` unless root).
-//! - `test`: setup, then everything CI checks.
+//! - `test`: setup, then everything CI checks, then every fuzz target for a bounded time.
+//! - `fuzz [--seconds N] [--target NAME]`: seed corpora and longer fuzzing runs.
 
 mod cmd;
+mod fuzz;
 mod run;
 mod setup;
 mod test;
@@ -28,6 +30,8 @@ enum Command {
     Run(run::RunArgs),
     /// Run every check CI runs: fmt, clippy (host and BPF crates), all tests.
     Test(test::TestArgs),
+    /// Build the seed corpora and run the cargo-fuzz targets (nightly) for a while.
+    Fuzz(fuzz::FuzzArgs),
 }
 
 fn main() -> Result<()> {
@@ -35,5 +39,6 @@ fn main() -> Result<()> {
         Command::Setup => setup::setup(),
         Command::Run(args) => run::run(args),
         Command::Test(args) => test::test(args),
+        Command::Fuzz(args) => fuzz::fuzz(args),
     }
 }

@@ -30,6 +30,7 @@ pub fn setup() -> Result<()> {
     step("rust-src for nightly", ensure_rust_src)?;
     step("bpf-linker", ensure_bpf_linker)?;
     step("Debian packages", ensure_debian_packages)?;
+    step("cargo-fuzz", ensure_cargo_fuzz)?;
     Ok(())
 }
 
@@ -187,4 +188,16 @@ fn ensure_debian_packages() -> Result<()> {
         .args(&missing)
         .env("DEBIAN_FRONTEND", "noninteractive");
     cmd::run(&mut install, "install Debian packages").with_context(|| format!("by hand: {by_hand}"))
+}
+
+/// cargo-fuzz (built with the stable toolchain; the fuzz targets themselves build on
+/// nightly, which `ensure_nightly` and `ensure_rust_src` provide).
+fn ensure_cargo_fuzz() -> Result<()> {
+    if cmd::output(Command::new("cargo").args(["fuzz", "--version"])).is_some() {
+        return Ok(());
+    }
+    cmd::run(
+        Command::new("cargo").args(["install", "cargo-fuzz", "--locked"]),
+        "install cargo-fuzz (by hand: cargo install cargo-fuzz --locked)",
+    )
 }

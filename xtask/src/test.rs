@@ -1,4 +1,5 @@
-//! `cargo xtask test`: everything CI checks, in order of cost.
+//! `cargo xtask test`: everything CI checks, in order of cost, then every fuzz target for
+//! a bounded time (a crash fails the run).
 
 use std::process::Command;
 
@@ -9,10 +10,16 @@ use crate::{cmd, setup};
 
 #[derive(Args)]
 pub struct TestArgs {
+    /// Seconds each fuzz target runs after the tests (0: skip fuzzing).
+    #[arg(long, default_value_t = DEFAULT_FUZZ_SECONDS)]
+    fuzz_seconds: u64,
     /// Extra arguments for `cargo test` (e.g. a test name filter).
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     cargo_test_args: Vec<String>,
 }
+
+/// Per fuzz target; with the two targets at least 60 s of fuzzing in total.
+const DEFAULT_FUZZ_SECONDS: u64 = 30;
 
 /// The BPF target and the cfg aya-build passes, so clippy sees the same code.
 const BPF_TARGET: &str = "bpfel-unknown-none";
@@ -52,5 +59,8 @@ pub fn test(args: TestArgs) -> Result<()> {
         cargo().arg("test").args(&args.cargo_test_args),
         "unit and BPF tests",
     )?;
+    if args.fuzz_seconds > 0 {
+        crate::fuzz::run_all(args.fuzz_seconds)?;
+    }
     Ok(())
 }

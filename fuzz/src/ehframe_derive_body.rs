@@ -1,0 +1,35 @@
+//! Body of the `ehframe_derive` fuzz target, shared with a plain test in `sframe-user`
+//! (`tests/ehframe_fuzz_body.rs`) so it is compiled and exercised on stable too.
+//!
+//! Input: the bytes of an ELF file. Properties: nothing panics; whatever table comes out
+//! has functions sorted by address and disjoint, and rows in increasing order.
+
+use sframe_user::ehframe::derive_from_elf;
+use sframe_user::objtable::{ObjTableOptions, table_for_elf};
+use sframe_user::table::UnwindTable;
+
+fn check(table: &UnwindTable, what: &str) {
+    for w in table.functions.windows(2) {
+        assert!(w[0].end() <= w[1].start, "{what}: functions overlap");
+    }
+    for f in &table.functions {
+        for w in f.rows.windows(2) {
+            assert!(
+                w[0].start_offset < w[1].start_offset,
+                "{what}: rows out of order"
+            );
+        }
+    }
+}
+
+pub fn run(data: &[u8]) {
+    if let Ok(d) = derive_from_elf(data) {
+        check(&d.table, "derive_from_elf");
+        assert_eq!(d.stats.rows, d.table.row_count() as u64);
+    }
+    // Default options: no separate debug file, so no file system access.
+    if let Ok(t) = table_for_elf(data, &ObjTableOptions::default()) {
+        check(&t.table, "table_for_elf");
+        assert_eq!(t.source, t.table.source);
+    }
+}

@@ -1,0 +1,327 @@
+//! The unwind table of one mapped object, from the best source it has.
+//!
+//! Per object, [`table_for_elf`] uses:
+//! 1. its `.sframe` section when present and valid (converted with
+//!    [`Section::to_table`]). "Valid" means: it passes the reader's validation, its ABI
+//!    matches the ELF machine, it describes at least one function and its functions do
+//!    not overlap. Otherwise the reason is kept in [`ObjectTable::sframe_error`] and
+//! 2. the rows derived from `.eh_frame` / `.debug_frame` (and synthesized PLT rows) are
+//!    used instead ([`crate::ehframe`]).
+//!
+//! PLT rows with `.sframe`: GNU ld writes SFrame for `.plt` only in some configurations
+//! (not for `.plt.got`, nor for `.plt.sec` before binutils 2.41, and not at all when no
+//! input object had SFrame), while the code of every PLT entry is fixed. So, when
+//! [`ObjTableOptions::synthesize_plt`] is set (the default), each PLT section
+//! (`.plt`, `.plt.sec`, `.plt.got`) that no `.sframe` function touches gets the rows GNU
+//! ld would have written (see [`crate::ehframe::PltSection`]); PLT sections the `.sframe`
+//! covers, even partly, are left as the `.sframe` says (its rows are the linker's
+//! statement about its own code). Code that is covered by `.eh_frame` but not by
+//! `.sframe` (e.g. `_start` from crt1.o, assembled without `--gsframe`) is filled in
+//! from the CFI when [`ObjTableOptions::fill_from_cfi`] is set (the default): without
+//! it, the outermost frame has no rule and the walk cannot tell that it is complete.
+//! CFI derivation is cheap (libc's whole `.eh_frame` in a few ms), so correctness wins.
+//!
+//! Input is untrusted: nothing here panics, and the cost is one ELF parse, one `.sframe`
+//! validation when present, and one CFI derivation.
+
+use object::{Object, ObjectSection};
+
+use crate::ehframe::{
+    self, CfiSections, DeriveOptions, DeriveStats, EhFrameError, PltKind, PltSection,
+};
+use crate::sframe::{SFrameError, Section};
+use crate::table::{Arch, Function, Source, UnwindTable};
+
+/// What [`table_for_elf`] may do.
+#[derive(Clone, Debug)]
+pub struct ObjTableOptions {
+    /// Where the CFI deriver looks for a separate debug file (`.debug_frame`).
+    pub derive: DeriveOptions,
+    /// Add synthesized rows for PLT sections the `.sframe` does not cover.
+    pub synthesize_plt: bool,
+    /// Ignore `.sframe` and always derive from CFI.
+    pub ignore_sframe: bool,
+    /// With `.sframe`, add the CFI's functions that no `.sframe` function overlaps.
+    pub fill_from_cfi: bool,
+}
+
+impl Default for ObjTableOptions {
+    fn default() -> Self {
+        Self {
+            derive: DeriveOptions::default(),
+            synthesize_plt: true,
+            ignore_sframe: false,
+            fill_from_cfi: true,
+        }
+    }
+}
+
+/// Why a present `.sframe` section was not used.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SFrameRejection {
+    #[error(".sframe is invalid: {0}")]
+    Invalid(#[source] SFrameError),
+    #[error(".sframe describes {sframe:?} code but the ELF machine is {elf:?}")]
+    ArchMismatch { sframe: Arch, elf: Arch },
+    #[error(".sframe describes no function")]
+    NoFunctions,
+    #[error(".sframe functions {first} and {second} overlap (at {address:#x})")]
+    Overlap {
+        first: usize,
+        second: usize,
+        address: u64,
+    },
+}
+
+/// The table of one object and where it came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectTable {
+    pub table: UnwindTable,
+    /// `table.source`, repeated for convenience. For an `.sframe` table with added PLT
+    /// rows this is still `SFrame`; see `plt_functions`.
+    pub source: Source,
+    /// Why the object's `.sframe` was not used (`None`: used, or there is none).
+    pub sframe_error: Option<SFrameRejection>,
+    /// The deriver's statistics when the table comes from CFI.
+    pub stats: Option<DeriveStats>,
+    /// Functions synthesized for PLT sections and added to an `.sframe` table.
+    pub plt_functions: usize,
+    /// Functions taken from the CFI where an `.sframe` table had none.
+    pub cfi_functions: usize,
+}
+
+/// No table could be built for an object.
+#[derive(Debug, thiserror::Error)]
+pub enum ObjTableError {
+    #[error("not a readable ELF file")]
+    Elf(#[source] object::read::Error),
+    #[error("no usable unwind information: {cfi}{}", sframe_note(.sframe))]
+    NoUnwindInfo {
+        /// Why the `.sframe` section was rejected, when there is one.
+        sframe: Option<SFrameRejection>,
+        #[source]
+        cfi: EhFrameError,
+    },
+}
+
+fn sframe_note(s: &Option<SFrameRejection>) -> String {
+    s.as_ref().map(|r| format!("; {r}")).unwrap_or_default()
+}
+
+/// The unwind table of the ELF image `data`: `.sframe` when present and valid, else the
+/// rows derived from its CFI. Never panics on any bytes.
+pub fn table_for_elf(data: &[u8], opts: &ObjTableOptions) -> Result<ObjectTable, ObjTableError> {
+    let file = object::File::parse(data).map_err(ObjTableError::Elf)?;
+    let elf_arch = elf_arch(&file);
+    let mut sframe_error = None;
+    if !opts.ignore_sframe
+        && let Some(sec) = file.section_by_name(".sframe")
+    {
+        match sframe_table(&sec, elf_arch) {
+            Ok(mut table) => {
+                let plt_functions = if opts.synthesize_plt {
+                    add_plt_rows(&file, &mut table)
+                } else {
+                    0
+                };
+                // Code linked in from objects assembled without --gsframe (crt1.o's
+                // _start, hand-written assembly) has CFI but no SFrame: take those
+                // functions from the CFI, so that the outermost frame is known.
+                let cfi_functions = if opts.fill_from_cfi {
+                    fill_gaps_from_cfi(data, &opts.derive, &mut table)
+                } else {
+                    0
+                };
+                return Ok(ObjectTable {
+                    source: table.source,
+                    table,
+                    sframe_error: None,
+                    stats: None,
+                    plt_functions,
+                    cfi_functions,
+                });
+            }
+            Err(e) => sframe_error = Some(e),
+        }
+    }
+    match ehframe::derive_from_elf_with(data, &opts.derive) {
+        Ok(derived) => Ok(ObjectTable {
+            source: derived.table.source,
+            table: derived.table,
+            sframe_error,
+            stats: Some(derived.stats),
+            plt_functions: 0,
+            cfi_functions: 0,
+        }),
+        Err(cfi) => Err(ObjTableError::NoUnwindInfo {
+            sframe: sframe_error,
+            cfi,
+        }),
+    }
+}
+
+/// Adds the CFI-derived functions that overlap no function of `table`; returns how many.
+fn fill_gaps_from_cfi(
+    data: &[u8],
+    derive: &ehframe::DeriveOptions,
+    table: &mut UnwindTable,
+) -> usize {
+    let Ok(derived) = ehframe::derive_from_elf_with(data, derive) else {
+        return 0;
+    };
+    let existing: Vec<(u64, u64)> = table.functions.iter().map(|f| (f.start, f.end())).collect();
+    let overlaps = |start: u64, end: u64| {
+        // First existing function ending after `start`.
+        let i = existing.partition_point(|&(_, e)| e <= start);
+        existing.get(i).is_some_and(|&(s, _)| s < end)
+    };
+    let before = table.functions.len();
+    table.functions.extend(
+        derived
+            .table
+            .functions
+            .into_iter()
+            .filter(|f| f.size > 0 && !overlaps(f.start, f.end())),
+    );
+    table.functions.sort_by_key(|f| f.start);
+    table.functions.len() - before
+}
+
+fn elf_arch(file: &object::File<'_>) -> Option<Arch> {
+    let big_endian = !file.is_little_endian();
+    match file.architecture() {
+        object::Architecture::X86_64 => Some(Arch::Amd64),
+        object::Architecture::Aarch64 => Some(Arch::Aarch64 { big_endian }),
+        object::Architecture::S390x => Some(Arch::S390x),
+        _ => None,
+    }
+}
+
+/// The validated `.sframe` table, functions sorted and non-overlapping.
+fn sframe_table(
+    sec: &object::Section<'_, '_>,
+    elf_arch: Option<Arch>,
+) -> Result<UnwindTable, SFrameRejection> {
+    let bytes = sec.data().map_err(|_| {
+        SFrameRejection::Invalid(SFrameError::Elf {
+            what: ".sframe data unreadable",
+        })
+    })?;
+    let section = Section::parse(bytes, sec.address()).map_err(SFrameRejection::Invalid)?;
+    if let Some(elf) = elf_arch
+        && elf != section.arch()
+    {
+        return Err(SFrameRejection::ArchMismatch {
+            sframe: section.arch(),
+            elf,
+        });
+    }
+    let table = section.to_table().map_err(SFrameRejection::Invalid)?;
+    if table.functions.is_empty() {
+        return Err(SFrameRejection::NoFunctions);
+    }
+    // to_table returns functions in address order; the unwinder needs them disjoint.
+    for (i, w) in table.functions.windows(2).enumerate() {
+        if w[0].end() > w[1].start {
+            return Err(SFrameRejection::Overlap {
+                first: i,
+                second: i + 1,
+                address: w[1].start,
+            });
+        }
+    }
+    Ok(table)
+}
+
+/// Adds synthesized rows for the PLT sections no function of `table` touches; returns
+/// how many functions were added.
+fn add_plt_rows(file: &object::File<'_>, table: &mut UnwindTable) -> usize {
+    if table.arch != Arch::Amd64 {
+        return 0;
+    }
+    let plts: Vec<PltSection<'_>> = file
+        .sections()
+        .filter_map(|s| {
+            let kind = match s.name().ok()? {
+                ".plt" => PltKind::Plt,
+                ".plt.sec" => PltKind::PltSec,
+                ".plt.got" => PltKind::PltGot,
+                _ => return None,
+            };
+            let size = s.size();
+            let end = s.address().checked_add(size)?;
+            if size == 0 || touches(&table.functions, s.address(), end) {
+                return None;
+            }
+            // NOBITS or unreadable data: nothing to recognize, no code to unwind.
+            let data = s.data().ok().filter(|d| d.len() as u64 == size)?;
+            Some(PltSection {
+                kind,
+                address: s.address(),
+                size,
+                data,
+            })
+        })
+        .collect();
+    if plts.is_empty() {
+        return 0;
+    }
+    let sections = CfiSections {
+        arch: table.arch,
+        eh_frame: None,
+        eh_frame_hdr: None,
+        debug_frame: None,
+        text_address: None,
+        got_address: None,
+        plts: &plts,
+    };
+    let Ok(derived) = ehframe::derive_from_sections(&sections) else {
+        return 0;
+    };
+    let added: Vec<Function> = derived
+        .table
+        .functions
+        .into_iter()
+        .filter(|f| !touches(&table.functions, f.start, f.end()))
+        .collect();
+    let n = added.len();
+    if n > 0 {
+        table.functions.extend(added);
+        table.functions.sort_by_key(|f| f.start);
+    }
+    n
+}
+
+/// Whether any function of the sorted, disjoint `fns` intersects `[a, b)`.
+fn touches(fns: &[Function], a: u64, b: u64) -> bool {
+    let i = fns.partition_point(|f| f.end() <= a);
+    fns.get(i).is_some_and(|f| f.start < b && f.end() > a)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn garbage_is_an_error_not_a_panic() {
+        for data in [&b""[..], b"\x7fELF", &[0u8; 64], &[0xffu8; 200]] {
+            assert!(table_for_elf(data, &ObjTableOptions::default()).is_err());
+        }
+    }
+
+    #[test]
+    fn touches_is_half_open() {
+        let f = |start, size| Function {
+            start,
+            size,
+            pc_type: crate::table::PcType::Inc,
+            rows: Vec::new(),
+        };
+        let fns = [f(0x10, 0x10), f(0x30, 0x10)];
+        assert!(!touches(&fns, 0, 0x10));
+        assert!(touches(&fns, 0, 0x11));
+        assert!(!touches(&fns, 0x20, 0x30));
+        assert!(touches(&fns, 0x3f, 0x50));
+        assert!(!touches(&fns, 0x40, 0x50));
+    }
+}

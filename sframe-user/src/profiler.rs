@@ -1,0 +1,207 @@
+//! The profiler: the `profile` perf-event program attached on every CPU, the targets,
+//! their tables, and reading the stack counts the kernel side accumulated.
+
+use std::collections::{HashMap as StdHashMap, HashSet};
+
+use aya::{
+    Ebpf,
+    maps::{HashMap, MapData, PerCpuArray},
+    programs::{
+        PerfEvent,
+        perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
+    },
+};
+use sframe_common::{
+    Counter, WalkOutcome,
+    stack::{CountKey, UserStack},
+};
+
+use crate::{
+    bpf::{self, LoadError},
+    kmaps::KernelTables,
+    objects::{ObjectStore, ProcessReport},
+};
+
+const PROGRAM: &str = "profile";
+
+/// One distinct sample key with its count, and its user stack.
+#[derive(Clone, Debug)]
+pub struct StackCount {
+    pub key: CountKey,
+    pub count: u64,
+}
+
+/// What the kernel side counted since the profiler started.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    pub counts: Vec<StackCount>,
+    pub outcomes: [u64; WalkOutcome::COUNT],
+    pub counters: [u64; Counter::COUNT],
+}
+
+/// The addresses to symbolize for a user stack (innermost first): the sampled PC as is,
+/// and each return address minus one, which lies in the call instruction. A call to a
+/// function that does not return can be the last instruction of its caller, so the
+/// return address itself may already belong to the next function.
+pub fn symbolization_addresses(frames: &[u64]) -> Vec<u64> {
+    frames
+        .iter()
+        .enumerate()
+        .map(|(i, &a)| if i == 0 { a } else { a.saturating_sub(1) })
+        .collect()
+}
+
+pub struct Profiler {
+    ebpf: Ebpf,
+    pub store: ObjectStore,
+    targets: HashMap<MapData, u32, u8>,
+    counts_map: HashMap<MapData, CountKey, u64>,
+    stacks_map: HashMap<MapData, u64, UserStack>,
+    outcomes_map: PerCpuArray<MapData, u64>,
+    counters_map: PerCpuArray<MapData, u64>,
+    /// Counts accumulated in user space (the kernel map is drained on each collect).
+    counts: StdHashMap<CountKey, u64>,
+    /// User stacks by key, innermost first.
+    stacks: StdHashMap<u64, Vec<u64>>,
+}
+
+fn take<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+) -> Result<T, LoadError> {
+    let map = ebpf.take_map(name).ok_or(LoadError::MissingMap { name })?;
+    T::try_from(map).map_err(|source| LoadError::Map { name, source })
+}
+
+impl Profiler {
+    /// Loads the object and the `profile` program, and attaches cpu-clock sampling at
+    /// `frequency` Hz on every online CPU. Only target processes are walked.
+    pub fn start(frequency: u64) -> Result<Self, LoadError> {
+        let mut ebpf = bpf::load()?;
+        bpf::spawn_logger(&mut ebpf);
+        let program: &mut PerfEvent = ebpf
+            .program_mut(PROGRAM)
+            .ok_or(LoadError::MissingProgram { name: PROGRAM })?
+            .try_into()
+            .map_err(|source| LoadError::Program {
+                name: PROGRAM,
+                source,
+            })?;
+        program.load().map_err(|source| LoadError::Program {
+            name: PROGRAM,
+            source,
+        })?;
+        let tables = KernelTables::new(&mut ebpf)?;
+        let mut profiler = Self {
+            store: ObjectStore::new(tables),
+            targets: take(&mut ebpf, "TARGET_TGIDS")?,
+            counts_map: take(&mut ebpf, "COUNTS")?,
+            stacks_map: take(&mut ebpf, "STACKS")?,
+            outcomes_map: take(&mut ebpf, "OUTCOMES")?,
+            counters_map: take(&mut ebpf, "COUNTERS")?,
+            ebpf,
+            counts: StdHashMap::new(),
+            stacks: StdHashMap::new(),
+        };
+        profiler.attach(frequency)?;
+        Ok(profiler)
+    }
+
+    fn attach(&mut self, frequency: u64) -> Result<(), LoadError> {
+        let program: &mut PerfEvent = self
+            .ebpf
+            .program_mut(PROGRAM)
+            .ok_or(LoadError::MissingProgram { name: PROGRAM })?
+            .try_into()
+            .map_err(|source| LoadError::Program {
+                name: PROGRAM,
+                source,
+            })?;
+        let cpus = aya::util::online_cpus().map_err(|(_, err)| LoadError::Attach {
+            what: "reading online CPUs".into(),
+            source: aya::programs::ProgramError::IOError(err),
+        })?;
+        for cpu in cpus {
+            program
+                .attach(
+                    PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                    PerfEventScope::AllProcessesOneCpu { cpu },
+                    SamplePolicy::Frequency(frequency),
+                    false,
+                )
+                .map_err(|source| LoadError::Attach {
+                    what: format!("cpu-clock on cpu {cpu}"),
+                    source,
+                })?;
+        }
+        Ok(())
+    }
+
+    /// Loads the tables of `pid`'s objects, then starts sampling it.
+    pub fn add_target(&mut self, pid: u32) -> Result<ProcessReport, crate::procfs::MapsError> {
+        let report = self.store.refresh_process(pid)?;
+        if let Err(err) = self.targets.insert(pid, 1, 0) {
+            log::warn!("pid {pid}: cannot add to targets: {err}");
+        }
+        Ok(report)
+    }
+
+    /// Re-reads `pid`'s mappings (new libraries, exec).
+    pub fn refresh(&mut self, pid: u32) -> Result<ProcessReport, crate::procfs::MapsError> {
+        self.store.refresh_process(pid)
+    }
+
+    /// Stops sampling `pid` and frees its mapping table.
+    pub fn remove_target(&mut self, pid: u32) {
+        let _ = self.targets.remove(&pid);
+        self.store.tables.remove_process(pid);
+    }
+
+    /// Moves the kernel's counts into user space and returns everything counted so far.
+    pub fn collect(&mut self) -> Snapshot {
+        let keys: Vec<CountKey> = self.counts_map.keys().filter_map(Result::ok).collect();
+        let mut wanted = HashSet::new();
+        for key in keys {
+            // Read then delete: a sample landing in between is lost (rare, counted as
+            // the difference between `samples` and the sum of counts).
+            if let Ok(n) = self.counts_map.get(&key, 0) {
+                *self.counts.entry(key).or_default() += n;
+                if key.user_stack != 0 && !self.stacks.contains_key(&key.user_stack) {
+                    wanted.insert(key.user_stack);
+                }
+            }
+            let _ = self.counts_map.remove(&key);
+        }
+        for id in wanted {
+            if let Ok(stack) = self.stacks_map.get(&id, 0) {
+                let len = (stack.len as usize).min(stack.frames.len());
+                self.stacks.insert(id, stack.frames[..len].to_vec());
+                let _ = self.stacks_map.remove(&id);
+            }
+        }
+        let mut snap = Snapshot {
+            counts: self
+                .counts
+                .iter()
+                .map(|(k, &count)| StackCount { key: *k, count })
+                .collect(),
+            ..Snapshot::default()
+        };
+        for (i, slot) in snap.outcomes.iter_mut().enumerate() {
+            if let Ok(v) = self.outcomes_map.get(&(i as u32), 0) {
+                *slot = v.iter().sum();
+            }
+        }
+        for (i, slot) in snap.counters.iter_mut().enumerate() {
+            if let Ok(v) = self.counters_map.get(&(i as u32), 0) {
+                *slot = v.iter().sum();
+            }
+        }
+        snap
+    }
+
+    /// The frames of a user stack (innermost first) seen by `collect`.
+    pub fn stack(&self, id: u64) -> Option<&[u64]> {
+        self.stacks.get(&id).map(Vec::as_slice)
+    }
+}

@@ -1,0 +1,583 @@
+//! Symbolization of sampled addresses for the profile outputs, with blazesym.
+//!
+//! User addresses are normalized per object: the mapping containing an address gives the
+//! object (device, inode, path) and the file offset, and the file offset is symbolized
+//! against the ELF file (symbol tables, DWARF when present, separate debug files found
+//! by build-id or debuglink under `/usr/lib/debug`). The file is opened through
+//! `/proc/PID/map_files/START-END` (the exact mapped file, even deleted or in another
+//! mount namespace; needs `CAP_SYS_ADMIN` or `CAP_CHECKPOINT_RESTORE`), else through
+//! `/proc/PID/root/PATH` (checked against the mapping's inode). Objects and frames are
+//! cached for the life of the [`Symbolizer`]: a profile costs work proportional to its
+//! distinct (object, offset) pairs, not to its samples, and processes that map the same
+//! object share its cache entry.
+//!
+//! Addresses are symbolized as given: callers pass `return address - 1` for caller
+//! frames so that a call at the end of a function is attributed to it.
+//!
+//! Kernel addresses are symbolized with `/proc/kallsyms`.
+//!
+//! A [`Symbolizer`] is not `Send` (blazesym's caches use `Rc`); keep it on one thread.
+
+mod frame;
+mod object;
+
+use std::{
+    collections::{HashMap, HashSet, hash_map::Entry},
+    io::{BufRead, BufReader},
+};
+
+use blazesym::{
+    ErrorExt as _, MaybeDefault,
+    symbolize::{
+        self, CodeInfo, Input, Symbolized,
+        source::{Elf, Kernel, Process, Source},
+    },
+};
+
+pub use self::frame::{Frame, InlinedFrame, SourceLocation, object_basename};
+use self::object::{ObjectKey, OpenedObject};
+use crate::procfs::Mapping;
+
+/// Object name of kernel frames (perf's name for it).
+pub const KERNEL_OBJECT: &str = "[kernel.kallsyms]";
+/// Object name of addresses outside any mapping.
+pub const UNKNOWN_OBJECT: &str = "[unknown]";
+const VDSO: &str = "[vdso]";
+
+/// Work counters, for tests and the profiler's own health metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SymbolizerStats {
+    /// Objects opened and handed to blazesym (each is parsed at most once).
+    pub objects_opened: u64,
+    /// Attempts to open an object that failed (retried on a later call).
+    pub open_failures: u64,
+    /// Distinct (object, offset) pairs symbolized by blazesym.
+    pub frames_symbolized: u64,
+    /// Addresses answered from the frame cache.
+    pub frame_cache_hits: u64,
+}
+
+/// Symbolizer of user and kernel addresses with per-object caches.
+pub struct Symbolizer {
+    blaze: symbolize::Symbolizer,
+    /// Object key → index in `objects`.
+    object_ids: HashMap<ObjectKey, usize>,
+    objects: Vec<OpenedObject>,
+    /// (object index, file offset) → frame. The vDSO is object `usize::MAX`: its image is
+    /// the kernel's, the same in every process.
+    frames: HashMap<(usize, u64), Frame>,
+    kernel_frames: HashMap<u64, Frame>,
+    /// `Err(reason)` when `/proc/kallsyms` cannot be used; computed on first use.
+    kallsyms: Option<Result<(), String>>,
+    stats: SymbolizerStats,
+}
+
+const VDSO_ID: usize = usize::MAX;
+
+impl Default for Symbolizer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Symbolizer {
+    pub fn new() -> Self {
+        let blaze = symbolize::Symbolizer::builder()
+            // Objects are reached through `/proc/self/fd/N` of a descriptor we keep open,
+            // so the path names one file forever: no need to stat it at every call.
+            .enable_auto_reload(false)
+            .enable_code_info(true)
+            .enable_inlined_fns(true)
+            .enable_demangling(true)
+            .build();
+        Self {
+            blaze,
+            object_ids: HashMap::new(),
+            objects: Vec::new(),
+            frames: HashMap::new(),
+            kernel_frames: HashMap::new(),
+            kallsyms: None,
+            stats: SymbolizerStats::default(),
+        }
+    }
+
+    pub fn stats(&self) -> SymbolizerStats {
+        self.stats
+    }
+
+    /// Symbolizes absolute user addresses of process `pid`, whose mappings are `maps`
+    /// (from [`crate::procfs::read_maps`]). Returns one frame per address, in order.
+    pub fn symbolize_user(&mut self, pid: u32, maps: &[Mapping], addrs: &[u64]) -> Vec<Frame> {
+        // Mappings sorted by start for a binary search (procfs gives them sorted; do not
+        // rely on it).
+        let mut order: Vec<usize> = (0..maps.len()).collect();
+        order.sort_by_key(|&i| maps[i].start);
+        // Per mapping, for this call: its object, or why it has none.
+        let mut resolved: HashMap<usize, Result<usize, String>> = HashMap::new();
+        let mut slots: Vec<Slot> = Vec::with_capacity(addrs.len());
+        // Offsets to symbolize, per object (each once).
+        let mut pending: HashMap<usize, Vec<u64>> = HashMap::new();
+        let mut pending_set: HashSet<(usize, u64)> = HashSet::new();
+        // vDSO addresses to symbolize (absolute, blazesym reads the image from the process).
+        let mut vdso_pending: Vec<(u64, u64)> = Vec::new();
+
+        for &addr in addrs {
+            let Some(mi) = find_mapping(maps, &order, addr) else {
+                slots.push(Slot::Done(Frame::unknown(
+                    UNKNOWN_OBJECT,
+                    addr,
+                    format!("address {addr:#x} is in no mapping of pid {pid}"),
+                )));
+                continue;
+            };
+            let m = &maps[mi];
+            let rel = addr - m.start;
+            if m.path == VDSO {
+                let key = (VDSO_ID, rel);
+                if self.frames.contains_key(&key) {
+                    self.stats.frame_cache_hits += 1;
+                } else if pending_set.insert(key) {
+                    vdso_pending.push((addr, rel));
+                }
+                slots.push(Slot::Cached(key));
+                continue;
+            }
+            if !m.is_file() {
+                let object = if m.path.is_empty() {
+                    "[anon]".to_owned()
+                } else {
+                    m.path.clone()
+                };
+                slots.push(Slot::Done(Frame::unknown(
+                    object,
+                    rel,
+                    "not a file mapping (anonymous memory or JIT code)",
+                )));
+                continue;
+            }
+            let Some(file_offset) = m.offset.checked_add(rel) else {
+                slots.push(Slot::Done(Frame::unknown(
+                    object_basename(&m.path),
+                    rel,
+                    "mapping offset overflows",
+                )));
+                continue;
+            };
+            let object = match resolved.entry(mi) {
+                Entry::Occupied(e) => e.get().clone(),
+                Entry::Vacant(e) => e.insert(self.object_for(pid, m)).clone(),
+            };
+            match object {
+                Ok(id) => {
+                    let key = (id, file_offset);
+                    if self.frames.contains_key(&key) {
+                        self.stats.frame_cache_hits += 1;
+                    } else if pending_set.insert(key) {
+                        pending.entry(id).or_default().push(file_offset);
+                    }
+                    slots.push(Slot::Cached(key));
+                }
+                Err(reason) => slots.push(Slot::Done(Frame::unknown(
+                    object_basename(&m.path),
+                    file_offset,
+                    reason,
+                ))),
+            }
+        }
+
+        // Frames of batches that failed as a whole (the file could not be parsed, the
+        // process exited): answered for this call only, retried on the next.
+        let mut uncached: HashMap<(usize, u64), Frame> = HashMap::new();
+        for (id, offsets) in pending {
+            let (frames, cache) = self.symbolize_object(id, &offsets);
+            let keyed = offsets.iter().map(|&o| (id, o)).zip(frames);
+            if cache {
+                self.frames.extend(keyed);
+            } else {
+                uncached.extend(keyed);
+            }
+        }
+        if !vdso_pending.is_empty() {
+            let (frames, cache) = self.symbolize_vdso(pid, &vdso_pending);
+            let keyed = vdso_pending
+                .iter()
+                .map(|&(_, rel)| (VDSO_ID, rel))
+                .zip(frames);
+            if cache {
+                self.frames.extend(keyed);
+            } else {
+                uncached.extend(keyed);
+            }
+        }
+
+        slots
+            .into_iter()
+            .map(|slot| match slot {
+                Slot::Done(frame) => frame,
+                Slot::Cached(key) => self
+                    .frames
+                    .get(&key)
+                    .or_else(|| uncached.get(&key))
+                    .cloned()
+                    .unwrap_or_else(|| {
+                        // Unreachable: every pending key was answered above.
+                        Frame::unknown(UNKNOWN_OBJECT, key.1, "internal: frame missing")
+                    }),
+            })
+            .collect()
+    }
+
+    /// Symbolizes kernel addresses with `/proc/kallsyms`. One frame per address.
+    pub fn symbolize_kernel(&mut self, addrs: &[u64]) -> Vec<Frame> {
+        let usable = self.kallsyms.get_or_insert_with(kallsyms_usable).clone();
+        if let Err(reason) = usable {
+            return addrs
+                .iter()
+                .map(|&a| Frame::unknown(KERNEL_OBJECT, a, reason.clone()))
+                .collect();
+        }
+        let mut missing: Vec<u64> = addrs
+            .iter()
+            .copied()
+            .filter(|a| !self.kernel_frames.contains_key(a))
+            .collect();
+        self.stats.frame_cache_hits += (addrs.len() - missing.len()) as u64;
+        missing.sort_unstable();
+        missing.dedup();
+        if !missing.is_empty() {
+            let src = Source::Kernel(Kernel {
+                kallsyms: MaybeDefault::Default,
+                // kallsyms only: searching for a vmlinux image is slow and rarely fruitful.
+                vmlinux: MaybeDefault::None,
+                debug_syms: false,
+                ..Kernel::default()
+            });
+            let results = guarded(|| self.blaze.symbolize(&src, Input::AbsAddr(&missing)));
+            self.stats.frames_symbolized += missing.len() as u64;
+            let (frames, cache) = batch_to_frames(results, &missing, KERNEL_OBJECT, None, |a| a);
+            if !cache {
+                // kallsyms could not be read: answer without caching.
+                let failed: HashMap<u64, Frame> = missing.iter().copied().zip(frames).collect();
+                return addrs
+                    .iter()
+                    .map(
+                        |a| match self.kernel_frames.get(a).or_else(|| failed.get(a)) {
+                            Some(f) => f.clone(),
+                            None => Frame::unknown(KERNEL_OBJECT, *a, "internal: frame missing"),
+                        },
+                    )
+                    .collect();
+            }
+            self.kernel_frames
+                .extend(missing.iter().copied().zip(frames));
+        }
+        addrs
+            .iter()
+            .map(|a| {
+                self.kernel_frames
+                    .get(a)
+                    .cloned()
+                    .unwrap_or_else(|| Frame::unknown(KERNEL_OBJECT, *a, "internal: frame missing"))
+            })
+            .collect()
+    }
+
+    /// The cached object of mapping `m` of `pid`, opened now if new.
+    fn object_for(&mut self, pid: u32, m: &Mapping) -> Result<usize, String> {
+        let key = ObjectKey::of(m);
+        if let Some(&id) = self.object_ids.get(&key) {
+            return Ok(id);
+        }
+        match OpenedObject::open(pid, m) {
+            Ok(obj) => {
+                self.stats.objects_opened += 1;
+                let id = self.objects.len();
+                self.objects.push(obj);
+                self.object_ids.insert(key, id);
+                Ok(id)
+            }
+            Err(e) => {
+                self.stats.open_failures += 1;
+                Err(e.to_string())
+            }
+        }
+    }
+
+    /// Frames of `offsets` in object `id`, and whether they may be cached.
+    fn symbolize_object(&mut self, id: usize, offsets: &[u64]) -> (Vec<Frame>, bool) {
+        self.stats.frames_symbolized += offsets.len() as u64;
+        let Some(obj) = self.objects.get(id) else {
+            let frames = offsets
+                .iter()
+                .map(|&o| Frame::unknown(UNKNOWN_OBJECT, o, "internal: no such object"))
+                .collect();
+            return (frames, false);
+        };
+        // `Elf::new` consults DWARF and debug files (`debug_syms: true`).
+        let src = Source::Elf(Elf::new(obj.blaze_path.clone()));
+        let results = guarded(|| {
+            self.blaze
+                .symbolize(&src, Input::FileOffset(offsets))
+                .context(obj.display_path.clone())
+        });
+        batch_to_frames(
+            results,
+            offsets,
+            &obj.basename,
+            obj.build_id.as_deref(),
+            |o| o,
+        )
+    }
+
+    /// vDSO addresses: blazesym reads the image from the process's memory once.
+    fn symbolize_vdso(&mut self, pid: u32, pending: &[(u64, u64)]) -> (Vec<Frame>, bool) {
+        self.stats.frames_symbolized += pending.len() as u64;
+        let addrs: Vec<u64> = pending.iter().map(|&(a, _)| a).collect();
+        let src = Source::Process(Process {
+            debug_syms: false,
+            perf_map: false,
+            // Only vDSO addresses are passed: no file is opened.
+            map_files: false,
+            vdso: true,
+            ..Process::new(pid.into())
+        });
+        let results = guarded(|| self.blaze.symbolize(&src, Input::AbsAddr(&addrs)));
+        let rel: HashMap<u64, u64> = pending.iter().copied().collect();
+        batch_to_frames(results, &addrs, VDSO, None, |a| {
+            rel.get(&a).copied().unwrap_or(a)
+        })
+    }
+}
+
+enum Slot {
+    Done(Frame),
+    Cached((usize, u64)),
+}
+
+/// The index in `maps` of the mapping containing `addr`; `order` sorts `maps` by start.
+fn find_mapping(maps: &[Mapping], order: &[usize], addr: u64) -> Option<usize> {
+    // Last mapping starting at or below addr.
+    let n = order.partition_point(|&i| maps[i].start <= addr);
+    let i = *order.get(n.checked_sub(1)?)?;
+    (addr < maps[i].end).then_some(i)
+}
+
+/// Runs a blazesym call, turning its error (with the chain of causes) or a panic into a
+/// reason: the files it parses come from the processes we profile, and a malformed one
+/// must not take the profiler down.
+fn guarded<T>(f: impl FnOnce() -> blazesym::Result<T>) -> Result<T, String> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(result) => result.map_err(|e| format!("{e:#}")),
+        Err(panic) => {
+            let msg = panic
+                .downcast_ref::<&str>()
+                .copied()
+                .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+                .unwrap_or("unknown panic");
+            Err(format!("blazesym panicked: {msg}"))
+        }
+    }
+}
+
+/// Converts a blazesym batch result into one frame per input, and whether the frames
+/// may be cached (not when the batch failed as a whole). `offset_of` maps an input to the
+/// offset reported in the frame.
+fn batch_to_frames(
+    results: Result<Vec<Symbolized<'_>>, String>,
+    inputs: &[u64],
+    object: &str,
+    build_id: Option<&str>,
+    offset_of: impl Fn(u64) -> u64,
+) -> (Vec<Frame>, bool) {
+    let results = match results {
+        Ok(r) if r.len() == inputs.len() => r,
+        other => {
+            let reason = match other {
+                Ok(r) => format!(
+                    "blazesym returned {} results for {} inputs",
+                    r.len(),
+                    inputs.len()
+                ),
+                Err(e) => e,
+            };
+            let frames = inputs
+                .iter()
+                .map(|&i| Frame::unknown(object, offset_of(i), reason.clone()))
+                .collect();
+            return (frames, false);
+        }
+    };
+    let frames = inputs
+        .iter()
+        .zip(results)
+        .map(|(&input, result)| {
+            let mut frame = match result {
+                Symbolized::Sym(sym) => Frame {
+                    name: Some(sym.name.into_owned()),
+                    object: object.to_owned(),
+                    file_offset: offset_of(input),
+                    build_id: None,
+                    location: sym.code_info.as_deref().map(location),
+                    inlined: sym
+                        .inlined
+                        .iter()
+                        .map(|f| InlinedFrame {
+                            name: f.name.to_string(),
+                            location: f.code_info.as_ref().map(location),
+                        })
+                        .collect(),
+                    reason: None,
+                },
+                Symbolized::Unknown(reason) => {
+                    Frame::unknown(object, offset_of(input), reason.to_string())
+                }
+            };
+            frame.build_id = build_id.map(str::to_owned);
+            frame
+        })
+        .collect();
+    (frames, true)
+}
+
+fn location(info: &CodeInfo<'_>) -> SourceLocation {
+    SourceLocation {
+        file: info.to_path().to_string_lossy().into_owned(),
+        line: info.line,
+    }
+}
+
+/// `Ok` when `/proc/kallsyms` shows real addresses. Without root (kptr_restrict) it
+/// shows zeros, and blazesym would then name every address after an arbitrary symbol.
+fn kallsyms_usable() -> Result<(), String> {
+    let file = std::fs::File::open("/proc/kallsyms")
+        .map_err(|e| format!("cannot open /proc/kallsyms: {e}"))?;
+    kallsyms_shows_addresses(BufReader::new(file))
+}
+
+fn kallsyms_shows_addresses(text: impl BufRead) -> Result<(), String> {
+    for line in text.lines().take(1000) {
+        let line = line.map_err(|e| format!("reading /proc/kallsyms: {e}"))?;
+        let addr = line.split(' ').next().unwrap_or("");
+        if u64::from_str_radix(addr, 16).is_ok_and(|a| a != 0) {
+            return Ok(());
+        }
+    }
+    Err("/proc/kallsyms hides addresses (kptr_restrict; needs root or CAP_SYSLOG)".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mapping(start: u64, end: u64, path: &str) -> Mapping {
+        Mapping {
+            start,
+            end,
+            readable: true,
+            writable: false,
+            executable: true,
+            offset: 0x1000,
+            dev_major: 0,
+            dev_minor: 0,
+            inode: if path.starts_with('/') { 1 } else { 0 },
+            path: path.to_owned(),
+        }
+    }
+
+    #[test]
+    fn find_mapping_handles_unsorted_maps_and_gaps() {
+        let maps = [
+            mapping(0x5000, 0x6000, "/b"),
+            mapping(0x1000, 0x2000, "/a"),
+            mapping(0x2000, 0x3000, "/c"),
+        ];
+        let mut order: Vec<usize> = (0..maps.len()).collect();
+        order.sort_by_key(|&i| maps[i].start);
+        assert_eq!(find_mapping(&maps, &order, 0x0fff), None);
+        assert_eq!(find_mapping(&maps, &order, 0x1000), Some(1));
+        assert_eq!(find_mapping(&maps, &order, 0x1fff), Some(1));
+        assert_eq!(find_mapping(&maps, &order, 0x2000), Some(2));
+        assert_eq!(find_mapping(&maps, &order, 0x3000), None);
+        assert_eq!(find_mapping(&maps, &order, 0x5fff), Some(0));
+        assert_eq!(find_mapping(&maps, &order, u64::MAX), None);
+        assert_eq!(find_mapping(&[], &[], 0x1000), None);
+    }
+
+    #[test]
+    fn unmapped_anonymous_and_unopenable_addresses_are_unknown_frames() {
+        let maps = [
+            mapping(0x1000, 0x2000, "/nonexistent/sframe-test-object"),
+            mapping(0x3000, 0x4000, ""),
+            mapping(0x4000, 0x5000, "[heap]"),
+        ];
+        let mut s = Symbolizer::new();
+        // A pid that cannot exist (above PID_MAX_LIMIT).
+        let frames = s.symbolize_user(0x7fff_fff0, &maps, &[0x10, 0x1010, 0x3008, 0x4010]);
+        assert_eq!(frames.len(), 4);
+        assert!(
+            frames
+                .iter()
+                .all(|f| f.name.is_none() && f.reason.is_some())
+        );
+        assert_eq!(frames[0].object, UNKNOWN_OBJECT);
+        assert_eq!(frames[1].object, "sframe-test-object");
+        assert_eq!(frames[1].file_offset, 0x1010);
+        assert_eq!(frames[1].folded_name(), "[sframe-test-object+0x1010]");
+        assert_eq!(frames[2].object, "[anon]");
+        assert_eq!(frames[3].folded_name(), "[[heap]+0x10]");
+        assert_eq!(s.stats().objects_opened, 0);
+        assert_eq!(s.stats().open_failures, 1);
+    }
+
+    #[test]
+    fn unparsable_object_gives_unknown_frames_that_are_not_cached() {
+        let path = std::env::temp_dir().join(format!("sframe-symbolize-{}", std::process::id()));
+        std::fs::write(&path, vec![0x5au8; 8192]).unwrap();
+        let maps = [mapping(0x1000, 0x3000, path.to_str().unwrap())];
+        let mut s = Symbolizer::new();
+        // Not mapped in this process: opened through /proc/self/root/PATH.
+        let first = s.symbolize_user(std::process::id(), &maps, &[0x1010, 0x1010]);
+        let second = s.symbolize_user(std::process::id(), &maps, &[0x1010]);
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(first[0], first[1]);
+        assert_eq!(first[0], second[0]);
+        assert_eq!(first[0].name, None);
+        assert_eq!(first[0].file_offset, 0x1010);
+        let reason = first[0].reason.as_deref().unwrap();
+        assert!(reason.contains(path.to_str().unwrap()), "{reason}");
+        let stats = s.stats();
+        assert_eq!(stats.objects_opened, 1);
+        // Failed batches are retried, not cached.
+        assert_eq!(stats.frames_symbolized, 2);
+    }
+
+    #[test]
+    fn hidden_kallsyms_addresses_are_detected() {
+        let hidden = "0000000000000000 A fixed_percpu_data\n0000000000000000 T _text\n";
+        assert!(kallsyms_shows_addresses(hidden.as_bytes()).is_err());
+        assert!(kallsyms_shows_addresses(&b""[..]).is_err());
+        let shown = "0000000000000000 A fixed_percpu_data\nffffffff81000000 T _text\n";
+        assert_eq!(kallsyms_shows_addresses(shown.as_bytes()), Ok(()));
+    }
+
+    #[test]
+    fn own_function_symbolizes() {
+        #[inline(never)]
+        fn sframe_symbolize_unit_probe() -> u64 {
+            std::hint::black_box(42)
+        }
+        let pid = std::process::id();
+        let maps = crate::procfs::read_maps(pid).unwrap();
+        let addr = sframe_symbolize_unit_probe as *const () as u64;
+        let mut s = Symbolizer::new();
+        let frames = s.symbolize_user(pid, &maps, &[addr, addr]);
+        let name = frames[0].name.as_deref().unwrap_or_default();
+        assert!(
+            name.ends_with("sframe_symbolize_unit_probe"),
+            "{:?}",
+            frames[0]
+        );
+        assert_eq!(frames[0], frames[1]);
+        assert_eq!(s.stats().frames_symbolized, 1);
+    }
+}

@@ -1,0 +1,242 @@
+//! Opening the file behind a mapping of another process.
+
+use std::{
+    fmt::Write as _,
+    fs::File,
+    io,
+    os::unix::fs::{MetadataExt, OpenOptionsExt},
+    os::unix::io::AsRawFd,
+    path::PathBuf,
+};
+
+use super::object_basename;
+use crate::procfs::Mapping;
+
+/// Identity of a mapped object, shared by every process that maps it.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub(super) struct ObjectKey {
+    dev_major: u32,
+    dev_minor: u32,
+    inode: u64,
+    /// Without ` (deleted)`: the object is the same before and after its unlink.
+    path: String,
+}
+
+impl ObjectKey {
+    pub(super) fn of(m: &Mapping) -> Self {
+        Self {
+            dev_major: m.dev_major,
+            dev_minor: m.dev_minor,
+            inode: m.inode,
+            path: strip_deleted(&m.path).to_owned(),
+        }
+    }
+}
+
+/// An object file opened for symbolization.
+pub(super) struct OpenedObject {
+    /// Kept open for the life of the cache so that `blaze_path` names this file and no
+    /// other (the descriptor number cannot be reused while we hold it).
+    _file: File,
+    /// `/proc/self/fd/N`: what blazesym opens and the key of its own cache.
+    pub(super) blaze_path: PathBuf,
+    /// The path as the process's maps show it, for messages.
+    pub(super) display_path: String,
+    pub(super) basename: String,
+    /// GNU build-id, lowercase hex.
+    pub(super) build_id: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub(super) enum OpenError {
+    #[error("opening {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{path} is not a regular file")]
+    NotRegular { path: PathBuf },
+    #[error("{path} was replaced since it was mapped (inode {found}, mapped inode {mapped})")]
+    Replaced {
+        path: PathBuf,
+        found: u64,
+        mapped: u64,
+    },
+    #[error("{first}; {second}")]
+    Both {
+        first: Box<OpenError>,
+        second: Box<OpenError>,
+    },
+}
+
+impl OpenedObject {
+    /// Opens the file of mapping `m` of `pid`: through `map_files` (the mapped file
+    /// itself), else through the process's root directory unless the file was deleted.
+    pub(super) fn open(pid: u32, m: &Mapping) -> Result<Self, OpenError> {
+        let map_files = PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end));
+        let first = match open_regular(&map_files) {
+            Ok((file, _)) => return Ok(Self::new(file, m)),
+            Err(e) => e,
+        };
+        let path = strip_deleted(&m.path);
+        if path.len() != m.path.len() {
+            // The path now names another file or none.
+            return Err(first);
+        }
+        let root = PathBuf::from(format!("/proc/{pid}/root{path}"));
+        let second = match open_regular(&root) {
+            Ok((file, meta)) => {
+                let (major, minor) = dev_major_minor(meta.dev());
+                // Same file system and another inode: replaced on disk. Another device
+                // (overlayfs shows its own) cannot be checked.
+                if (major, minor) == (m.dev_major, m.dev_minor) && meta.ino() != m.inode {
+                    OpenError::Replaced {
+                        path: root,
+                        found: meta.ino(),
+                        mapped: m.inode,
+                    }
+                } else {
+                    return Ok(Self::new(file, m));
+                }
+            }
+            Err(e) => e,
+        };
+        Err(OpenError::Both {
+            first: Box::new(first),
+            second: Box::new(second),
+        })
+    }
+
+    fn new(file: File, m: &Mapping) -> Self {
+        let blaze_path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+        let build_id = blazesym::helper::read_elf_build_id(&blaze_path)
+            .ok()
+            .flatten()
+            .map(|id| {
+                id.iter()
+                    .fold(String::with_capacity(id.len() * 2), |mut s, b| {
+                        let _ = write!(s, "{b:02x}");
+                        s
+                    })
+            });
+        Self {
+            _file: file,
+            blaze_path,
+            display_path: m.path.clone(),
+            basename: object_basename(&m.path),
+            build_id,
+        }
+    }
+}
+
+/// Opens `path` if it is a regular file. Non-blocking so that a FIFO planted by the
+/// target process cannot hang the profiler.
+fn open_regular(path: &PathBuf) -> Result<(File, std::fs::Metadata), OpenError> {
+    let io = |source| OpenError::Io {
+        path: path.clone(),
+        source,
+    };
+    let file = File::options()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(io)?;
+    let meta = file.metadata().map_err(io)?;
+    if !meta.is_file() {
+        return Err(OpenError::NotRegular { path: path.clone() });
+    }
+    Ok((file, meta))
+}
+
+fn strip_deleted(path: &str) -> &str {
+    path.strip_suffix(" (deleted)").unwrap_or(path)
+}
+
+/// glibc's `major()`/`minor()` of a `dev_t`, as `/proc/PID/maps` prints them.
+fn dev_major_minor(dev: u64) -> (u32, u32) {
+    let major = ((dev >> 32) & 0xffff_f000) | ((dev >> 8) & 0x0000_0fff);
+    let minor = ((dev >> 12) & 0xffff_ff00) | (dev & 0x0000_00ff);
+    (major as u32, minor as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dev_numbers_match_procfs() {
+        // The device of this test binary, as maps and stat see it.
+        let maps = crate::procfs::read_maps(std::process::id()).unwrap();
+        let here = dev_numbers_match_procfs as *const () as u64;
+        let m = crate::procfs::find(&maps, here).unwrap();
+        let meta = std::fs::metadata(strip_deleted(&m.path)).unwrap();
+        if meta.ino() == m.inode {
+            assert_eq!(dev_major_minor(meta.dev()), (m.dev_major, m.dev_minor));
+        }
+        assert_eq!(dev_major_minor(0xfe01), (0xfe, 1));
+        // glibc makedev(0x123, 0x67845).
+        assert_eq!(
+            dev_major_minor(0x6780_0000 | (0x123 << 8) | 0x45),
+            (0x123, 0x67845)
+        );
+    }
+
+    #[test]
+    fn opens_own_executable_and_reads_build_id() {
+        let pid = std::process::id();
+        let maps = crate::procfs::read_maps(pid).unwrap();
+        let here = opens_own_executable_and_reads_build_id as *const () as u64;
+        let m = crate::procfs::find(&maps, here).unwrap();
+        let obj = OpenedObject::open(pid, m).unwrap();
+        assert!(obj.blaze_path.starts_with("/proc/self/fd/"));
+        assert_eq!(obj.basename, object_basename(&m.path));
+        if let Some(id) = &obj.build_id {
+            assert!(id.len() >= 16 && id.bytes().all(|b| b.is_ascii_hexdigit()));
+        }
+    }
+
+    #[test]
+    fn file_replaced_on_disk_is_not_used() {
+        let exe = std::env::current_exe().unwrap();
+        let meta = std::fs::metadata(&exe).unwrap();
+        let (dev_major, dev_minor) = dev_major_minor(meta.dev());
+        let m = Mapping {
+            start: 0x1000,
+            end: 0x2000,
+            readable: true,
+            writable: false,
+            executable: true,
+            offset: 0,
+            dev_major,
+            dev_minor,
+            // Same file system, another inode: what a replaced file looks like.
+            inode: meta.ino() + 1,
+            path: exe.to_str().unwrap().to_owned(),
+        };
+        let err = OpenedObject::open(std::process::id(), &m).err().unwrap();
+        let OpenError::Both { second, .. } = &err else {
+            panic!("{err}")
+        };
+        assert!(matches!(**second, OpenError::Replaced { .. }), "{err}");
+    }
+
+    #[test]
+    fn deleted_path_without_map_files_is_an_error() {
+        let m = Mapping {
+            start: 0x1000,
+            end: 0x2000,
+            readable: true,
+            writable: false,
+            executable: true,
+            offset: 0,
+            dev_major: 0,
+            dev_minor: 0,
+            inode: 1,
+            path: "/bin/sh (deleted)".into(),
+        };
+        // Our own process has no mapping at 0x1000, and a deleted path is not retried.
+        let err = OpenedObject::open(std::process::id(), &m).err().unwrap();
+        assert!(matches!(err, OpenError::Io { .. }), "{err}");
+    }
+}

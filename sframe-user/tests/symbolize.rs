@@ -1,0 +1,431 @@
+//! Symbolization of live processes built here with gcc/g++: names of the functions whose
+//! addresses the fixture prints, demangled C++ names, inlined frames, the offset fallback
+//! for stripped and unmapped code, deleted-but-mapped executables, kernel symbols, and
+//! the caches (a second pass over the same addresses does no new work).
+
+mod support;
+
+use std::{
+    io::{BufRead, BufReader},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::Instant,
+};
+
+use object::{Object, ObjectSegment, ObjectSymbol};
+use sframe_user::{
+    procfs::{Mapping, find, read_maps},
+    symbolize::{Frame, KERNEL_OBJECT, Symbolizer, UNKNOWN_OBJECT, object_basename},
+};
+use support::{KillOnDrop, compile_c, fixture_dir};
+
+/// Prints the addresses of its functions, then waits to be killed.
+const FIXTURE_C: &str = r#"
+#include <stdio.h>
+#include <unistd.h>
+__attribute__((noinline)) int alpha_leaf(int x) { return x * 3 + 1; }
+__attribute__((noinline)) int beta_caller(int x) { return alpha_leaf(x) + 2; }
+static inline __attribute__((always_inline)) int gamma_inlined(int x) {
+    volatile int v = x;
+    for (int i = 0; i < 3; i++) v = v * 7 + i;
+    return v;
+}
+__attribute__((noinline)) int delta_outer(int x) { return gamma_inlined(x) + gamma_inlined(x + 1); }
+int main(void) {
+    printf("%p %p %p\n", (void *)alpha_leaf, (void *)beta_caller, (void *)delta_outer);
+    fflush(stdout);
+    volatile int sink = beta_caller(1) + delta_outer(2);
+    (void)sink;
+    for (;;) pause();
+}
+"#;
+
+const FIXTURE_CXX: &str = r#"
+#include <cstdio>
+#include <unistd.h>
+namespace ns {
+__attribute__((noinline)) int func(int x) { return x * 5 + 3; }
+template <typename T> struct Box { __attribute__((noinline)) static T twice(T v) { return v + v; } };
+}
+int main() {
+    std::printf("%p %p\n", (void *)&ns::func, (void *)&ns::Box<long>::twice);
+    std::fflush(stdout);
+    volatile long sink = ns::func(1) + ns::Box<long>::twice(2);
+    (void)sink;
+    for (;;) pause();
+}
+"#;
+
+/// A running fixture with its mappings and the addresses it printed.
+struct Running {
+    child: KillOnDrop,
+    maps: Vec<Mapping>,
+    addrs: Vec<u64>,
+}
+
+impl Running {
+    fn pid(&self) -> u32 {
+        self.child.pid()
+    }
+}
+
+fn spawn(exe: &Path) -> Running {
+    let mut child = KillOnDrop::spawn(Command::new(exe).stdout(Stdio::piped()));
+    let stdout = child.0.stdout.take().expect("piped stdout");
+    let mut line = String::new();
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .expect("read fixture's addresses");
+    let addrs = line
+        .split_whitespace()
+        .map(|a| u64::from_str_radix(a.trim_start_matches("0x"), 16).expect("hex address"))
+        .collect::<Vec<_>>();
+    assert!(!addrs.is_empty(), "fixture printed {line:?}");
+    let maps = read_maps(child.pid()).expect("read fixture's maps");
+    Running { child, maps, addrs }
+}
+
+fn compile_cxx(name: &str, source: &str, flags: &[&str]) -> PathBuf {
+    let dir = fixture_dir(name);
+    let src = dir.join(format!("{name}.cc"));
+    let out = dir.join(name);
+    std::fs::write(&src, source).expect("write C++ source");
+    let status = Command::new("g++")
+        .args(flags)
+        .arg("-o")
+        .arg(&out)
+        .arg(&src)
+        .status()
+        .expect("run g++");
+    assert!(status.success(), "g++ {flags:?} {name}.cc failed");
+    out
+}
+
+/// (file offset, size) of symbol `name` in the ELF file at `path`, from its symbol table
+/// and program headers: an oracle independent of blazesym.
+fn symbol_file_offset(path: &Path, name: &str) -> (u64, u64) {
+    let data = std::fs::read(path).unwrap();
+    let file = object::File::parse(&*data).unwrap();
+    let sym = file
+        .symbols()
+        .find(|s| s.name() == Ok(name))
+        .unwrap_or_else(|| panic!("{name} not in {}", path.display()));
+    let addr = sym.address();
+    let seg = file
+        .segments()
+        .find(|s| s.address() <= addr && addr < s.address() + s.size())
+        .expect("symbol in a segment");
+    (addr - seg.address() + seg.file_range().0, sym.size())
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn names(frames: &[Frame]) -> Vec<Option<&str>> {
+    frames.iter().map(|f| f.name.as_deref()).collect()
+}
+
+#[test]
+fn c_functions_symbolize_to_exact_names_and_file_offsets() {
+    let exe = compile_c("symfix", FIXTURE_C, &["-O2", "-g"]);
+    let p = spawn(&exe);
+    let [alpha, beta, delta] = p.addrs[..] else {
+        panic!("{:?}", p.addrs)
+    };
+    let mut s = Symbolizer::new();
+    // Unmapped address in the middle of the batch: an unknown frame, the rest is fine.
+    let frames = s.symbolize_user(p.pid(), &p.maps, &[alpha, 0x10, beta + 1, delta]);
+    assert_eq!(
+        names(&frames),
+        [
+            Some("alpha_leaf"),
+            None,
+            Some("beta_caller"),
+            Some("delta_outer")
+        ]
+    );
+    assert_eq!(frames[1].object, UNKNOWN_OBJECT);
+    assert!(frames[1].reason.as_deref().unwrap().contains("no mapping"));
+    for (frame, name, extra) in [
+        (&frames[0], "alpha_leaf", 0),
+        (&frames[2], "beta_caller", 1),
+    ] {
+        assert_eq!(frame.object, "symfix");
+        assert_eq!(frame.reason, None);
+        assert_eq!(frame.file_offset, symbol_file_offset(&exe, name).0 + extra);
+        assert_eq!(frame.folded_name(), name);
+        let loc = frame.location.as_ref().expect("DWARF line info");
+        assert!(loc.file.ends_with("symfix.c"), "{loc:?}");
+        assert!(loc.line.is_some());
+    }
+    assert!(
+        frames[0]
+            .build_id
+            .as_deref()
+            .is_some_and(|id| id.len() >= 16),
+        "gcc links with --build-id: {:?}",
+        frames[0].build_id
+    );
+}
+
+#[test]
+fn inlined_functions_are_their_own_frames() {
+    let exe = compile_c("syminl", FIXTURE_C, &["-O2", "-g"]);
+    let p = spawn(&exe);
+    let delta = p.addrs[2];
+    let (_, size) = symbol_file_offset(&exe, "delta_outer");
+    assert!(size > 0);
+    let addrs: Vec<u64> = (delta..delta + size).collect();
+    let mut s = Symbolizer::new();
+    let frames = s.symbolize_user(p.pid(), &p.maps, &addrs);
+    assert!(
+        frames
+            .iter()
+            .all(|f| f.name.as_deref() == Some("delta_outer"))
+    );
+    let inlined = frames
+        .iter()
+        .find(|f| !f.inlined.is_empty())
+        .expect("some address of delta_outer is in inlined gamma_inlined");
+    assert_eq!(inlined.folded_names(), ["delta_outer", "gamma_inlined"]);
+    assert!(inlined.inlined[0].location.is_some());
+}
+
+#[test]
+fn cxx_names_are_demangled() {
+    for flags in [&["-O2"][..], &["-O2", "-g"]] {
+        let exe = compile_cxx("symcxx", FIXTURE_CXX, flags);
+        let p = spawn(&exe);
+        let mut s = Symbolizer::new();
+        let frames = s.symbolize_user(p.pid(), &p.maps, &p.addrs);
+        let [func, twice] = &names(&frames)[..] else {
+            panic!("{frames:?}")
+        };
+        let (func, twice) = (func.unwrap_or_default(), twice.unwrap_or_default());
+        assert!(func.contains("ns::func"), "{flags:?}: {func:?}");
+        assert!(!func.starts_with("_Z"), "{flags:?}: {func:?}");
+        assert!(
+            twice.contains("ns::Box<long>::twice"),
+            "{flags:?}: {twice:?}"
+        );
+    }
+}
+
+#[test]
+fn stripped_binary_falls_back_to_object_and_file_offset() {
+    let exe = compile_c("symstrip", FIXTURE_C, &["-O2"]);
+    let stripped = exe.with_file_name("symstrip-stripped");
+    std::fs::copy(&exe, &stripped).unwrap();
+    let status = Command::new("strip").arg(&stripped).status().unwrap();
+    assert!(status.success());
+    let p = spawn(&stripped);
+    let mut s = Symbolizer::new();
+    let frames = s.symbolize_user(p.pid(), &p.maps, &p.addrs);
+    for (frame, name) in frames
+        .iter()
+        .zip(["alpha_leaf", "beta_caller", "delta_outer"])
+    {
+        // The unstripped twin has the same layout: its symbol table is the oracle.
+        let (offset, _) = symbol_file_offset(&exe, name);
+        assert_eq!(frame.name, None, "{frame:?}");
+        assert!(frame.reason.is_some());
+        assert_eq!(frame.file_offset, offset);
+        assert_eq!(
+            frame.folded_name(),
+            format!("[symstrip-stripped+{offset:#x}]")
+        );
+    }
+}
+
+#[test]
+fn deleted_but_mapped_executable_symbolizes_through_map_files() {
+    if !is_root() {
+        println!("SKIPPED: /proc/PID/map_files needs CAP_SYS_ADMIN; not root");
+        return;
+    }
+    let exe = compile_c("symdel", FIXTURE_C, &["-O2", "-g"]);
+    let p = spawn(&exe);
+    std::fs::remove_file(&exe).unwrap();
+    // A new file at the same path must not be used instead.
+    std::fs::write(&exe, b"not an ELF file").unwrap();
+    let maps = read_maps(p.pid()).unwrap();
+    let m = find(&maps, p.addrs[0]).unwrap();
+    assert!(m.path.ends_with(" (deleted)"), "{}", m.path);
+    let mut s = Symbolizer::new();
+    let frames = s.symbolize_user(p.pid(), &maps, &p.addrs);
+    assert_eq!(
+        names(&frames),
+        [Some("alpha_leaf"), Some("beta_caller"), Some("delta_outer")]
+    );
+    assert_eq!(frames[0].object, "symdel");
+    assert_eq!(object_basename(&m.path), "symdel");
+}
+
+#[test]
+fn kernel_address_symbolizes_from_kallsyms() {
+    let text = std::fs::read_to_string("/proc/kallsyms").unwrap();
+    // (address, name) of text symbols; pick one whose address no alias shares.
+    let mut syms: Vec<(u64, &str)> = text
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let addr = u64::from_str_radix(f.next()?, 16).ok()?;
+            let kind = f.next()?;
+            let name = f.next()?;
+            (kind == "T" || kind == "t").then_some((addr, name))
+        })
+        .collect();
+    let mut s = Symbolizer::new();
+    if syms.iter().all(|&(a, _)| a == 0) {
+        println!("SKIPPED: /proc/kallsyms shows no addresses (not root / kptr_restrict)");
+        let frames = s.symbolize_kernel(&[0xffff_ffff_8100_0000]);
+        assert_eq!(frames[0].name, None);
+        assert!(frames[0].reason.is_some());
+        return;
+    }
+    syms.sort_unstable();
+    let unique = |i: usize| {
+        (i == 0 || syms[i - 1].0 != syms[i].0)
+            && syms.get(i + 1).is_none_or(|n| n.0 > syms[i].0 + 1)
+    };
+    let i = syms
+        .iter()
+        .position(|&(_, n)| n == "do_sys_open")
+        .filter(|&i| unique(i))
+        .or_else(|| (0..syms.len()).find(|&i| syms[i].0 != 0 && unique(i)))
+        .expect("a kernel text symbol with a unique address");
+    let (addr, name) = syms[i];
+    let frames = s.symbolize_kernel(&[addr, addr + 1, 0]);
+    assert_eq!(frames[0].name.as_deref(), Some(name), "{:?}", frames[0]);
+    assert_eq!(frames[1].name.as_deref(), Some(name), "{:?}", frames[1]);
+    assert_eq!(frames[0].object, KERNEL_OBJECT);
+    assert_eq!(frames[2].name, None, "{:?}", frames[2]);
+}
+
+#[test]
+fn vdso_addresses_symbolize() {
+    let exe = compile_c("symvdso", FIXTURE_C, &["-O2"]);
+    let p = spawn(&exe);
+    let Some(vdso) = p.maps.iter().find(|m| m.path == "[vdso]") else {
+        println!("SKIPPED: no [vdso] mapping");
+        return;
+    };
+    let addrs: Vec<u64> = (vdso.start..vdso.end).step_by(4).collect();
+    let mut s = Symbolizer::new();
+    let frames = s.symbolize_user(p.pid(), &p.maps, &addrs);
+    assert_eq!(frames.len(), addrs.len());
+    assert!(
+        frames
+            .iter()
+            .filter_map(|f| f.name.as_deref())
+            .any(|n| n.contains("clock_gettime")),
+        "no clock_gettime in the vDSO"
+    );
+    assert!(frames.iter().all(|f| f.object == "[vdso]"));
+}
+
+#[test]
+fn second_pass_and_second_process_hit_the_caches() {
+    let exe = compile_c("symcache", FIXTURE_C, &["-O2", "-g"]);
+    let p = spawn(&exe);
+    // 10k addresses over the fixture's code and libc's (two objects).
+    let exec: Vec<&Mapping> = p
+        .maps
+        .iter()
+        .filter(|m| m.executable && m.is_file())
+        .filter(|m| m.path.ends_with("/symcache") || m.path.contains("libc"))
+        .collect();
+    assert_eq!(exec.len(), 2, "{exec:?}");
+    let addrs: Vec<u64> = (0..10_000u64)
+        .map(|i| {
+            let m = exec[(i % 2) as usize];
+            m.start + (i * 61) % (m.end - m.start)
+        })
+        .collect();
+    let distinct = addrs.iter().collect::<std::collections::HashSet<_>>().len() as u64;
+
+    let mut s = Symbolizer::new();
+    let t = Instant::now();
+    let first = s.symbolize_user(p.pid(), &p.maps, &addrs);
+    let first_time = t.elapsed();
+    let after_first = s.stats();
+    assert_eq!(after_first.objects_opened, 2);
+    assert_eq!(after_first.frames_symbolized, distinct);
+    assert!(first.iter().any(|f| f.name.is_some()));
+
+    let t = Instant::now();
+    let second = s.symbolize_user(p.pid(), &p.maps, &addrs);
+    let second_time = t.elapsed();
+    let after_second = s.stats();
+    assert_eq!(first, second);
+    assert_eq!(after_second.objects_opened, 2, "no file reopened");
+    assert_eq!(
+        after_second.frames_symbolized, distinct,
+        "nothing re-symbolized"
+    );
+    assert_eq!(
+        after_second.frame_cache_hits - after_first.frame_cache_hits,
+        addrs.len() as u64
+    );
+    println!("10k addresses: first pass {first_time:?}, second pass {second_time:?}");
+
+    // Another process of the same executable: same objects, same cache entries.
+    let q = spawn(&exe);
+    let frames = s.symbolize_user(q.pid(), &q.maps, &q.addrs);
+    assert_eq!(
+        names(&frames),
+        [Some("alpha_leaf"), Some("beta_caller"), Some("delta_outer")]
+    );
+    assert_eq!(
+        s.stats().objects_opened,
+        2,
+        "objects shared across processes"
+    );
+}
+
+const FIXTURE_RS: &str = r#"
+mod inner {
+    #[inline(never)]
+    pub fn rust_func(x: u64) -> u64 {
+        std::hint::black_box(x) * 3
+    }
+}
+fn main() {
+    let f: fn(u64) -> u64 = inner::rust_func;
+    println!("{:p}", f as *const ());
+    std::hint::black_box(inner::rust_func(std::hint::black_box(2)));
+    loop {
+        std::thread::sleep(std::time::Duration::from_secs(3600));
+    }
+}
+"#;
+
+#[test]
+fn rust_names_are_demangled_without_hash() {
+    let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+    for flags in [&["-O"][..], &["-O", "-g", "-Csymbol-mangling-version=v0"]] {
+        let dir = fixture_dir("symrs");
+        let src = dir.join("symrs.rs");
+        std::fs::write(&src, FIXTURE_RS).unwrap();
+        let exe = dir.join("symrs");
+        let status = Command::new(&rustc)
+            .args(flags)
+            .arg("-o")
+            .arg(&exe)
+            .arg(&src)
+            .status()
+            .expect("run rustc");
+        assert!(status.success(), "rustc {flags:?} failed");
+        let p = spawn(&exe);
+        let mut s = Symbolizer::new();
+        let frames = s.symbolize_user(p.pid(), &p.maps, &p.addrs);
+        assert_eq!(
+            frames[0].name.as_deref(),
+            Some("symrs::inner::rust_func"),
+            "{flags:?}: {:?}",
+            frames[0]
+        );
+    }
+}

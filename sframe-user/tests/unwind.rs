@@ -1,0 +1,127 @@
+//! End-to-end: the kernel walker unwinds real processes built without frame pointers,
+//! through libc (from its .eh_frame) to _start. Needs root or CAP_BPF+CAP_PERFMON.
+
+mod support;
+
+use std::{collections::HashMap, process::Command, thread, time::Duration};
+
+use sframe_common::WalkOutcome;
+use sframe_user::{
+    procfs,
+    profiler::{Profiler, symbolization_addresses},
+    symbolize::Symbolizer,
+};
+use support::{KillOnDrop, bpf_or_skip, compile_c};
+
+/// A chain main -> f0 -> ... -> f{N-1} -> leaf spinning; every function non-inlined and
+/// doing work after its call so that it is not a tail call.
+fn chain_source(n: usize) -> String {
+    let mut s = String::from(
+        "#include <stdio.h>\n#include <stdlib.h>\nvolatile unsigned long sink;\n\
+         __attribute__((noinline)) void leaf(void) { for (;;) sink++; }\n",
+    );
+    for i in (0..n).rev() {
+        let next = if i + 1 == n {
+            "leaf".to_string()
+        } else {
+            format!("f{}", i + 1)
+        };
+        s.push_str(&format!(
+            "__attribute__((noinline)) void f{i}(void) {{ {next}(); sink += {i}; }}\n"
+        ));
+    }
+    s.push_str("int main(void) { f0(); return (int)sink; }\n");
+    s
+}
+
+/// Profiles `pid` for `secs` at 499 Hz; returns symbolized stacks (outermost first) with
+/// their counts, and the outcome totals.
+type Stacks = Vec<(Vec<String>, u64, WalkOutcome)>;
+
+fn profile(pid: u32, secs: f64) -> (Stacks, [u64; WalkOutcome::COUNT]) {
+    let mut profiler = Profiler::start(499).expect("load and attach the profile program");
+    let report = profiler.add_target(pid).expect("load the target's tables");
+    assert!(
+        report.with_table >= 2,
+        "executable and libc have tables: {report:?}"
+    );
+    thread::sleep(Duration::from_secs_f64(secs));
+    let maps = procfs::read_maps(pid).expect("maps");
+    let snap = profiler.collect();
+    let mut sym = Symbolizer::new();
+    let mut out = Vec::new();
+    for c in &snap.counts {
+        let frames = symbolization_addresses(profiler.stack(c.key.user_stack).unwrap_or(&[]));
+        let names: Vec<String> = sym
+            .symbolize_user(pid, &maps, &frames)
+            .iter()
+            .rev()
+            .map(|f| {
+                if f.name.is_none() {
+                    eprintln!("unsymbolized: {f:?}");
+                }
+                f.folded_name()
+            })
+            .collect();
+        let outcome = WalkOutcome::try_from(c.key.outcome).expect("known outcome");
+        out.push((names, c.count, outcome));
+    }
+    (out, snap.outcomes)
+}
+
+/// Asserts ≥ 99% of samples have exactly `expected` (outermost first) after the libc
+/// start frames, completed to `_start`.
+fn assert_chain(stacks: &[(Vec<String>, u64, WalkOutcome)], expected: &[String]) {
+    let total: u64 = stacks.iter().map(|s| s.1).sum();
+    assert!(total >= 200, "too few samples: {total}");
+    let mut good = 0;
+    let mut bad: HashMap<String, u64> = HashMap::new();
+    for (names, count, outcome) in stacks {
+        let ok = *outcome == WalkOutcome::Complete
+            && names.first().map(String::as_str) == Some("_start")
+            && names.ends_with(expected)
+            && names.iter().any(|n| n.contains("libc_start"));
+        if ok {
+            good += count;
+        } else {
+            *bad.entry(format!("{outcome:?}: {}", names.join(";")))
+                .or_default() += count;
+        }
+    }
+    assert!(
+        good * 100 >= total * 99,
+        "only {good} of {total} samples have the expected stack {expected:?}; others: {bad:#?}"
+    );
+}
+
+fn run_chain(flags: &[&str], name: &str) {
+    let n = 24;
+    let exe = compile_c(name, &chain_source(n), flags);
+    let child = KillOnDrop::spawn(&mut Command::new(&exe));
+    thread::sleep(Duration::from_millis(200));
+    let (stacks, outcomes) = profile(child.pid(), 2.0);
+    eprintln!("outcomes: {outcomes:?}");
+    let mut expected = vec!["main".to_string()];
+    expected.extend((0..n).map(|i| format!("f{i}")));
+    expected.push("leaf".into());
+    assert_chain(&stacks, &expected);
+}
+
+#[test]
+fn unwinds_a_deep_chain_without_frame_pointers_from_sframe() {
+    if !bpf_or_skip("unwinds_a_deep_chain_without_frame_pointers_from_sframe") {
+        return;
+    }
+    run_chain(
+        &["-O2", "-fomit-frame-pointer", "-Wa,--gsframe"],
+        "chain_sframe",
+    );
+}
+
+#[test]
+fn unwinds_a_deep_chain_without_frame_pointers_from_eh_frame() {
+    if !bpf_or_skip("unwinds_a_deep_chain_without_frame_pointers_from_eh_frame") {
+        return;
+    }
+    run_chain(&["-O2", "-fomit-frame-pointer"], "chain_ehframe");
+}
