@@ -2,6 +2,8 @@
 #![no_std]
 #![no_main]
 
+mod baseline;
+mod fork;
 mod regs;
 mod unwind;
 
@@ -23,6 +25,13 @@ use crate::regs::RegsSource;
 #[perf_event]
 pub fn profile(ctx: PerfEventContext) -> u32 {
     unwind::profile(&ctx)
+}
+
+/// The baseline of `cargo xtask bench`: the kernel's frame-pointer walker
+/// (`bpf_get_stack` with `BPF_F_USER_STACK`) on the same targets (see `baseline`).
+#[perf_event]
+pub fn fp_baseline(ctx: PerfEventContext) -> u32 {
+    baseline::fp_baseline(&ctx)
 }
 
 /// Thread-group ids to sample (value unused). The program runs for every sample of the

@@ -209,9 +209,16 @@ fn walk(tgid: u32, pt: &pt_regs, stack_key: &mut u64) -> u32 {
         u64::from(st.frames_from_fp),
     );
     let k = st.stack_key();
-    match STACKS.insert(k, &st.stack, u64::from(BPF_NOEXIST)) {
-        Ok(()) => *stack_key = k,
-        Err(e) if e == -17 => *stack_key = k, // EEXIST: the same stack is stored already
+    // A reference to the scratch copy: passing the 2 KiB stack by value would put it on
+    // the 512-byte BPF stack.
+    #[allow(
+        clippy::needless_borrows_for_generic_args,
+        reason = "by value would copy the stack onto the BPF stack"
+    )]
+    let inserted = STACKS.insert(k, &st.stack, u64::from(BPF_NOEXIST));
+    match inserted {
+        // EEXIST: the same stack is stored already.
+        Ok(()) | Err(-17) => *stack_key = k,
         Err(_) => count(Counter::StackMapFull, 1),
     }
     st.outcome

@@ -43,7 +43,37 @@ pub enum LoadError {
 /// Loads the object into the kernel (maps are created; programs are loaded on demand).
 pub fn load() -> Result<Ebpf, LoadError> {
     raise_memlock_limit();
-    Ok(EbpfLoader::new().load(EBPF_OBJECT)?)
+    let child_pid_offset = fork_child_pid_offset().unwrap_or(0);
+    Ok(EbpfLoader::new()
+        .override_global("FORK_CHILD_PID_OFFSET", &child_pid_offset, true)
+        .load(EBPF_OBJECT)?)
+}
+
+/// The offset of `child_pid` in `sched:sched_process_fork` records, from tracefs.
+pub fn fork_child_pid_offset() -> Option<u32> {
+    ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
+        .iter()
+        .find_map(|root| {
+            std::fs::read_to_string(format!("{root}/events/sched/sched_process_fork/format")).ok()
+        })
+        .and_then(|format| tracepoint_field_offset(&format, "child_pid"))
+}
+
+/// Parses `field:TYPE NAME;\toffset:N;` lines of a tracepoint format file.
+pub fn tracepoint_field_offset(format: &str, name: &str) -> Option<u32> {
+    format.lines().find_map(|line| {
+        let decl = line.trim().strip_prefix("field:")?;
+        let (decl, rest) = decl.split_once(';')?;
+        if decl.split_whitespace().last()? != name {
+            return None;
+        }
+        rest.trim()
+            .strip_prefix("offset:")?
+            .split(';')
+            .next()?
+            .parse()
+            .ok()
+    })
 }
 
 /// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; raise it so they load there too.
@@ -96,4 +126,21 @@ pub fn spawn_logger(ebpf: &mut Ebpf) {
             guard.clear_ready();
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn parses_tracepoint_format_offsets() {
+        let format = "name: sched_process_fork\nformat:\n\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n\n\tfield:__data_loc char[] parent_comm;\toffset:8;\tsize:4;\tsigned:0;\n\tfield:pid_t child_pid;\toffset:20;\tsize:4;\tsigned:1;\n";
+        assert_eq!(
+            super::tracepoint_field_offset(format, "child_pid"),
+            Some(20)
+        );
+        assert_eq!(
+            super::tracepoint_field_offset(format, "parent_comm"),
+            Some(8)
+        );
+        assert_eq!(super::tracepoint_field_offset(format, "nope"), None);
+    }
 }

@@ -106,6 +106,16 @@ fn parse_line(line: &str) -> Result<Mapping, &'static str> {
     })
 }
 
+/// The thread-group id of task `id` (`Tgid:` of `/proc/ID/status`): equal to `id` for
+/// a process, different for a thread; `None` when the task does not exist.
+pub fn thread_group_id(id: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{id}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 /// The mapping containing `addr`, if any.
 pub fn find(maps: &[Mapping], addr: u64) -> Option<&Mapping> {
     maps.iter().find(|m| m.start <= addr && addr < m.end)

@@ -5,9 +5,9 @@ use std::collections::{HashMap as StdHashMap, HashSet};
 
 use aya::{
     Ebpf,
-    maps::{HashMap, MapData, PerCpuArray},
+    maps::{HashMap, MapData, PerCpuArray, StackTraceMap},
     programs::{
-        PerfEvent,
+        PerfEvent, TracePoint,
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
     },
 };
@@ -59,6 +59,11 @@ pub struct Profiler {
     stacks_map: HashMap<MapData, u64, UserStack>,
     outcomes_map: PerCpuArray<MapData, u64>,
     counters_map: PerCpuArray<MapData, u64>,
+    kernel_stacks_map: StackTraceMap<MapData>,
+    /// Kernel stacks by id, innermost first.
+    kernel_stacks: StdHashMap<i32, Vec<u64>>,
+    /// Targets whose tables are loaded.
+    known: HashSet<u32>,
     /// Counts accumulated in user space (the kernel map is drained on each collect).
     counts: StdHashMap<CountKey, u64>,
     /// User stacks by key, innermost first.
@@ -99,12 +104,61 @@ impl Profiler {
             stacks_map: take(&mut ebpf, "STACKS")?,
             outcomes_map: take(&mut ebpf, "OUTCOMES")?,
             counters_map: take(&mut ebpf, "COUNTERS")?,
+            kernel_stacks_map: take(&mut ebpf, "KERNEL_STACKS")?,
+            kernel_stacks: StdHashMap::new(),
+            known: HashSet::new(),
             ebpf,
             counts: StdHashMap::new(),
             stacks: StdHashMap::new(),
         };
         profiler.attach(frequency)?;
+        profiler.follow_forks();
         Ok(profiler)
+    }
+
+    /// Attaches `on_fork` so children of targets are sampled from their first
+    /// instruction; without tracefs, children are not followed (logged).
+    fn follow_forks(&mut self) {
+        if bpf::fork_child_pid_offset().is_none() {
+            log::warn!("sched_process_fork format unavailable: child processes are not followed");
+            return;
+        }
+        let result = (|| -> Result<(), aya::programs::ProgramError> {
+            let program: &mut TracePoint = self
+                .ebpf
+                .program_mut("on_fork")
+                .ok_or(aya::programs::ProgramError::NotLoaded)?
+                .try_into()?;
+            program.load()?;
+            program.attach("sched", "sched_process_fork")?;
+            Ok(())
+        })();
+        if let Err(err) = result {
+            log::warn!("child processes are not followed: {err}");
+        }
+    }
+
+    /// Loads tables for children of targets that the kernel added to the targets since
+    /// the last call, and drops thread ids it added; returns the new processes.
+    pub fn adopt_children(&mut self) -> Vec<u32> {
+        let ids: Vec<u32> = self.targets.keys().filter_map(Result::ok).collect();
+        let mut adopted = Vec::new();
+        for id in ids {
+            if self.known.contains(&id) {
+                continue;
+            }
+            if crate::procfs::thread_group_id(id) == Some(id)
+                && self.store.refresh_process(id).is_ok()
+            {
+                self.known.insert(id);
+                adopted.push(id);
+            } else {
+                // A thread of a target (the tracepoint sees thread creation too), or a
+                // process that already exited.
+                let _ = self.targets.remove(&id);
+            }
+        }
+        adopted
     }
 
     fn attach(&mut self, frequency: u64) -> Result<(), LoadError> {
@@ -140,6 +194,7 @@ impl Profiler {
     /// Loads the tables of `pid`'s objects, then starts sampling it.
     pub fn add_target(&mut self, pid: u32) -> Result<ProcessReport, crate::procfs::MapsError> {
         let report = self.store.refresh_process(pid)?;
+        self.known.insert(pid);
         if let Err(err) = self.targets.insert(pid, 1, 0) {
             log::warn!("pid {pid}: cannot add to targets: {err}");
         }
@@ -153,6 +208,7 @@ impl Profiler {
 
     /// Stops sampling `pid` and frees its mapping table.
     pub fn remove_target(&mut self, pid: u32) {
+        self.known.remove(&pid);
         let _ = self.targets.remove(&pid);
         self.store.tables.remove_process(pid);
     }
@@ -161,6 +217,7 @@ impl Profiler {
     pub fn collect(&mut self) -> Snapshot {
         let keys: Vec<CountKey> = self.counts_map.keys().filter_map(Result::ok).collect();
         let mut wanted = HashSet::new();
+        let mut wanted_kernel = HashSet::new();
         for key in keys {
             // Read then delete: a sample landing in between is lost (rare, counted as
             // the difference between `samples` and the sum of counts).
@@ -168,6 +225,9 @@ impl Profiler {
                 *self.counts.entry(key).or_default() += n;
                 if key.user_stack != 0 && !self.stacks.contains_key(&key.user_stack) {
                     wanted.insert(key.user_stack);
+                }
+                if key.kernel_stack >= 0 && !self.kernel_stacks.contains_key(&key.kernel_stack) {
+                    wanted_kernel.insert(key.kernel_stack);
                 }
             }
             let _ = self.counts_map.remove(&key);
@@ -177,6 +237,13 @@ impl Profiler {
                 let len = (stack.len as usize).min(stack.frames.len());
                 self.stacks.insert(id, stack.frames[..len].to_vec());
                 let _ = self.stacks_map.remove(&id);
+            }
+        }
+        for id in wanted_kernel {
+            // Kernel stack ids are stable while the stack stays in the map; copy it once.
+            if let Ok(trace) = self.kernel_stacks_map.get(&(id as u32), 0) {
+                let frames = trace.frames().iter().map(|f| f.ip).collect();
+                self.kernel_stacks.insert(id, frames);
             }
         }
         let mut snap = Snapshot {
@@ -200,8 +267,20 @@ impl Profiler {
         snap
     }
 
+    /// The frames of a kernel stack (innermost first) seen by `collect`.
+    pub fn kernel_stack(&self, id: i32) -> Option<&[u64]> {
+        self.kernel_stacks.get(&id).map(Vec::as_slice)
+    }
+
     /// The frames of a user stack (innermost first) seen by `collect`.
     pub fn stack(&self, id: u64) -> Option<&[u64]> {
         self.stacks.get(&id).map(Vec::as_slice)
+    }
+
+    /// The `profile` program's accumulated run time (ns) and run count, as the kernel
+    /// reports them while `kernel.bpf_stats_enabled` is 1 (`cargo xtask bench`).
+    pub fn program_stats(&self) -> Option<(u64, u64)> {
+        let info = self.ebpf.program(PROGRAM)?.info().ok()?;
+        Some((info.run_time().as_nanos() as u64, info.run_count()))
     }
 }

@@ -1,0 +1,36 @@
+//! `sched:sched_process_fork`: children of target processes become targets.
+//!
+//! The tracepoint fires for new threads too; their thread id is added as well and user
+//! space removes it (it is not a thread-group id), so the map never keeps stale entries.
+
+use aya_ebpf::{
+    bindings::BPF_NOEXIST, helpers::bpf_get_current_pid_tgid, macros::tracepoint,
+    programs::TracePointContext,
+};
+
+use crate::TARGET_TGIDS;
+
+/// Offset of `child_pid` in the tracepoint record; user space reads it from the
+/// tracepoint's format file (it differs between kernel versions) before loading.
+#[unsafe(no_mangle)]
+static FORK_CHILD_PID_OFFSET: u32 = 0;
+
+#[tracepoint]
+pub fn on_fork(ctx: TracePointContext) -> u32 {
+    let parent_tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    // SAFETY: map lookup of a plain integer key.
+    if unsafe { TARGET_TGIDS.get(parent_tgid) }.is_none() {
+        return 0;
+    }
+    // SAFETY: a read of a global set at load time.
+    let offset = unsafe { core::ptr::read_volatile(&FORK_CHILD_PID_OFFSET) };
+    if offset == 0 {
+        return 0;
+    }
+    // SAFETY: read_at checks the offset against the tracepoint record.
+    let Ok(child) = (unsafe { ctx.read_at::<i32>(offset as usize) }) else {
+        return 0;
+    };
+    let _ = TARGET_TGIDS.insert(child as u32, 2u8, u64::from(BPF_NOEXIST));
+    0
+}
