@@ -8,7 +8,7 @@ use aya_ebpf::{
     programs::TracePointContext,
 };
 
-use crate::TARGET_TGIDS;
+use crate::{TARGET_TGIDS, unwind::PROCESSES};
 
 /// Offset of `child_pid` in the tracepoint record; user space reads it from the
 /// tracepoint's format file (it differs between kernel versions) before loading.
@@ -31,6 +31,13 @@ pub fn on_fork(ctx: TracePointContext) -> u32 {
     let Ok(child) = (unsafe { ctx.read_at::<i32>(offset as usize) }) else {
         return 0;
     };
-    let _ = TARGET_TGIDS.insert(child as u32, 2u8, u64::from(BPF_NOEXIST));
+    let child = child as u32;
+    // Until it execs, a child has its parent's address space: give it the parent's
+    // mapping table now, so its first samples unwind before user space adopts it.
+    if let Some(parent) = PROCESSES.get_ptr(parent_tgid) {
+        // SAFETY: a PROCESSES value, passed by reference (8 KiB: never on the BPF stack).
+        let _ = PROCESSES.insert(child, unsafe { &*parent }, u64::from(BPF_NOEXIST));
+    }
+    let _ = TARGET_TGIDS.insert(child, 2u8, u64::from(BPF_NOEXIST));
     0
 }

@@ -30,7 +30,8 @@ use crate::{
 };
 
 #[map]
-static PROCESSES: HashMap<u32, ProcessEntry> = HashMap::with_max_entries(MAX_PROCESSES, 0);
+pub(crate) static PROCESSES: HashMap<u32, ProcessEntry> =
+    HashMap::with_max_entries(MAX_PROCESSES, 0);
 #[map]
 static OBJECTS: Array<ObjectEntry> = Array::with_max_entries(MAX_OBJECTS, 0);
 #[map]

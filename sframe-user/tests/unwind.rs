@@ -125,3 +125,73 @@ fn unwinds_a_deep_chain_without_frame_pointers_from_eh_frame() {
     }
     run_chain(&["-O2", "-fomit-frame-pointer"], "chain_ehframe");
 }
+
+#[test]
+fn follows_child_processes_created_after_start() {
+    if !bpf_or_skip("follows_child_processes_created_after_start") {
+        return;
+    }
+    // The parent waits (reading its stdin) until the profiler is attached, then forks a
+    // child that runs the chain; only the parent's pid is given to the profiler.
+    let source = chain_source(4).replace(
+        "int main(void) { f0(); return (int)sink; }",
+        "#include <unistd.h>\n#include <sys/wait.h>\n\
+         int main(void) { char c; if (read(0, &c, 1) != 1) return 1; pid_t p = fork(); \
+         if (p == 0) { f0(); } waitpid(p, 0, 0); return 0; }",
+    );
+    let exe = compile_c("forker", &source, &["-O2", "-fomit-frame-pointer"]);
+    let mut parent = KillOnDrop::spawn(Command::new(&exe).stdin(std::process::Stdio::piped()));
+    let mut profiler = Profiler::start(499).expect("load and attach");
+    profiler.add_target(parent.pid()).expect("parent tables");
+    {
+        use std::io::Write as _;
+        let mut stdin = parent.0.stdin.take().expect("piped stdin");
+        stdin.write_all(b"x").expect("release the parent");
+    }
+    let mut child = None;
+    for _ in 0..40 {
+        thread::sleep(Duration::from_millis(100));
+        if let Some(&pid) = profiler.adopt_children().first() {
+            child = Some(pid);
+            break;
+        }
+    }
+    let child = child.expect("the forked child was adopted as a target");
+    let _kill_child = ChildKiller(child);
+    thread::sleep(Duration::from_millis(1500));
+    let maps = procfs::read_maps(child).expect("child maps");
+    let snap = profiler.collect();
+    let mut sym = Symbolizer::new();
+    let mut complete = 0;
+    let mut total = 0;
+    for c in snap.counts.iter().filter(|c| c.key.pid == child) {
+        total += c.count;
+        let frames = symbolization_addresses(profiler.stack(c.key.user_stack).unwrap_or(&[]));
+        let names: Vec<String> = sym
+            .symbolize_user(child, &maps, &frames)
+            .iter()
+            .rev()
+            .map(|f| f.folded_name())
+            .collect();
+        if c.key.outcome == WalkOutcome::Complete as u32
+            && names.ends_with(&["main", "f0", "f1", "f2", "f3", "leaf"].map(String::from))
+        {
+            complete += c.count;
+        }
+    }
+    assert!(total >= 100, "only {total} samples of the child");
+    assert!(
+        complete * 100 >= total * 99,
+        "{complete} of {total} complete"
+    );
+}
+
+/// Kills a pid on drop (the forked grandchild is not our child).
+struct ChildKiller(u32);
+
+impl Drop for ChildKiller {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on a pid we observed; at worst ESRCH.
+        unsafe { libc::kill(self.0 as i32, libc::SIGKILL) };
+    }
+}

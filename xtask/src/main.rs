@@ -5,7 +5,10 @@
 //! - `run -- ARGS`: setup, build, run `sframe-user ARGS` (through `sudo -E` unless root).
 //! - `test`: setup, then everything CI checks, then every fuzz target for a bounded time.
 //! - `fuzz [--seconds N] [--target NAME]`: seed corpora and longer fuzzing runs.
+//! - `bench [--quick]`: BPF cost, kernel memory and table build time against baselines;
+//!   writes `BENCHMARKS.md`.
 
+mod bench;
 mod cmd;
 mod fuzz;
 mod run;
@@ -32,6 +35,8 @@ enum Command {
     Test(test::TestArgs),
     /// Build the seed corpora and run the cargo-fuzz targets (nightly) for a while.
     Fuzz(fuzz::FuzzArgs),
+    /// Measure against baselines in one run (as root) and write BENCHMARKS.md.
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> Result<()> {
@@ -40,5 +45,6 @@ fn main() -> Result<()> {
         Command::Run(args) => run::run(args),
         Command::Test(args) => test::test(args),
         Command::Fuzz(args) => fuzz::fuzz(args),
+        Command::Bench(args) => bench::bench(args),
     }
 }

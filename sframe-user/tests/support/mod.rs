@@ -62,3 +62,66 @@ impl Drop for KillOnDrop {
 pub fn bpf_or_skip(test: &str) -> bool {
     sframe_user::privileges::require_bpf(test)
 }
+
+/// Runs gcc in `dir` with `args`, panicking with its stderr on failure.
+pub fn gcc(dir: &Path, args: &[&str]) {
+    let out = Command::new("gcc")
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .expect("run gcc");
+    assert!(
+        out.status.success(),
+        "gcc {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Compiles C `source` into the shared library `dir/lib{name}.so` (`-shared -fPIC`).
+pub fn compile_c_shared(dir: &Path, name: &str, source: &str, flags: &[&str]) -> PathBuf {
+    let src = format!("{name}.c");
+    let lib = format!("lib{name}.so");
+    std::fs::write(dir.join(&src), source).expect("write C source");
+    let mut args = flags.to_vec();
+    args.extend(["-shared", "-fPIC", "-o", &lib, &src]);
+    gcc(dir, &args);
+    dir.join(lib)
+}
+
+/// Compiles C `source` into the executable `dir/{name}`, linked against `dir/lib{lib}.so`
+/// for each of `libs` and finding them at run time through an rpath.
+pub fn compile_c_linked(
+    dir: &Path,
+    name: &str,
+    source: &str,
+    flags: &[&str],
+    libs: &[&str],
+) -> PathBuf {
+    let src = format!("{name}.c");
+    std::fs::write(dir.join(&src), source).expect("write C source");
+    let rpath = format!("-Wl,-rpath,{}", dir.display());
+    let lib_args: Vec<String> = libs.iter().map(|l| format!("-l{l}")).collect();
+    let mut args = flags.to_vec();
+    args.extend(["-o", name, &src, "-L."]);
+    args.extend(lib_args.iter().map(String::as_str));
+    args.push(&rpath);
+    gcc(dir, &args);
+    dir.join(name)
+}
+
+/// Does the ELF file at `path` have a section called `name`?
+pub fn has_section(path: &Path, name: &str) -> bool {
+    use object::{Object, ObjectSection};
+    let data = std::fs::read(path).expect("read ELF file");
+    let file = object::File::parse(&*data).expect("parse ELF file");
+    file.sections().any(|s| s.name() == Ok(name))
+}
+
+/// The file offsets `[start, end)` of the ELF section `name` in `path`, if it has one.
+pub fn section_file_range(path: &Path, name: &str) -> Option<(u64, u64)> {
+    use object::{Object, ObjectSection};
+    let data = std::fs::read(path).expect("read ELF file");
+    let file = object::File::parse(&*data).expect("parse ELF file");
+    let (offset, size) = file.section_by_name(name)?.file_range()?;
+    Some((offset, offset + size))
+}

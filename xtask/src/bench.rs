@@ -1,0 +1,57 @@
+//! `cargo xtask bench [--quick]`: builds `sframe-bench` in release, runs it as root, prints
+//! its report and, unless `--quick`, writes it to `BENCHMARKS.md`.
+
+use std::{
+    fs,
+    process::{Command, Stdio},
+};
+
+use anyhow::{Context as _, Result, bail};
+use clap::Args;
+
+use crate::{cmd, setup};
+
+#[derive(Args)]
+pub struct BenchArgs {
+    /// Short runs to keep the harness working (CI); BENCHMARKS.md is left as it is.
+    #[arg(long)]
+    quick: bool,
+}
+
+pub fn bench(args: BenchArgs) -> Result<()> {
+    setup::setup()?;
+    let root = cmd::workspace_root();
+    let mut build = Command::new("cargo");
+    build.current_dir(&root).args([
+        "build",
+        "--release",
+        "--package",
+        "sframe-user",
+        "--bin",
+        "sframe-bench",
+    ]);
+    cmd::run(&mut build, "build sframe-bench")?;
+    let bin = root.join("target").join("release").join("sframe-bench");
+    let mut run = cmd::privileged(&bin.to_string_lossy());
+    if args.quick {
+        run.arg("--quick");
+    }
+    eprintln!("xtask: bench: {}", cmd::display(&run));
+    let out = run
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("could not start {}", cmd::display(&run)))?;
+    let report = String::from_utf8_lossy(&out.stdout);
+    print!("{report}");
+    if !out.status.success() {
+        bail!("sframe-bench failed ({})", out.status);
+    }
+    if !args.quick {
+        let path = root.join("BENCHMARKS.md");
+        fs::write(&path, report.as_bytes())
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("xtask: bench: wrote {}", path.display());
+    }
+    Ok(())
+}
