@@ -54,6 +54,11 @@ pub fn search_last_le<const STEPS: u32>(
     let mut len = n;
     let mut i = 0;
     while i < STEPS {
+        // Leaving early is the only data-dependent branch: it ends the loop, so it does
+        // not multiply the verifier's paths.
+        if len <= 1 {
+            break;
+        }
         let half = len / 2;
         let mid = base + half;
         let le = matches!(key(mid), Some(k) if k <= x) as u32;
@@ -80,25 +85,38 @@ pub enum Lookup {
     NoMapping,
 }
 
-/// Finds the rule for `pc` of the sampled process.
+/// Finds the rule for `pc` of the sampled process. `hint` is the index of a mapping to
+/// try first (updated to the mapping found; any value is safe).
 #[inline(always)]
-pub fn find_rule<T: Tables>(t: &mut T, pc: u64) -> Lookup {
+pub fn find_rule<T: Tables>(t: &mut T, pc: u64, hint: &mut u32) -> Lookup {
     let count = t.mapping_count();
     let n = if count as usize > MAX_MAPPINGS {
         MAX_MAPPINGS as u32
     } else {
         count
     };
-    let Some(i) = search_last_le::<MAPPING_SEARCH_STEPS>(n, pc, |i| t.mapping(i).map(|m| m.start))
-    else {
-        return Lookup::NoMapping;
+    // Consecutive frames are mostly in the same object: try the previous mapping first.
+    let cached = t
+        .mapping(*hint)
+        .filter(|m| *hint < n && m.start <= pc && pc < m.end);
+    let m = match cached {
+        Some(m) => m,
+        None => {
+            let Some(i) =
+                search_last_le::<MAPPING_SEARCH_STEPS>(n, pc, |i| t.mapping(i).map(|m| m.start))
+            else {
+                return Lookup::NoMapping;
+            };
+            let Some(m) = t.mapping(i) else {
+                return Lookup::NoMapping;
+            };
+            if pc >= m.end {
+                return Lookup::NoMapping;
+            }
+            *hint = i;
+            m
+        }
     };
-    let Some(m) = t.mapping(i) else {
-        return Lookup::NoMapping;
-    };
-    if pc >= m.end {
-        return Lookup::NoMapping;
-    }
     if m.object == NO_OBJECT {
         return Lookup::NoTable;
     }
@@ -265,6 +283,9 @@ pub struct WalkState {
     pub exact_pc: u32,
     pub frames_from_table: u32,
     pub frames_from_fp: u32,
+    /// Index of the mapping of the previous frame (a search shortcut).
+    pub mapping_hint: u32,
+    pub _pad: u32,
     pub stack: UserStack,
 }
 
@@ -278,6 +299,7 @@ impl WalkState {
         self.exact_pc = 0;
         self.frames_from_table = 0;
         self.frames_from_fp = 0;
+        self.mapping_hint = 0;
         self.stack.len = 0;
     }
 
@@ -298,6 +320,8 @@ impl Default for WalkState {
             exact_pc: 0,
             frames_from_table: 0,
             frames_from_fp: 0,
+            mapping_hint: 0,
+            _pad: 0,
             stack: UserStack::default(),
         }
     }
@@ -330,7 +354,7 @@ pub fn walk_step<T: Tables>(
         pc.wrapping_sub(1)
     };
     let top_regs = if top { Some(&st.top) } else { None };
-    let result = match find_rule(t, lookup_pc) {
+    let result = match find_rule(t, lookup_pc, &mut st.mapping_hint) {
         Lookup::Rule(rule) => {
             st.frames_from_table += 1;
             step_rule(&rule, &st.regs, top_regs, read)

@@ -5,7 +5,7 @@ use std::collections::{HashMap as StdHashMap, HashSet};
 
 use aya::{
     Ebpf,
-    maps::{HashMap, MapData, PerCpuArray, StackTraceMap},
+    maps::{HashMap, MapData, PerCpuArray, RingBuf, StackTraceMap},
     programs::{
         PerfEvent, TracePoint,
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
@@ -64,6 +64,8 @@ pub struct Profiler {
     kernel_stacks: StdHashMap<i32, Vec<u64>>,
     /// Targets whose tables are loaded.
     known: HashSet<u32>,
+    /// Targets that exec'd (their mapping table was dropped by `on_exec`).
+    exec_events: Option<RingBuf<MapData>>,
     /// Counts accumulated in user space (the kernel map is drained on each collect).
     counts: StdHashMap<CountKey, u64>,
     /// User stacks by key, innermost first.
@@ -107,6 +109,7 @@ impl Profiler {
             kernel_stacks_map: take(&mut ebpf, "KERNEL_STACKS")?,
             kernel_stacks: StdHashMap::new(),
             known: HashSet::new(),
+            exec_events: None,
             ebpf,
             counts: StdHashMap::new(),
             stacks: StdHashMap::new(),
@@ -136,11 +139,42 @@ impl Profiler {
         if let Err(err) = result {
             log::warn!("child processes are not followed: {err}");
         }
+        let result = (|| -> Result<(), aya::programs::ProgramError> {
+            let program: &mut TracePoint = self
+                .ebpf
+                .program_mut("on_exec")
+                .ok_or(aya::programs::ProgramError::NotLoaded)?
+                .try_into()?;
+            program.load()?;
+            program.attach("sched", "sched_process_exec")?;
+            Ok(())
+        })();
+        match result {
+            Ok(()) => self.exec_events = take(&mut self.ebpf, "EXEC_EVENTS").ok(),
+            Err(err) => log::warn!("exec is not tracked (tables refresh every second): {err}"),
+        }
+    }
+
+    /// Reloads the tables of targets that exec'd since the last call; returns them.
+    pub fn reload_execed(&mut self) -> Vec<u32> {
+        let mut pids = Vec::new();
+        if let Some(events) = self.exec_events.as_mut() {
+            while let Some(item) = events.next() {
+                if let Ok(bytes) = <[u8; 4]>::try_from(&item[..]) {
+                    pids.push(u32::from_ne_bytes(bytes));
+                }
+            }
+        }
+        pids.sort_unstable();
+        pids.dedup();
+        pids.retain(|&pid| self.store.refresh_process(pid).is_ok());
+        pids
     }
 
     /// Loads tables for children of targets that the kernel added to the targets since
     /// the last call, and drops thread ids it added; returns the new processes.
     pub fn adopt_children(&mut self) -> Vec<u32> {
+        self.reload_execed();
         let ids: Vec<u32> = self.targets.keys().filter_map(Result::ok).collect();
         let mut adopted = Vec::new();
         for id in ids {

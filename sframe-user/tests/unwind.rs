@@ -195,3 +195,62 @@ impl Drop for ChildKiller {
         unsafe { libc::kill(self.0 as i32, libc::SIGKILL) };
     }
 }
+
+#[test]
+fn reloads_tables_when_a_target_execs() {
+    if !bpf_or_skip("reloads_tables_when_a_target_execs") {
+        return;
+    }
+    let after = compile_c(
+        "after_exec",
+        &chain_source(3),
+        &["-O2", "-fomit-frame-pointer"],
+    );
+    let before = compile_c(
+        "before_exec",
+        &format!(
+            "#include <unistd.h>\nint main(void) {{ char c; if (read(0, &c, 1) != 1) return 1; \
+             execl(\"{}\", \"after_exec\", (char *)0); return 2; }}\n",
+            after.display()
+        ),
+        &["-O2"],
+    );
+    let mut target = KillOnDrop::spawn(Command::new(&before).stdin(std::process::Stdio::piped()));
+    let pid = target.pid();
+    let mut profiler = Profiler::start(499).expect("load and attach");
+    profiler.add_target(pid).expect("tables");
+    {
+        use std::io::Write as _;
+        let mut stdin = target.0.stdin.take().expect("piped stdin");
+        stdin.write_all(b"x").expect("release the target");
+    }
+    for _ in 0..20 {
+        thread::sleep(Duration::from_millis(100));
+        profiler.adopt_children();
+    }
+    let maps = procfs::read_maps(pid).expect("maps after exec");
+    let snap = profiler.collect();
+    let mut sym = Symbolizer::new();
+    let (mut total, mut complete) = (0, 0);
+    for c in snap.counts.iter().filter(|c| c.key.pid == pid) {
+        total += c.count;
+        let frames = symbolization_addresses(profiler.stack(c.key.user_stack).unwrap_or(&[]));
+        let names: Vec<String> = sym
+            .symbolize_user(pid, &maps, &frames)
+            .iter()
+            .rev()
+            .map(|f| f.folded_name())
+            .collect();
+        if c.key.outcome == WalkOutcome::Complete as u32
+            && names.ends_with(&["main", "f0", "f1", "f2", "leaf"].map(String::from))
+        {
+            complete += c.count;
+        }
+    }
+    assert!(total >= 300, "only {total} samples");
+    // Samples between the exec and the reload (at most ~100 ms) count as UnknownProcess.
+    assert!(
+        complete * 100 >= total * 90,
+        "{complete} of {total} complete after exec"
+    );
+}
