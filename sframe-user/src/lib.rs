@@ -15,6 +15,7 @@
 #[cfg(feature = "bpf")]
 pub mod bpf;
 pub mod ehframe;
+pub mod export;
 pub mod flatten;
 #[cfg(feature = "bpf")]
 pub mod kmaps;

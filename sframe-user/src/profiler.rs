@@ -313,6 +313,17 @@ impl Profiler {
 
     /// The `profile` program's accumulated run time (ns) and run count, as the kernel
     /// reports them while `kernel.bpf_stats_enabled` is 1 (`cargo xtask bench`).
+    /// Instructions the verifier processed for each loaded program (its budget is 1M).
+    pub fn verifier_stats(&self) -> Vec<(String, Option<u32>)> {
+        self.ebpf
+            .programs()
+            .filter_map(|(name, program)| {
+                let info = program.info().ok()?;
+                Some((name.to_owned(), info.verified_instruction_count()))
+            })
+            .collect()
+    }
+
     pub fn program_stats(&self) -> Option<(u64, u64)> {
         let info = self.ebpf.program(PROGRAM)?.info().ok()?;
         Some((info.run_time().as_nanos() as u64, info.run_count()))

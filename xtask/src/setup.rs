@@ -23,6 +23,9 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     ("gcc", "gcc"),
     ("g++", "g++"),
     ("binutils", "objdump"),
+    // Google's pprof, built from these sources by the export tests.
+    ("golang-go", "go"),
+    ("golang-github-google-pprof-dev", "go"),
 ];
 
 pub fn setup() -> Result<()> {

@@ -83,6 +83,33 @@ fn main() -> Result<()> {
         }
     }
 
+    doc.push_str("\n### Verifier\n\n");
+    match Profiler::start(FREQUENCY) {
+        Ok(profiler) => {
+            let _ = writeln!(
+                doc,
+                "Instructions processed by the verifier when loading each program on this \
+                 kernel (limit 1,000,000; goal ≤ 50%):\n\n| program | instructions | share of limit |\n|---|---:|---:|"
+            );
+            let mut stats = profiler.verifier_stats();
+            stats.sort();
+            for (name, count) in stats {
+                match count {
+                    Some(n) => {
+                        let _ =
+                            writeln!(doc, "| `{name}` | {n} | {:.2} % |", f64::from(n) / 10_000.0);
+                    }
+                    None => {
+                        let _ = writeln!(doc, "| `{name}` | not loaded or not reported | |");
+                    }
+                }
+            }
+        }
+        Err(err) => {
+            let _ = writeln!(doc, "Not measured: {err:#}.");
+        }
+    }
+
     progress("2/3 kernel memory per row and table build time");
     let objects = bench_objects(&args);
     memory_section(&mut doc, &objects);
@@ -913,6 +940,8 @@ struct ReaderBench {
     functions: u32,
     bytes: usize,
     parse_ms: Vec<f64>,
+    /// Open + validate + iterate every function and row, no allocation per row.
+    iterate_ms: Vec<f64>,
     lookup_ns: Vec<f64>,
     hits: usize,
 }
@@ -979,6 +1008,19 @@ fn reader_bench(objects: &[ObjectBench], args: &Args) -> Result<ReaderBench> {
         parse_ms.push(t.elapsed().as_secs_f64() * 1e3);
         parsed_rows = std::hint::black_box(back).row_count();
     }
+    let mut iterate_ms = Vec::new();
+    for _ in 0..args.repetitions() {
+        let t = Instant::now();
+        let section = Section::parse(&bytes, 0).map_err(|e| anyhow::anyhow!("parse: {e}"))?;
+        let mut checksum = 0i64;
+        for fde in section.functions() {
+            for fre in section.rows(&fde) {
+                checksum = checksum.wrapping_add(i64::from(section.rule(&fde, &fre).cfa.offset));
+            }
+        }
+        std::hint::black_box(checksum);
+        iterate_ms.push(t.elapsed().as_secs_f64() * 1e3);
+    }
     let section = Section::parse(&bytes, 0).map_err(|e| anyhow::anyhow!("parse: {e}"))?;
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let pcs: Vec<u64> = (0..LOOKUPS)
@@ -1004,6 +1046,7 @@ fn reader_bench(objects: &[ObjectBench], args: &Args) -> Result<ReaderBench> {
         functions: stats.fdes,
         bytes: bytes.len(),
         parse_ms,
+        iterate_ms,
         lookup_ns,
         hits,
     })
@@ -1023,6 +1066,16 @@ fn reader_section(doc: &mut String, r: &ReaderBench, args: &Args) {
         if r.copies == 1 { "y" } else { "ies" },
         args.repetitions(),
         args.repetitions(),
+    );
+    let mut iterate = r.iterate_ms.clone();
+    let iterate_median = stats(&mut iterate).map_or(f64::NAN, |s| s.0);
+    let _ = writeln!(
+        doc,
+        "Open + validate + iterate every function and row (`functions()`, `rows()`, `rule()`; \
+         no allocation per row): {} ms, {} MB/s, {} ns/row (goal ≥ 500 MB/s).\n",
+        fmt_stats(&r.iterate_ms, 2),
+        fmt_opt(ratio(r.bytes as f64 / 1e6, iterate_median / 1e3), 0),
+        fmt_opt(ratio(iterate_median * 1e6, r.rows as f64), 1),
     );
     doc.push_str(
         "| section bytes | FDEs | rows | parse + to_table ms | MB/s | ns/row | find_fre ns/PC | PCs found |\n\

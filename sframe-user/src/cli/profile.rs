@@ -1,29 +1,24 @@
 //! The profiler: `sframe-user --pid PID ...`.
 
 use std::{
-    collections::HashMap,
-    fmt::Write as _,
-    io::Write as _,
-    path::PathBuf,
-    time::{Duration, Instant},
+    io::{IsTerminal as _, Write as _},
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    time::{Duration, Instant, SystemTime},
 };
 
 use anyhow::{Context as _, Result, bail};
-use clap::{Args, ValueEnum};
-use sframe_common::{Counter, WalkOutcome};
+use clap::Args;
 use sframe_user::{
-    procfs::{self, Mapping},
-    profiler::{Profiler, Snapshot, symbolization_addresses},
+    export::{
+        self, Format, Profile, TargetInfo,
+        prometheus::{self, Feed, Metrics, server},
+        snapshot_delta, timestamped_path,
+    },
+    procfs,
+    profiler::{Profiler, Snapshot},
     symbolize::Symbolizer,
 };
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Format {
-    /// The hottest stacks, symbolized, with totals per walk outcome.
-    Top,
-    /// One line per distinct stack: `comm;outermost;...;leaf COUNT` (flame graph input).
-    Folded,
-}
 
 #[derive(Args, Debug)]
 pub struct ProfileArgs {
@@ -42,23 +37,74 @@ pub struct ProfileArgs {
     /// Write the report here instead of standard output.
     #[arg(long, value_name = "PATH")]
     pub output: Option<PathBuf>,
+    /// Write one file per interval of this many seconds, named after `--output` with
+    /// the interval's start time (UTC) before the extension (`flame-20250102T030405Z.svg`).
+    #[arg(long, value_name = "SECS", requires = "output")]
+    pub interval: Option<f64>,
     /// Stacks shown by `--format top`.
     #[arg(long, default_value_t = 10)]
     pub top: usize,
+    /// Serve Prometheus metrics (OpenMetrics text) on GET http://ADDR/metrics, e.g.
+    /// 127.0.0.1:9464. Nothing listens unless this is given.
+    #[arg(long, value_name = "ADDR")]
+    pub prometheus: Option<SocketAddr>,
+    /// Stack series per process exported to Prometheus (the others are summed into
+    /// `stack="[other]"`).
+    #[arg(long, value_name = "K", default_value_t = 100)]
+    pub prometheus_top_k: usize,
 }
 
-/// A target and what is needed to symbolize it after it exits.
+/// A target and whether it still runs.
 struct Target {
-    pid: u32,
-    comm: String,
-    maps: Vec<Mapping>,
+    info: TargetInfo,
     alive: bool,
+}
+
+impl Target {
+    fn new(pid: u32) -> Self {
+        Self {
+            info: TargetInfo {
+                pid,
+                comm: comm(pid),
+                maps: procfs::read_maps(pid).unwrap_or_default(),
+            },
+            alive: true,
+        }
+    }
+}
+
+/// The Prometheus side of a run.
+struct Exporter {
+    metrics: Metrics,
+    feed: Feed,
+    exposition: server::Exposition,
+    server: tokio::task::JoinHandle<()>,
+}
+
+/// The `--interval` state: the counts at the start of the current interval.
+struct Intervals {
+    every: Duration,
+    base: PathBuf,
+    started: Instant,
+    started_at: SystemTime,
+    previous: Snapshot,
 }
 
 pub async fn run(args: ProfileArgs) -> Result<()> {
     if args.pids.is_empty() {
         bail!("no target: give at least one --pid PID (see --help)");
     }
+    if args.output.is_none() && args.format.is_binary() && std::io::stdout().is_terminal() {
+        bail!(
+            "--format {} is binary: give --output PATH or redirect standard output",
+            args.format.name()
+        );
+    }
+    let interval = match args.interval {
+        Some(s) if !(s >= 1.0 && s.is_finite()) => bail!("--interval must be at least 1 second"),
+        Some(s) => Some(Duration::from_secs_f64(s)),
+        None => None,
+    };
     let mut profiler = Profiler::start(args.frequency).context("loading the BPF programs")?;
     let mut targets = Vec::new();
     for &pid in &args.pids {
@@ -66,14 +112,36 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
             .add_target(pid)
             .with_context(|| format!("no process with pid {pid}"))?;
         log::info!("pid {pid}: {report:?}");
-        targets.push(Target {
-            pid,
-            comm: comm(pid),
-            maps: procfs::read_maps(pid).unwrap_or_default(),
-            alive: true,
-        });
+        targets.push(Target::new(pid));
     }
+    let mut exporter = match args.prometheus {
+        Some(addr) => {
+            let listener = server::bind(addr).await?;
+            let local = listener.local_addr().unwrap_or(addr);
+            eprintln!("sframe-user: serving metrics on http://{local}/metrics");
+            let exposition = server::Exposition::default();
+            let metrics =
+                Metrics::new(args.prometheus_top_k, prometheus::WINDOW, prometheus::GRACE);
+            exposition.set(metrics.render());
+            Some(Exporter {
+                server: tokio::spawn(server::serve(listener, exposition.clone())),
+                metrics,
+                feed: Feed::default(),
+                exposition,
+            })
+        }
+        None => None,
+    };
+    let mut symbolizer = Symbolizer::new();
     let started = Instant::now();
+    let started_at = SystemTime::now();
+    let mut intervals = interval.map(|every| Intervals {
+        every,
+        base: args.output.clone().unwrap_or_default(),
+        started,
+        started_at,
+        previous: Snapshot::default(),
+    });
     let deadline = args
         .duration
         .map(|s| started + Duration::from_secs_f64(s.max(0.0)));
@@ -91,29 +159,50 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
             for t in targets.iter_mut().filter(|t| t.alive) {
                 // New libraries (dlopen), exec: re-read the maps. Objects already loaded
                 // cost only a lookup.
-                match profiler.refresh(t.pid) {
-                    Ok(_) => {
-                        if let Ok(m) = procfs::read_maps(t.pid) {
-                            t.maps = m;
-                        }
-                    }
-                    Err(_) => {
-                        eprintln!("sframe-user: pid {} exited; its samples are kept", t.pid);
+                // A zombie still has a /proc entry, with no mappings: keep the last
+                // mappings read, to symbolize its samples.
+                let maps = profiler
+                    .refresh(t.info.pid)
+                    .ok()
+                    .and_then(|_| procfs::read_maps(t.info.pid).ok())
+                    .filter(|m| !m.is_empty());
+                match maps {
+                    Some(m) => t.info.maps = m,
+                    None => {
+                        eprintln!(
+                            "sframe-user: pid {} exited; its samples are kept",
+                            t.info.pid
+                        );
                         t.alive = false;
+                        if let Some(e) = &mut exporter {
+                            e.metrics.exited(t.info.pid, Instant::now());
+                        }
                     }
                 }
             }
             for pid in profiler.adopt_children() {
                 log::info!("following child process {pid}");
-                targets.push(Target {
-                    pid,
-                    comm: comm(pid),
-                    maps: procfs::read_maps(pid).unwrap_or_default(),
-                    alive: true,
-                });
+                targets.push(Target::new(pid));
             }
             // Keep the kernel maps from filling up in long runs.
-            profiler.collect();
+            let snap = profiler.collect();
+            if let Some(e) = &mut exporter {
+                let infos: Vec<TargetInfo> = targets.iter().map(|t| t.info.clone()).collect();
+                e.feed.update(
+                    &mut e.metrics,
+                    Instant::now(),
+                    &profiler,
+                    &snap,
+                    &infos,
+                    &mut symbolizer,
+                );
+                e.exposition.set(e.metrics.render());
+            }
+            if let Some(iv) = &mut intervals
+                && iv.started.elapsed() >= iv.every
+            {
+                write_interval(iv, &profiler, &snap, &targets, &mut symbolizer, &args)?;
+            }
         }
         if targets.iter().all(|t| !t.alive) {
             eprintln!("sframe-user: every target has exited");
@@ -124,135 +213,70 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
         }
     }
     let snap = profiler.collect();
-    let elapsed = started.elapsed();
-    let stacks = symbolize(&profiler, &snap, &targets);
-    let text = match args.format {
-        Format::Folded => folded(&stacks),
-        Format::Top => top(&stacks, &snap, elapsed, args.top),
-    };
-    match &args.output {
-        Some(path) => {
-            std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?
-        }
-        None => std::io::stdout().write_all(text.as_bytes())?,
+    if let Some(e) = exporter.take() {
+        e.server.abort();
     }
+    if let Some(iv) = &mut intervals {
+        return write_interval(iv, &profiler, &snap, &targets, &mut symbolizer, &args);
+    }
+    let infos: Vec<TargetInfo> = targets.into_iter().map(|t| t.info).collect();
+    let profile = Profile::build(
+        &profiler,
+        &snap,
+        &infos,
+        &mut symbolizer,
+        started_at,
+        started.elapsed(),
+        args.frequency,
+    );
+    match &args.output {
+        Some(path) => write_file(path, &profile, &args),
+        None => {
+            let mut out = std::io::stdout().lock();
+            export::write(&profile, args.format, args.top, &mut out)?;
+            out.flush()?;
+            Ok(())
+        }
+    }
+}
+
+/// Writes the samples of the interval that ends now to its own file.
+fn write_interval(
+    iv: &mut Intervals,
+    profiler: &Profiler,
+    snap: &Snapshot,
+    targets: &[Target],
+    symbolizer: &mut Symbolizer,
+    args: &ProfileArgs,
+) -> Result<()> {
+    let delta = snapshot_delta(snap, &iv.previous);
+    let infos: Vec<TargetInfo> = targets.iter().map(|t| t.info.clone()).collect();
+    let profile = Profile::build(
+        profiler,
+        &delta,
+        &infos,
+        symbolizer,
+        iv.started_at,
+        iv.started.elapsed(),
+        args.frequency,
+    );
+    let path = timestamped_path(&iv.base, iv.started_at);
+    write_file(&path, &profile, args)?;
+    eprintln!("sframe-user: wrote {}", path.display());
+    iv.previous = snap.clone();
+    iv.started = Instant::now();
+    iv.started_at = SystemTime::now();
     Ok(())
+}
+
+fn write_file(path: &Path, profile: &Profile, args: &ProfileArgs) -> Result<()> {
+    let mut buf = Vec::new();
+    export::write(profile, args.format, args.top, &mut buf)?;
+    std::fs::write(path, buf).with_context(|| format!("writing {}", path.display()))
 }
 
 fn comm(pid: u32) -> String {
     std::fs::read_to_string(format!("/proc/{pid}/comm"))
         .map(|s| s.trim().to_owned())
         .unwrap_or_else(|_| format!("pid{pid}"))
-}
-
-/// One distinct stack: frame names outermost first, with its count and outcome.
-struct NamedStack {
-    comm: String,
-    pid: u32,
-    frames: Vec<String>,
-    count: u64,
-    outcome: WalkOutcome,
-}
-
-fn symbolize(profiler: &Profiler, snap: &Snapshot, targets: &[Target]) -> Vec<NamedStack> {
-    let mut sym = Symbolizer::new();
-    let by_pid: HashMap<u32, &Target> = targets.iter().map(|t| (t.pid, t)).collect();
-    let mut merged: HashMap<(u32, Vec<String>, u32), u64> = HashMap::new();
-    for c in &snap.counts {
-        let Some(target) = by_pid.get(&c.key.pid) else {
-            continue;
-        };
-        let user = profiler.stack(c.key.user_stack).unwrap_or(&[]);
-        let mut frames: Vec<String> = sym
-            .symbolize_user(c.key.pid, &target.maps, &symbolization_addresses(user))
-            .iter()
-            .rev()
-            .flat_map(|f| f.folded_names())
-            .collect();
-        if c.key.kernel_stack >= 0
-            && let Some(kernel) = profiler.kernel_stack(c.key.kernel_stack)
-        {
-            frames.extend(
-                sym.symbolize_kernel(&symbolization_addresses(kernel))
-                    .iter()
-                    .rev()
-                    .map(|f| format!("{}_[k]", f.folded_name())),
-            );
-        }
-        *merged
-            .entry((c.key.pid, frames, c.key.outcome))
-            .or_default() += c.count;
-    }
-    let mut out: Vec<NamedStack> = merged
-        .into_iter()
-        .map(|((pid, frames, outcome), count)| NamedStack {
-            comm: by_pid.get(&pid).map(|t| t.comm.clone()).unwrap_or_default(),
-            pid,
-            frames,
-            count,
-            outcome: WalkOutcome::try_from(outcome).unwrap_or(WalkOutcome::Truncated),
-        })
-        .collect();
-    out.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.frames.cmp(&b.frames)));
-    out
-}
-
-fn folded(stacks: &[NamedStack]) -> String {
-    let mut lines: HashMap<String, u64> = HashMap::new();
-    for s in stacks {
-        let mut line = s.comm.replace([';', ' '], "_");
-        for f in &s.frames {
-            line.push(';');
-            line.push_str(&f.replace(';', ":"));
-        }
-        *lines.entry(line).or_default() += s.count;
-    }
-    let mut lines: Vec<_> = lines.into_iter().collect();
-    lines.sort();
-    let mut out = String::new();
-    for (line, count) in lines {
-        let _ = writeln!(out, "{line} {count}");
-    }
-    out
-}
-
-fn top(stacks: &[NamedStack], snap: &Snapshot, elapsed: Duration, n: usize) -> String {
-    let total: u64 = stacks.iter().map(|s| s.count).sum();
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "{total} samples in {:.1} s ({} in kernel mode)",
-        elapsed.as_secs_f64(),
-        snap.counters[Counter::SamplesInKernel as usize]
-    );
-    let _ = writeln!(out, "\nwalk outcomes:");
-    for o in WalkOutcome::ALL {
-        let count = snap.outcomes[o as usize];
-        if count > 0 {
-            let pct = 100.0 * count as f64 / total.max(1) as f64;
-            let _ = writeln!(out, "  {:<22} {count:>8}  {pct:5.1}%", o.name());
-        }
-    }
-    let _ = writeln!(
-        out,
-        "frames: {} from tables, {} from frame pointers",
-        snap.counters[Counter::FramesFromTable as usize],
-        snap.counters[Counter::FramesFromFramePointer as usize]
-    );
-    for (i, s) in stacks.iter().take(n).enumerate() {
-        let pct = 100.0 * s.count as f64 / total.max(1) as f64;
-        let _ = writeln!(
-            out,
-            "\n#{} {} samples ({pct:.1}%) {} pid {} [{}]",
-            i + 1,
-            s.count,
-            s.comm,
-            s.pid,
-            s.outcome.name()
-        );
-        for f in s.frames.iter().rev() {
-            let _ = writeln!(out, "    {f}");
-        }
-    }
-    out
 }

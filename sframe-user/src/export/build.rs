@@ -1,0 +1,145 @@
+//! Building a [`Profile`] from the profiler's counts.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    time::{Duration, SystemTime},
+};
+
+use sframe_common::WalkOutcome;
+
+use super::{ProcessProfile, Profile, Stack};
+use crate::{
+    procfs::Mapping,
+    profiler::{Profiler, Snapshot, StackCount, symbolization_addresses},
+    symbolize::{Frame, Symbolizer},
+};
+
+/// A profiled process and what is needed to symbolize it after it exits.
+#[derive(Clone, Debug)]
+pub struct TargetInfo {
+    pub pid: u32,
+    pub comm: String,
+    /// Its mappings, as last read.
+    pub maps: Vec<Mapping>,
+}
+
+/// The counts of `current` that `previous` did not have (one `--interval`).
+pub fn snapshot_delta(current: &Snapshot, previous: &Snapshot) -> Snapshot {
+    let before: HashMap<_, u64> = previous.counts.iter().map(|c| (c.key, c.count)).collect();
+    let counts = current
+        .counts
+        .iter()
+        .filter_map(|c| {
+            let count = c
+                .count
+                .saturating_sub(before.get(&c.key).copied().unwrap_or(0));
+            (count > 0).then_some(StackCount { key: c.key, count })
+        })
+        .collect();
+    let mut delta = Snapshot {
+        counts,
+        ..Snapshot::default()
+    };
+    for (d, (c, p)) in delta
+        .outcomes
+        .iter_mut()
+        .zip(current.outcomes.iter().zip(&previous.outcomes))
+    {
+        *d = c.saturating_sub(*p);
+    }
+    for (d, (c, p)) in delta
+        .counters
+        .iter_mut()
+        .zip(current.counters.iter().zip(&previous.counters))
+    {
+        *d = c.saturating_sub(*p);
+    }
+    delta
+}
+
+impl Profile {
+    /// Symbolizes the stacks of `snap` (threads of a process merged) for the processes
+    /// in `targets`; samples of other pids are left out.
+    pub fn build(
+        profiler: &Profiler,
+        snap: &Snapshot,
+        targets: &[TargetInfo],
+        symbolizer: &mut Symbolizer,
+        start: SystemTime,
+        duration: Duration,
+        frequency: u64,
+    ) -> Profile {
+        // (pid, user stack, kernel stack, outcome) → count, tids merged.
+        let mut merged: BTreeMap<(u32, u64, i32, u32), u64> = BTreeMap::new();
+        for c in &snap.counts {
+            let k = c.key;
+            *merged
+                .entry((k.pid, k.user_stack, k.kernel_stack, k.outcome))
+                .or_default() += c.count;
+        }
+        let mut processes: Vec<ProcessProfile> = Vec::new();
+        for t in targets {
+            if processes.iter().any(|p| p.pid == t.pid) {
+                continue;
+            }
+            let mut stacks: Vec<Stack> = merged
+                .range((t.pid, 0, i32::MIN, 0)..=(t.pid, u64::MAX, i32::MAX, u32::MAX))
+                .map(|(&(_, user, kernel, outcome), &count)| Stack {
+                    user: user_frames(profiler, symbolizer, t, user),
+                    kernel: kernel_frames(profiler, symbolizer, kernel),
+                    count,
+                    outcome: WalkOutcome::try_from(outcome).unwrap_or(WalkOutcome::Truncated),
+                })
+                .collect();
+            stacks.sort_by(|a, b| {
+                b.count
+                    .cmp(&a.count)
+                    .then_with(|| a.names().cmp(&b.names()))
+            });
+            processes.push(ProcessProfile {
+                pid: t.pid,
+                comm: t.comm.clone(),
+                stacks,
+            });
+        }
+        processes.sort_by_key(|p| p.pid);
+        Profile {
+            processes,
+            start: Some(start),
+            duration,
+            frequency,
+            outcomes: snap.outcomes,
+            counters: snap.counters,
+        }
+    }
+}
+
+/// Outermost first.
+pub(super) fn user_frames(
+    profiler: &Profiler,
+    symbolizer: &mut Symbolizer,
+    target: &TargetInfo,
+    id: u64,
+) -> Vec<Frame> {
+    let addrs = symbolization_addresses(profiler.stack(id).unwrap_or(&[]));
+    let mut frames = symbolizer.symbolize_user(target.pid, &target.maps, &addrs);
+    frames.reverse();
+    frames
+}
+
+/// Outermost first.
+pub(super) fn kernel_frames(
+    profiler: &Profiler,
+    symbolizer: &mut Symbolizer,
+    id: i32,
+) -> Vec<Frame> {
+    if id < 0 {
+        return Vec::new();
+    }
+    let Some(kernel) = profiler.kernel_stack(id) else {
+        return Vec::new();
+    };
+    let mut frames = symbolizer.symbolize_kernel(&symbolization_addresses(kernel));
+    frames.reverse();
+    frames
+}

@@ -1,0 +1,346 @@
+//! Profile outputs: a symbolized profile built once from the profiler's counts, and its
+//! writers (`top`, `folded`, `svg` flame graph, gzip-compressed pprof `profile.proto`),
+//! plus the Prometheus exporter ([`prometheus`]).
+//!
+//! The model keeps what every output needs and nothing kernel-specific: processes (pid,
+//! comm), their distinct stacks (symbolized frames, outermost first) with sample counts
+//! and walk outcome, the duration and the sampling frequency. Building it does
+//! symbolization work proportional to distinct stacks, not samples.
+
+#[cfg(feature = "bpf")]
+mod build;
+mod folded;
+pub mod pprof;
+pub mod prometheus;
+mod svg;
+mod top;
+
+use std::{
+    io::Write,
+    path::{Path, PathBuf},
+    time::{Duration, SystemTime},
+};
+
+use sframe_common::{Counter, WalkOutcome};
+
+#[cfg(feature = "bpf")]
+pub use self::build::{TargetInfo, snapshot_delta};
+pub use self::{folded::folded, pprof::pprof_bytes, svg::svg, top::top};
+use crate::symbolize::Frame;
+
+/// Why an output could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    #[error("writing the {format} output")]
+    Write {
+        format: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("rendering the flame graph")]
+    FlameGraph {
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Output formats of the profiler.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// The hottest stacks, symbolized, with totals per walk outcome.
+    Top,
+    /// One line per distinct stack: `comm;outermost;...;leaf COUNT` (flame graph input).
+    Folded,
+    /// An interactive flame graph (SVG).
+    Svg,
+    /// gzip-compressed pprof `profile.proto` (`pprof`, Pyroscope, Parca).
+    Pprof,
+}
+
+impl Format {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Top => "top",
+            Self::Folded => "folded",
+            Self::Svg => "svg",
+            Self::Pprof => "pprof",
+        }
+    }
+
+    /// File name extension for `--interval` files.
+    pub fn extension(self) -> &'static str {
+        match self {
+            Self::Top => "txt",
+            Self::Folded => "folded",
+            Self::Svg => "svg",
+            Self::Pprof => "pb.gz",
+        }
+    }
+
+    /// Binary formats are not written to a terminal.
+    pub fn is_binary(self) -> bool {
+        matches!(self, Self::Pprof)
+    }
+}
+
+/// A symbolized profile.
+#[derive(Clone, Debug, Default)]
+pub struct Profile {
+    /// Processes by pid.
+    pub processes: Vec<ProcessProfile>,
+    /// When sampling started.
+    pub start: Option<SystemTime>,
+    pub duration: Duration,
+    /// Sampling frequency (Hz); one sample stands for `1e9 / frequency` ns of CPU.
+    pub frequency: u64,
+    /// Samples per walk outcome (every sample of a target, including lost ones).
+    pub outcomes: [u64; WalkOutcome::COUNT],
+    pub counters: [u64; Counter::COUNT],
+}
+
+/// One profiled process.
+#[derive(Clone, Debug, Default)]
+pub struct ProcessProfile {
+    pub pid: u32,
+    pub comm: String,
+    /// Distinct stacks, most samples first.
+    pub stacks: Vec<Stack>,
+}
+
+/// One distinct stack of a process (all its threads) with its sample count.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stack {
+    /// User frames, outermost first.
+    pub user: Vec<Frame>,
+    /// Kernel frames, outermost first (they are above the user frames).
+    pub kernel: Vec<Frame>,
+    pub count: u64,
+    pub outcome: WalkOutcome,
+}
+
+impl Stack {
+    /// Frame names outermost first: inlined functions as their own frames, unknown
+    /// frames as `[object+0xOFFSET]`, kernel frames with a `_[k]` suffix.
+    pub fn names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.user.iter().flat_map(Frame::folded_names).collect();
+        names.extend(
+            self.kernel
+                .iter()
+                .map(|f| format!("{}_[k]", f.folded_name())),
+        );
+        names
+    }
+}
+
+impl Profile {
+    /// Nanoseconds of CPU one sample stands for.
+    pub fn period_ns(&self) -> u64 {
+        1_000_000_000 / self.frequency.max(1)
+    }
+
+    /// Samples in stacks.
+    pub fn total_samples(&self) -> u64 {
+        self.processes
+            .iter()
+            .flat_map(|p| &p.stacks)
+            .map(|s| s.count)
+            .sum()
+    }
+
+    /// `comm (pid N), ... — S s`, for titles.
+    pub fn title(&self) -> String {
+        let targets: Vec<String> = self
+            .processes
+            .iter()
+            .map(|p| format!("{} (pid {})", p.comm, p.pid))
+            .collect();
+        let targets = if targets.is_empty() {
+            "no process".to_owned()
+        } else {
+            targets.join(", ")
+        };
+        format!("{targets}, {:.1} s", self.duration.as_secs_f64())
+    }
+}
+
+/// Writes `profile` in `format` to `out`.
+pub fn write(
+    profile: &Profile,
+    format: Format,
+    top_stacks: usize,
+    out: &mut dyn Write,
+) -> Result<(), ExportError> {
+    let io = |source| ExportError::Write {
+        format: format.name(),
+        source,
+    };
+    match format {
+        Format::Top => out
+            .write_all(top(profile, top_stacks).as_bytes())
+            .map_err(io),
+        Format::Folded => out.write_all(folded(profile).as_bytes()).map_err(io),
+        Format::Svg => svg(profile, out),
+        Format::Pprof => out.write_all(&pprof_bytes(profile)).map_err(io),
+    }
+}
+
+/// `base` with a UTC timestamp before its extension: `out/flame.svg` →
+/// `out/flame-20250102T030405Z.svg` (the file of one `--interval`).
+pub fn timestamped_path(base: &Path, at: SystemTime) -> PathBuf {
+    let stamp = utc_stamp(at);
+    let name = base
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "profile".to_owned());
+    // Keep multi-part extensions (`.pb.gz`) after the stamp.
+    let (stem, ext) = match name.find('.') {
+        Some(0) | None => (name.as_str(), ""),
+        Some(i) => name.split_at(i),
+    };
+    base.with_file_name(format!("{stem}-{stamp}{ext}"))
+}
+
+/// `YYYYMMDDTHHMMSSZ`.
+fn utc_stamp(at: SystemTime) -> String {
+    let secs = at
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}{month:02}{day:02}T{:02}{:02}{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::symbolize::{InlinedFrame, SourceLocation};
+
+    pub fn frame(name: Option<&str>, object: &str, offset: u64, line: Option<u32>) -> Frame {
+        Frame {
+            name: name.map(str::to_owned),
+            object: object.to_owned(),
+            file_offset: offset,
+            build_id: (object == "prog").then(|| "abcdef0123".to_owned()),
+            location: line.map(|l| SourceLocation {
+                file: "/src/prog.c".to_owned(),
+                line: Some(l),
+            }),
+            inlined: Vec::new(),
+            reason: name.is_none().then(|| "stripped".to_owned()),
+        }
+    }
+
+    /// Two processes; one stack with an inlined frame, an unknown frame and kernel
+    /// frames.
+    pub fn sample_profile() -> Profile {
+        let mut main = frame(Some("main"), "prog", 0x1100, Some(10));
+        main.inlined.push(InlinedFrame {
+            name: "helper".to_owned(),
+            location: Some(SourceLocation {
+                file: "/src/helper.h".to_owned(),
+                line: Some(3),
+            }),
+        });
+        let start = frame(Some("_start"), "prog", 0x1000, None);
+        let leaf = frame(Some("leaf;fn"), "prog", 0x1200, Some(20));
+        let unknown = frame(None, "libc.so.6", 0x2a3f0, None);
+        let sys = frame(
+            Some("do_syscall_64"),
+            crate::symbolize::KERNEL_OBJECT,
+            0xffff_ffff_8100_0000,
+            None,
+        );
+        Profile {
+            processes: vec![
+                ProcessProfile {
+                    pid: 42,
+                    comm: "my prog".to_owned(),
+                    stacks: vec![
+                        Stack {
+                            user: vec![start.clone(), main.clone(), leaf],
+                            kernel: vec![],
+                            count: 7,
+                            outcome: WalkOutcome::Complete,
+                        },
+                        Stack {
+                            user: vec![start, main, unknown],
+                            kernel: vec![sys],
+                            count: 3,
+                            outcome: WalkOutcome::Complete,
+                        },
+                    ],
+                },
+                ProcessProfile {
+                    pid: 43,
+                    comm: "other".to_owned(),
+                    stacks: vec![Stack {
+                        user: vec![frame(None, "[anon]", 0x10, None)],
+                        kernel: vec![],
+                        count: 1,
+                        outcome: WalkOutcome::NoMapping,
+                    }],
+                },
+            ],
+            start: Some(SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000)),
+            duration: Duration::from_millis(2500),
+            frequency: 100,
+            outcomes: [0; WalkOutcome::COUNT],
+            counters: [0; Counter::COUNT],
+        }
+    }
+
+    #[test]
+    fn title_names_targets_and_duration() {
+        assert_eq!(
+            sample_profile().title(),
+            "my prog (pid 42), other (pid 43), 2.5 s"
+        );
+        assert_eq!(Profile::default().title(), "no process, 0.0 s");
+    }
+
+    #[test]
+    fn period_and_totals() {
+        let p = sample_profile();
+        assert_eq!(p.period_ns(), 10_000_000);
+        assert_eq!(p.total_samples(), 11);
+    }
+
+    #[test]
+    fn timestamped_paths() {
+        let at = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        assert_eq!(utc_stamp(at), "20231114T221320Z");
+        assert_eq!(utc_stamp(SystemTime::UNIX_EPOCH), "19700101T000000Z");
+        assert_eq!(
+            timestamped_path(Path::new("out/flame.svg"), at),
+            Path::new("out/flame-20231114T221320Z.svg")
+        );
+        assert_eq!(
+            timestamped_path(Path::new("p.pb.gz"), at),
+            Path::new("p-20231114T221320Z.pb.gz")
+        );
+        assert_eq!(
+            timestamped_path(Path::new("/tmp/prof"), at),
+            Path::new("/tmp/prof-20231114T221320Z")
+        );
+        assert_eq!(
+            timestamped_path(Path::new(".hidden"), at),
+            Path::new(".hidden-20231114T221320Z")
+        );
+    }
+}

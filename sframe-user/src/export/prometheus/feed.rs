@@ -1,0 +1,85 @@
+//! Feeding [`Metrics`] from the profiler: new samples per stack since the last update,
+//! symbolized once per distinct stack, and the unwinder's health.
+
+use std::{collections::HashMap, time::Instant};
+
+use sframe_common::stack::CountKey;
+
+use super::{Health, Metrics, bpf_stats_enabled};
+use crate::{
+    export::{Stack, TargetInfo, build},
+    profiler::{Profiler, Snapshot},
+    symbolize::Symbolizer,
+};
+
+/// What the last update saw.
+#[derive(Debug, Default)]
+pub struct Feed {
+    previous: HashMap<CountKey, u64>,
+    /// (pid, user stack, kernel stack) → folded stack and user frame count.
+    names: HashMap<(u32, u64, i32), (String, usize)>,
+}
+
+impl Feed {
+    /// Records the samples of `snap` not seen before and the health of `profiler`,
+    /// then updates `metrics`. Only pids in `targets` are exported.
+    pub fn update(
+        &mut self,
+        metrics: &mut Metrics,
+        now: Instant,
+        profiler: &Profiler,
+        snap: &Snapshot,
+        targets: &[TargetInfo],
+        symbolizer: &mut Symbolizer,
+    ) {
+        let by_pid: HashMap<u32, &TargetInfo> = targets.iter().map(|t| (t.pid, t)).collect();
+        for c in &snap.counts {
+            let k = c.key;
+            let seen = self.previous.insert(k, c.count).unwrap_or(0);
+            let delta = c.count.saturating_sub(seen);
+            let Some(target) = by_pid.get(&k.pid) else {
+                continue;
+            };
+            if delta == 0 {
+                continue;
+            }
+            let (stack, frames) = self
+                .names
+                .entry((k.pid, k.user_stack, k.kernel_stack))
+                .or_insert_with(|| {
+                    let s = Stack {
+                        user: build::user_frames(profiler, symbolizer, target, k.user_stack),
+                        kernel: build::kernel_frames(profiler, symbolizer, k.kernel_stack),
+                        count: 0,
+                        outcome: sframe_common::WalkOutcome::Complete,
+                    };
+                    let names: Vec<String> =
+                        s.names().iter().map(|n| n.replace(';', ":")).collect();
+                    let frames = profiler.stack(k.user_stack).map_or(0, <[u64]>::len);
+                    (names.join(";"), frames)
+                });
+            metrics.record(k.pid, &target.comm, stack, *frames, delta);
+        }
+        // Forget the stacks of processes that have no series any more.
+        let live: std::collections::HashSet<u32> = metrics
+            .pids()
+            .into_iter()
+            .chain(targets.iter().map(|t| t.pid))
+            .collect();
+        self.names.retain(|(pid, _, _), _| live.contains(pid));
+        let objects: Vec<_> = profiler.store.objects().collect();
+        let (rows_in_use, row_capacity) = profiler.store.tables.row_usage();
+        let health = Health {
+            outcomes: snap.outcomes,
+            counters: snap.counters,
+            objects_loaded: objects.iter().filter(|o| o.placement.is_some()).count() as u64,
+            objects_failed: profiler.store.failed_objects,
+            rows_in_use,
+            row_capacity,
+            table_bytes: profiler.store.tables.bytes_in_use(),
+            bpf_program: profiler.program_stats(),
+            bpf_stats_enabled: bpf_stats_enabled(),
+        };
+        metrics.update(now, &health);
+    }
+}

@@ -1,0 +1,390 @@
+//! The Prometheus exporter: stack sample counts and unwinder health in the OpenMetrics
+//! text format, served on `GET /metrics`.
+//!
+//! The profiler's loop feeds [`Metrics`] (about once a second) and renders the
+//! exposition into a shared buffer; the HTTP server ([`server`]) only copies that
+//! buffer out, so a slow or stuck scraper never holds anything the sampling side needs.
+
+#[cfg(feature = "bpf")]
+mod feed;
+pub mod server;
+mod window;
+
+use std::{
+    sync::atomic::AtomicU64,
+    time::{Duration, Instant},
+};
+
+use prometheus_client::{
+    encoding::{EncodeLabelSet, text::encode},
+    metrics::{
+        counter::Counter,
+        family::Family,
+        gauge::Gauge,
+        histogram::{Histogram, exponential_buckets},
+    },
+    registry::{Registry, Unit},
+};
+use sframe_common::{Counter as Event, WalkOutcome};
+
+#[cfg(feature = "bpf")]
+pub use self::feed::Feed;
+pub use self::window::{OTHER, Series, StackWindow};
+
+/// Suggested `--prometheus` address.
+pub const DEFAULT_ADDR: &str = "127.0.0.1:9464";
+/// Length of the window over which the top-K stacks of a process are chosen.
+pub const WINDOW: Duration = Duration::from_secs(300);
+/// How long the series of an exited process stay.
+pub const GRACE: Duration = Duration::from_secs(300);
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StackLabels {
+    comm: String,
+    pid: u32,
+    stack: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EventLabels {
+    event: &'static str,
+}
+
+/// Unwinder and profiler state, as absolute values (counters are cumulative).
+#[derive(Clone, Debug, Default)]
+pub struct Health {
+    pub outcomes: [u64; WalkOutcome::COUNT],
+    pub counters: [u64; Event::COUNT],
+    /// Objects with a table in the kernel, and objects whose table failed.
+    pub objects_loaded: u64,
+    pub objects_failed: u64,
+    pub rows_in_use: u64,
+    pub row_capacity: u64,
+    /// Kernel table memory in use (rows, pages, objects, rules).
+    pub table_bytes: u64,
+    /// `profile` program run time (ns) and run count (`kernel.bpf_stats_enabled`).
+    pub bpf_program: Option<(u64, u64)>,
+    pub bpf_stats_enabled: Option<bool>,
+}
+
+/// The registry and the aggregation behind it.
+pub struct Metrics {
+    registry: Registry,
+    window: StackWindow,
+    stacks: Family<StackLabels, Counter>,
+    outcomes: Family<OutcomeLabels, Counter>,
+    events: Family<EventLabels, Counter>,
+    frames: Histogram,
+    objects_loaded: Gauge,
+    objects_failed: Gauge,
+    rows_in_use: Gauge,
+    row_capacity: Gauge,
+    table_bytes: Gauge,
+    bpf_run_time: Counter<f64, AtomicU64>,
+    bpf_run_count: Counter,
+    bpf_stats_enabled: Gauge,
+    cpu: Counter<f64, AtomicU64>,
+    rss: Gauge,
+    /// Last absolute values, to turn them into counter increments.
+    last: Health,
+    last_cpu: f64,
+}
+
+impl Metrics {
+    pub fn new(top_k: usize, window: Duration, grace: Duration) -> Self {
+        let mut registry = Registry::default();
+        let stacks = Family::<StackLabels, Counter>::default();
+        registry.register(
+            "sframe_stack_samples",
+            "Samples per stack (folded, outermost first) of the top-K stacks of each process over a sliding window; stack=\"[other]\" sums the rest",
+            stacks.clone(),
+        );
+        let outcomes = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "sframe_walk_outcomes",
+            "Samples of target processes per stack walk outcome",
+            outcomes.clone(),
+        );
+        let events = Family::<EventLabels, Counter>::default();
+        registry.register(
+            "sframe_events",
+            "Events counted by the unwinder",
+            events.clone(),
+        );
+        let frames = Histogram::new(exponential_buckets(1.0, 2.0, 9));
+        registry.register(
+            "sframe_stack_frames",
+            "User frames per sampled stack",
+            frames.clone(),
+        );
+        let gauge = |registry: &mut Registry, name: &str, help: &str| {
+            let g = Gauge::default();
+            registry.register(name, help, g.clone());
+            g
+        };
+        let objects_loaded = gauge(
+            &mut registry,
+            "sframe_objects_loaded",
+            "Objects with unwind tables in the kernel",
+        );
+        let objects_failed = gauge(
+            &mut registry,
+            "sframe_objects_failed",
+            "Objects whose table could not be built or loaded",
+        );
+        let rows_in_use = gauge(
+            &mut registry,
+            "sframe_table_rows",
+            "Unwind rows in the kernel tables",
+        );
+        let row_capacity = gauge(
+            &mut registry,
+            "sframe_table_rows_capacity",
+            "Capacity of the kernel row table",
+        );
+        let table_bytes = Gauge::default();
+        registry.register_with_unit(
+            "sframe_table",
+            "Kernel unwind table memory in use",
+            Unit::Bytes,
+            table_bytes.clone(),
+        );
+        let bpf_run_time = Counter::<f64, AtomicU64>::default();
+        registry.register_with_unit(
+            "sframe_bpf_run_time",
+            "Run time of the profile BPF program (needs kernel.bpf_stats_enabled=1)",
+            Unit::Seconds,
+            bpf_run_time.clone(),
+        );
+        let bpf_run_count = Counter::default();
+        registry.register(
+            "sframe_bpf_runs",
+            "Runs of the profile BPF program (needs kernel.bpf_stats_enabled=1)",
+            bpf_run_count.clone(),
+        );
+        let bpf_stats_enabled = gauge(
+            &mut registry,
+            "sframe_bpf_stats_enabled",
+            "Whether kernel.bpf_stats_enabled is 1 (-1: unknown)",
+        );
+        let cpu = Counter::<f64, AtomicU64>::default();
+        registry.register_with_unit(
+            "sframe_process_cpu",
+            "CPU time of the profiler itself (user + system)",
+            Unit::Seconds,
+            cpu.clone(),
+        );
+        let rss = Gauge::default();
+        registry.register_with_unit(
+            "sframe_process_resident_memory",
+            "Resident memory of the profiler itself",
+            Unit::Bytes,
+            rss.clone(),
+        );
+        for o in WalkOutcome::ALL {
+            let _ = outcomes.get_or_create(&OutcomeLabels { outcome: o.name() });
+        }
+        for e in Event::ALL {
+            let _ = events.get_or_create(&EventLabels { event: e.name() });
+        }
+        Self {
+            registry,
+            window: StackWindow::new(top_k, window, grace),
+            stacks,
+            outcomes,
+            events,
+            frames,
+            objects_loaded,
+            objects_failed,
+            rows_in_use,
+            row_capacity,
+            table_bytes,
+            bpf_run_time,
+            bpf_run_count,
+            bpf_stats_enabled,
+            cpu,
+            rss,
+            last: Health::default(),
+            last_cpu: 0.0,
+        }
+    }
+
+    /// Records `delta` new samples of `stack` (folded, outermost first) with
+    /// `frames` user frames, in process `pid`. Applied at the next [`Self::update`].
+    pub fn record(&mut self, pid: u32, comm: &str, stack: &str, frames: usize, delta: u64) {
+        self.window.record(pid, comm, stack, delta);
+        // Bounded: the samples of one update interval.
+        for _ in 0..delta.min(100_000) {
+            self.frames.observe(frames as f64);
+        }
+    }
+
+    /// Process `pid` exited at `now`.
+    pub fn exited(&mut self, pid: u32, now: Instant) {
+        self.window.exited(pid, now);
+    }
+
+    /// Pids that still have series.
+    pub fn pids(&self) -> Vec<u32> {
+        self.window.pids().collect()
+    }
+
+    /// Applies what was recorded and the new health values.
+    pub fn update(&mut self, now: Instant, health: &Health) {
+        self.window.update(now);
+        self.stacks.clear();
+        for s in self.window.series() {
+            self.stacks
+                .get_or_create(&StackLabels {
+                    comm: s.comm,
+                    pid: s.pid,
+                    stack: s.stack,
+                })
+                .inc_by(s.value);
+        }
+        for o in WalkOutcome::ALL {
+            let i = o as usize;
+            let delta = health.outcomes[i].saturating_sub(self.last.outcomes[i]);
+            self.outcomes
+                .get_or_create(&OutcomeLabels { outcome: o.name() })
+                .inc_by(delta);
+        }
+        for e in Event::ALL {
+            let i = e as usize;
+            let delta = health.counters[i].saturating_sub(self.last.counters[i]);
+            self.events
+                .get_or_create(&EventLabels { event: e.name() })
+                .inc_by(delta);
+        }
+        let as_i64 = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        self.objects_loaded.set(as_i64(health.objects_loaded));
+        self.objects_failed.set(as_i64(health.objects_failed));
+        self.rows_in_use.set(as_i64(health.rows_in_use));
+        self.row_capacity.set(as_i64(health.row_capacity));
+        self.table_bytes.set(as_i64(health.table_bytes));
+        if let Some((ns, runs)) = health.bpf_program {
+            let (last_ns, last_runs) = self.last.bpf_program.unwrap_or((0, 0));
+            self.bpf_run_time
+                .inc_by(ns.saturating_sub(last_ns) as f64 / 1e9);
+            self.bpf_run_count.inc_by(runs.saturating_sub(last_runs));
+        }
+        self.bpf_stats_enabled
+            .set(health.bpf_stats_enabled.map_or(-1, i64::from));
+        if let Some(cpu) = own_cpu_seconds()
+            && cpu > self.last_cpu
+        {
+            self.cpu.inc_by(cpu - self.last_cpu);
+            self.last_cpu = cpu;
+        }
+        if let Some(rss) = own_rss_bytes() {
+            self.rss.set(as_i64(rss));
+        }
+        self.last = health.clone();
+    }
+
+    /// The OpenMetrics text exposition (ends with `# EOF`).
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// `kernel.bpf_stats_enabled`, when readable.
+pub fn bpf_stats_enabled() -> Option<bool> {
+    let s = std::fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled").ok()?;
+    Some(s.trim() == "1")
+}
+
+fn own_cpu_seconds() -> Option<f64> {
+    // SAFETY: getrusage writes only into the struct we pass.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return None;
+    }
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    Some(secs(usage.ru_utime) + secs(usage.ru_stime))
+}
+
+fn own_rss_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    Some(pages * u64::try_from(page).ok()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposition_has_stacks_outcomes_and_health() {
+        let mut m = Metrics::new(1, WINDOW, GRACE);
+        m.record(7, "prog", "main;work", 2, 5);
+        m.record(7, "prog", "main;idle", 2, 1);
+        let mut health = Health {
+            objects_loaded: 3,
+            rows_in_use: 1000,
+            row_capacity: 4000,
+            table_bytes: 4096,
+            bpf_program: Some((2_000_000_000, 10)),
+            bpf_stats_enabled: Some(true),
+            ..Health::default()
+        };
+        health.outcomes[WalkOutcome::Complete as usize] = 6;
+        health.counters[Event::Samples as usize] = 6;
+        let now = Instant::now();
+        m.update(now, &health);
+        let text = m.render();
+        for line in [
+            "sframe_stack_samples_total{comm=\"prog\",pid=\"7\",stack=\"main;work\"} 5",
+            "sframe_stack_samples_total{comm=\"prog\",pid=\"7\",stack=\"[other]\"} 1",
+            "sframe_walk_outcomes_total{outcome=\"complete\"} 6",
+            "sframe_walk_outcomes_total{outcome=\"no_rule\"} 0",
+            "sframe_events_total{event=\"samples\"} 6",
+            "sframe_stack_frames_count 6",
+            "sframe_objects_loaded 3",
+            "sframe_table_rows 1000",
+            "sframe_table_bytes 4096",
+            "sframe_bpf_run_time_seconds_total 2.0",
+            "sframe_bpf_runs_total 10",
+            "sframe_bpf_stats_enabled 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
+        }
+        assert!(text.contains("sframe_process_cpu_seconds_total "), "{text}");
+        assert!(
+            text.contains("sframe_process_resident_memory_bytes "),
+            "{text}"
+        );
+        assert!(text.ends_with("# EOF\n"), "{text}");
+        // Counters follow absolute values.
+        health.outcomes[WalkOutcome::Complete as usize] = 9;
+        m.exited(7, now);
+        m.update(now + GRACE, &health);
+        let text = m.render();
+        assert!(text.contains("sframe_walk_outcomes_total{outcome=\"complete\"} 9"));
+        assert!(!text.contains("sframe_stack_samples_total{"), "{text}");
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        let mut m = Metrics::new(5, WINDOW, GRACE);
+        m.record(1, "a\"b", "x\\y;\"z\"", 1, 1);
+        m.update(Instant::now(), &Health::default());
+        let text = m.render();
+        assert!(
+            text.contains(
+                r#"sframe_stack_samples_total{comm="a\"b",pid="1",stack="x\\y;\"z\""} 1"#
+            ),
+            "{text}"
+        );
+    }
+}

@@ -1,0 +1,83 @@
+//! The `top` report: totals per walk outcome and the hottest stacks.
+
+use std::fmt::Write as _;
+
+use sframe_common::{Counter, WalkOutcome};
+
+use super::{ProcessProfile, Profile, Stack};
+
+/// The report: samples, outcomes, frame sources, then the `n` hottest stacks of all
+/// processes, innermost frame first.
+pub fn top(profile: &Profile, n: usize) -> String {
+    let total = profile.total_samples();
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{total} samples in {:.1} s ({} in kernel mode)",
+        profile.duration.as_secs_f64(),
+        profile.counters[Counter::SamplesInKernel as usize]
+    );
+    let _ = writeln!(out, "\nwalk outcomes:");
+    for o in WalkOutcome::ALL {
+        let count = profile.outcomes[o as usize];
+        if count > 0 {
+            let pct = 100.0 * count as f64 / total.max(1) as f64;
+            let _ = writeln!(out, "  {:<22} {count:>8}  {pct:5.1}%", o.name());
+        }
+    }
+    let _ = writeln!(
+        out,
+        "frames: {} from tables, {} from frame pointers",
+        profile.counters[Counter::FramesFromTable as usize],
+        profile.counters[Counter::FramesFromFramePointer as usize]
+    );
+    let mut stacks: Vec<(&ProcessProfile, &Stack, Vec<String>)> = profile
+        .processes
+        .iter()
+        .flat_map(|p| p.stacks.iter().map(move |s| (p, s, s.names())))
+        .collect();
+    stacks.sort_by(|a, b| b.1.count.cmp(&a.1.count).then_with(|| a.2.cmp(&b.2)));
+    for (i, (p, s, names)) in stacks.iter().take(n).enumerate() {
+        let pct = 100.0 * s.count as f64 / total.max(1) as f64;
+        let _ = writeln!(
+            out,
+            "\n#{} {} samples ({pct:.1}%) {} pid {} [{}]",
+            i + 1,
+            s.count,
+            p.comm,
+            p.pid,
+            s.outcome.name()
+        );
+        for f in names.iter().rev() {
+            let _ = writeln!(out, "    {f}");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::export::tests::sample_profile;
+
+    #[test]
+    fn hottest_first_innermost_first() {
+        let mut p = sample_profile();
+        p.outcomes[WalkOutcome::Complete as usize] = 10;
+        let text = top(&p, 1);
+        assert!(
+            text.starts_with("11 samples in 2.5 s (0 in kernel mode)\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("  complete                     10   90.9%\n"),
+            "{text}"
+        );
+        assert!(
+            text.ends_with(
+                "#1 7 samples (63.6%) my prog pid 42 [complete]\n    leaf;fn\n    helper\n    main\n    _start\n"
+            ),
+            "{text}"
+        );
+    }
+}
