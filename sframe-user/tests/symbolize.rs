@@ -429,3 +429,33 @@ fn rust_names_are_demangled_without_hash() {
         );
     }
 }
+
+#[test]
+fn plt_stubs_are_named_plt_not_the_preceding_symbol() {
+    use object::ObjectSection as _;
+    let exe = compile_c(
+        "symplt",
+        "#include <unistd.h>\nint main(void) { volatile long s = 0; for (;;) s += getppid(); }\n",
+        &["-O2"],
+    );
+    let data = std::fs::read(&exe).unwrap();
+    let file = object::File::parse(&*data).unwrap();
+    let plt = file.section_by_name(".plt").expect(".plt");
+    let (plt_off, plt_size) = plt.file_range().expect(".plt file range");
+    let child = KillOnDrop::spawn(&mut std::process::Command::new(&exe));
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let maps = sframe_user::procfs::read_maps(child.pid()).unwrap();
+    let exe_path = std::fs::canonicalize(&exe).unwrap();
+    let first = maps
+        .iter()
+        .find(|m| std::path::Path::new(&m.path) == exe_path && m.offset == 0)
+        .expect("first mapping of the executable");
+    let base = first.start;
+    let mut sym = sframe_user::symbolize::Symbolizer::new();
+    let frames = sym.symbolize_user(child.pid(), &maps, &[base + plt_off + plt_size - 1]);
+    assert_eq!(
+        frames[0].name.as_deref(),
+        Some(sframe_user::symbolize::PLT_NAME)
+    );
+    assert_eq!(frames[0].file_offset, plt_off + plt_size - 1);
+}

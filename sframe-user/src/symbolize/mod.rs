@@ -44,6 +44,9 @@ pub const KERNEL_OBJECT: &str = "[kernel.kallsyms]";
 pub const UNKNOWN_OBJECT: &str = "[unknown]";
 const VDSO: &str = "[vdso]";
 
+/// The name of a frame in a PLT stub (stubs have no symbols of their own).
+pub const PLT_NAME: &str = "[plt]";
+
 /// Work counters, for tests and the profiler's own health metrics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SymbolizerStats {
@@ -320,13 +323,19 @@ impl Symbolizer {
                 .symbolize(&src, Input::FileOffset(offsets))
                 .context(obj.display_path.clone())
         });
-        batch_to_frames(
+        let (mut frames, cacheable) = batch_to_frames(
             results,
             offsets,
             &obj.basename,
             obj.build_id.as_deref(),
             |o| o,
-        )
+        );
+        for f in frames.iter_mut().filter(|f| obj.in_plt(f.file_offset)) {
+            f.name = Some(PLT_NAME.to_owned());
+            f.location = None;
+            f.inlined.clear();
+        }
+        (frames, cacheable)
     }
 
     /// vDSO addresses: blazesym reads the image from the process's memory once.

@@ -45,6 +45,33 @@ pub(super) struct OpenedObject {
     pub(super) basename: String,
     /// GNU build-id, lowercase hex.
     pub(super) build_id: Option<String>,
+    /// File-offset ranges of the PLT sections (`.plt`, `.plt.sec`, `.plt.got`): their
+    /// stubs have no symbols, and the nearest preceding symbol (often `_init`, of size 0)
+    /// would be a wrong name.
+    pub(super) plt_ranges: Vec<(u64, u64)>,
+}
+
+impl OpenedObject {
+    /// True when `offset` lies in a PLT section.
+    pub(super) fn in_plt(&self, offset: u64) -> bool {
+        self.plt_ranges
+            .iter()
+            .any(|&(s, e)| s <= offset && offset < e)
+    }
+}
+
+/// PLT section file ranges, read through a cache (only the headers are read).
+fn plt_ranges(file: &File) -> Vec<(u64, u64)> {
+    use object::{Object as _, ObjectSection as _};
+    let cache = object::ReadCache::new(file);
+    let Ok(elf) = object::File::parse(&cache) else {
+        return Vec::new();
+    };
+    elf.sections()
+        .filter(|s| matches!(s.name(), Ok(".plt" | ".plt.sec" | ".plt.got")))
+        .filter_map(|s| s.file_range())
+        .filter_map(|(off, size)| Some((off, off.checked_add(size)?)))
+        .collect()
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -120,12 +147,14 @@ impl OpenedObject {
                         s
                     })
             });
+        let plt_ranges = plt_ranges(&file);
         Self {
             _file: file,
             blaze_path,
             display_path: m.path.clone(),
             basename: object_basename(&m.path),
             build_id,
+            plt_ranges,
         }
     }
 }
