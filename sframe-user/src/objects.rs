@@ -42,8 +42,8 @@ pub struct ObjectInfo {
     pub source: Option<Source>,
     /// Why the object has no kernel table.
     pub error: Option<String>,
-    /// `(file offset, virtual address)` of each PT_LOAD segment.
-    segments: Vec<(u64, u64, u64)>,
+    /// The PT_LOAD segments.
+    segments: Vec<Segment>,
     pub table_rows: usize,
     pub unencodable_rows: u64,
 }
@@ -51,20 +51,40 @@ pub struct ObjectInfo {
 impl ObjectInfo {
     /// `pc - bias = object virtual address` for a mapping of this object.
     fn bias(&self, m: &Mapping) -> Option<u64> {
-        // Segments are mapped from their page-aligned file offset.
+        // Segments are mapped from their page-aligned file offset. Two segments can share
+        // a file page (the end of the read-only one and the start of the text, e.g. in
+        // binaries linked by lld): executable mappings belong to executable segments.
         const PAGE: u64 = 4096;
-        self.segments.iter().find_map(|&(offset, vaddr, size)| {
-            let aligned = offset & !(PAGE - 1);
-            let slack = offset - aligned;
-            let end = offset.checked_add(size.max(1))?;
-            if !(aligned <= m.offset && m.offset < end) {
-                return None;
-            }
-            // Object vaddr of the mapping's first byte.
-            let start_vaddr = vaddr.checked_sub(slack)?.checked_add(m.offset - aligned)?;
-            Some(m.start.wrapping_sub(start_vaddr))
-        })
+        let executable = self.segments.iter().filter(|s| s.executable);
+        let others = self.segments.iter().filter(|s| !s.executable);
+        executable.chain(others).find_map(
+            |&Segment {
+                 offset,
+                 vaddr,
+                 size,
+                 ..
+             }| {
+                let aligned = offset & !(PAGE - 1);
+                let slack = offset - aligned;
+                let end = offset.checked_add(size.max(1))?;
+                if !(aligned <= m.offset && m.offset < end) {
+                    return None;
+                }
+                // Object vaddr of the mapping's first byte.
+                let start_vaddr = vaddr.checked_sub(slack)?.checked_add(m.offset - aligned)?;
+                Some(m.start.wrapping_sub(start_vaddr))
+            },
+        )
     }
+}
+
+/// A PT_LOAD segment: file offset, virtual address, file size, executable.
+#[derive(Clone, Copy, Debug)]
+struct Segment {
+    offset: u64,
+    vaddr: u64,
+    size: u64,
+    executable: bool,
 }
 
 /// Per-process results.
@@ -207,7 +227,11 @@ impl ObjectStore {
         }
         let info = self.objects.get(&key)?;
         // The vDSO image is mapped from its start: file offset 0 is at m.start.
-        let vaddr0 = info.segments.iter().find(|s| s.0 == 0).map(|s| s.1)?;
+        let vaddr0 = info
+            .segments
+            .iter()
+            .find(|s| s.offset == 0)
+            .map(|s| s.vaddr)?;
         Some((info.placement?.object, m.start.wrapping_sub(vaddr0)))
     }
 
@@ -249,14 +273,101 @@ fn build_id(data: &[u8]) -> Option<Vec<u8>> {
     file.build_id().ok().flatten().map(|b| b.to_vec())
 }
 
-fn segments(data: &[u8]) -> Vec<(u64, u64, u64)> {
+fn segments(data: &[u8]) -> Vec<Segment> {
     let Ok(file) = object::File::parse(data) else {
         return Vec::new();
     };
     file.segments()
         .map(|s| {
-            let (off, size) = s.file_range();
-            (off, s.address(), size)
+            let (offset, size) = s.file_range();
+            let executable = matches!(
+                s.flags(),
+                object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0
+            );
+            Segment {
+                offset,
+                vaddr: s.address(),
+                size,
+                executable,
+            }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(segments: Vec<Segment>) -> ObjectInfo {
+        ObjectInfo {
+            path: "x".into(),
+            placement: None,
+            source: None,
+            error: None,
+            segments,
+            table_rows: 0,
+            unencodable_rows: 0,
+        }
+    }
+
+    fn mapping(start: u64, offset: u64) -> Mapping {
+        Mapping {
+            start,
+            end: start + 0x1000,
+            readable: true,
+            writable: false,
+            executable: true,
+            offset,
+            dev_major: 0,
+            dev_minor: 0,
+            inode: 1,
+            path: "/x".into(),
+        }
+    }
+
+    #[test]
+    fn bias_of_text_sharing_a_file_page_with_the_read_only_segment() {
+        // The layout of a Rust binary linked here: the read-only segment ends at 0x12a28
+        // and the text starts at file offset 0x12a30, vaddr 0x13a30, in the same page.
+        let o = info(vec![
+            Segment {
+                offset: 0,
+                vaddr: 0,
+                size: 0x12a28,
+                executable: false,
+            },
+            Segment {
+                offset: 0x12a30,
+                vaddr: 0x13a30,
+                size: 0x3dd70,
+                executable: true,
+            },
+        ]);
+        let start = 0x55b4_6ae2_a000;
+        assert_eq!(o.bias(&mapping(start, 0x12000)), Some(start - 0x13000));
+    }
+
+    #[test]
+    fn bias_of_a_plain_pie_text_segment() {
+        let o = info(vec![
+            Segment {
+                offset: 0,
+                vaddr: 0,
+                size: 0x5e0,
+                executable: false,
+            },
+            Segment {
+                offset: 0x1000,
+                vaddr: 0x1000,
+                size: 0x2e1,
+                executable: true,
+            },
+        ]);
+        assert_eq!(
+            o.bias(&mapping(0x5555_0000_1000, 0x1000)),
+            Some(0x5555_0000_0000)
+        );
+        // Unrelated offsets have no bias.
+        assert_eq!(o.bias(&mapping(0x5555_0000_1000, 0x9000)), None);
+    }
 }

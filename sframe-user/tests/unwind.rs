@@ -254,3 +254,52 @@ fn reloads_tables_when_a_target_execs() {
         "{complete} of {total} complete after exec"
     );
 }
+
+#[test]
+fn unwinds_a_rust_program() {
+    if !bpf_or_skip("unwinds_a_rust_program") {
+        return;
+    }
+    // rustc's binaries put the text in the same file page as the read-only data: the load
+    // bias must come from the executable segment.
+    let dir = support::fixture_dir("rustchain");
+    let src = dir.join("rustchain.rs");
+    std::fs::write(
+        &src,
+        "#[inline(never)] fn leaf(n: u64) -> u64 { let mut s = n; while std::hint::black_box(s != 0 || n == 0) { s = std::hint::black_box(s.wrapping_mul(3) | 1); } s }\n\
+         #[inline(never)] fn middle(n: u64) -> u64 { leaf(n) + 1 }\n\
+         #[inline(never)] fn outer(n: u64) -> u64 { middle(n) + 2 }\n\
+         fn main() { std::process::exit(outer(std::env::args().count() as u64) as i32); }\n",
+    )
+    .unwrap();
+    let exe = dir.join("rustchain");
+    let status = Command::new("rustc")
+        .args(["-O", "-C", "force-frame-pointers=no", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .status()
+        .expect("run rustc");
+    assert!(status.success(), "rustc failed");
+    let child = KillOnDrop::spawn(&mut Command::new(&exe));
+    thread::sleep(Duration::from_millis(200));
+    let (stacks, outcomes) = profile(child.pid(), 2.0);
+    eprintln!("outcomes: {outcomes:?}");
+    let total: u64 = stacks.iter().map(|s| s.1).sum();
+    let good: u64 = stacks
+        .iter()
+        .filter(|(names, _, outcome)| {
+            *outcome == WalkOutcome::Complete
+                && names.first().map(String::as_str) == Some("_start")
+                && names.ends_with(
+                    &["rustchain::outer", "rustchain::middle", "rustchain::leaf"].map(String::from),
+                )
+        })
+        .map(|s| s.1)
+        .sum();
+    assert!(total >= 200, "too few samples: {total}");
+    assert!(
+        good * 100 >= total * 99,
+        "{good} of {total} complete through rustchain::outer;middle;leaf: {:#?}",
+        stacks.iter().take(5).collect::<Vec<_>>()
+    );
+}
