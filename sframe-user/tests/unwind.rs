@@ -303,3 +303,55 @@ fn unwinds_a_rust_program() {
         stacks.iter().take(5).collect::<Vec<_>>()
     );
 }
+
+#[test]
+fn unwinds_through_the_vdso() {
+    if !bpf_or_skip("unwinds_through_the_vdso") {
+        return;
+    }
+    // The leaf calls clock_gettime in a loop: many samples are inside the vDSO, whose
+    // rows come from its .eh_frame read out of the process's memory.
+    let source = chain_source(3).replace(
+        "__attribute__((noinline)) void leaf(void) { for (;;) sink++; }",
+        "#include <time.h>\n__attribute__((noinline)) void leaf(void) { struct timespec ts; \
+         for (;;) { clock_gettime(CLOCK_MONOTONIC, &ts); sink += ts.tv_nsec; } }",
+    );
+    let exe = compile_c("vdso_loop", &source, &["-O2", "-fomit-frame-pointer"]);
+    let child = KillOnDrop::spawn(&mut Command::new(&exe));
+    thread::sleep(Duration::from_millis(200));
+    let maps = procfs::read_maps(child.pid()).expect("maps");
+    let vdso = maps
+        .iter()
+        .find(|m| m.path == "[vdso]")
+        .expect("the process has a vDSO")
+        .clone();
+    let mut profiler = Profiler::start(499).expect("load and attach");
+    profiler.add_target(child.pid()).expect("tables");
+    thread::sleep(Duration::from_secs(2));
+    let snap = profiler.collect();
+    let (mut total, mut in_vdso, mut in_vdso_complete) = (0, 0, 0);
+    for c in &snap.counts {
+        total += c.count;
+        let frames = profiler.stack(c.key.user_stack).unwrap_or(&[]);
+        if frames
+            .first()
+            .is_some_and(|&pc| vdso.start <= pc && pc < vdso.end)
+        {
+            in_vdso += c.count;
+            // vdso frame(s), then leaf, f2, f1, f0, main, libc start frames, _start.
+            if c.key.outcome == WalkOutcome::Complete as u32 && frames.len() >= 9 {
+                in_vdso_complete += c.count;
+            }
+        }
+    }
+    assert!(total >= 200, "only {total} samples");
+    assert!(
+        in_vdso * 10 >= total,
+        "only {in_vdso} of {total} samples in the vDSO"
+    );
+    assert!(
+        in_vdso_complete * 100 >= in_vdso * 99,
+        "{in_vdso_complete} of {in_vdso} vDSO samples unwound completely: {:?}",
+        snap.outcomes
+    );
+}
