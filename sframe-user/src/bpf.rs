@@ -76,6 +76,49 @@ pub fn tracepoint_field_offset(format: &str, name: &str) -> Option<u32> {
     })
 }
 
+/// The perf-event program `name` of `ebpf`.
+pub fn perf_event<'a>(
+    ebpf: &'a mut Ebpf,
+    name: &'static str,
+) -> Result<&'a mut aya::programs::PerfEvent, LoadError> {
+    ebpf.program_mut(name)
+        .ok_or(LoadError::MissingProgram { name })?
+        .try_into()
+        .map_err(|source| LoadError::Program { name, source })
+}
+
+/// Loads the perf-event program `name` into the kernel (the verifier runs here).
+pub fn load_perf_event(ebpf: &mut Ebpf, name: &'static str) -> Result<(), LoadError> {
+    perf_event(ebpf, name)?
+        .load()
+        .map_err(|source| LoadError::Program { name, source })
+}
+
+/// Takes map `name` out of `ebpf` as a typed map.
+pub fn take_map<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+) -> Result<T, LoadError> {
+    let map = ebpf.take_map(name).ok_or(LoadError::MissingMap { name })?;
+    T::try_from(map).map_err(|source| LoadError::Map { name, source })
+}
+
+/// Loads and attaches the tracepoint program `name` to `category:event`.
+pub fn attach_tracepoint(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+    category: &str,
+    event: &str,
+) -> Result<(), aya::programs::ProgramError> {
+    let program: &mut aya::programs::TracePoint = ebpf
+        .program_mut(name)
+        .ok_or(aya::programs::ProgramError::NotLoaded)?
+        .try_into()?;
+    program.load()?;
+    program.attach(category, event)?;
+    Ok(())
+}
+
 /// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; raise it so they load there too.
 fn raise_memlock_limit() {
     let rlim = libc::rlimit {

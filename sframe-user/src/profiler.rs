@@ -6,10 +6,7 @@ use std::collections::{HashMap as StdHashMap, HashSet};
 use aya::{
     Ebpf,
     maps::{HashMap, MapData, PerCpuArray, RingBuf, StackTraceMap},
-    programs::{
-        PerfEvent, TracePoint,
-        perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
-    },
+    programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
 };
 use sframe_common::{
     Counter, WalkOutcome,
@@ -72,13 +69,7 @@ pub struct Profiler {
     stacks: StdHashMap<u64, Vec<u64>>,
 }
 
-fn take<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(
-    ebpf: &mut Ebpf,
-    name: &'static str,
-) -> Result<T, LoadError> {
-    let map = ebpf.take_map(name).ok_or(LoadError::MissingMap { name })?;
-    T::try_from(map).map_err(|source| LoadError::Map { name, source })
-}
+use crate::bpf::take_map as take;
 
 impl Profiler {
     /// Loads the object and the `profile` program, and attaches cpu-clock sampling at
@@ -86,18 +77,7 @@ impl Profiler {
     pub fn start(frequency: u64) -> Result<Self, LoadError> {
         let mut ebpf = bpf::load()?;
         bpf::spawn_logger(&mut ebpf);
-        let program: &mut PerfEvent = ebpf
-            .program_mut(PROGRAM)
-            .ok_or(LoadError::MissingProgram { name: PROGRAM })?
-            .try_into()
-            .map_err(|source| LoadError::Program {
-                name: PROGRAM,
-                source,
-            })?;
-        program.load().map_err(|source| LoadError::Program {
-            name: PROGRAM,
-            source,
-        })?;
+        bpf::load_perf_event(&mut ebpf, PROGRAM)?;
         let tables = KernelTables::new(&mut ebpf)?;
         let mut profiler = Self {
             store: ObjectStore::new(tables),
@@ -126,29 +106,13 @@ impl Profiler {
             log::warn!("sched_process_fork format unavailable: child processes are not followed");
             return;
         }
-        let result = (|| -> Result<(), aya::programs::ProgramError> {
-            let program: &mut TracePoint = self
-                .ebpf
-                .program_mut("on_fork")
-                .ok_or(aya::programs::ProgramError::NotLoaded)?
-                .try_into()?;
-            program.load()?;
-            program.attach("sched", "sched_process_fork")?;
-            Ok(())
-        })();
-        if let Err(err) = result {
+        if let Err(err) =
+            bpf::attach_tracepoint(&mut self.ebpf, "on_fork", "sched", "sched_process_fork")
+        {
             log::warn!("child processes are not followed: {err}");
         }
-        let result = (|| -> Result<(), aya::programs::ProgramError> {
-            let program: &mut TracePoint = self
-                .ebpf
-                .program_mut("on_exec")
-                .ok_or(aya::programs::ProgramError::NotLoaded)?
-                .try_into()?;
-            program.load()?;
-            program.attach("sched", "sched_process_exec")?;
-            Ok(())
-        })();
+        let result =
+            bpf::attach_tracepoint(&mut self.ebpf, "on_exec", "sched", "sched_process_exec");
         match result {
             Ok(()) => self.exec_events = take(&mut self.ebpf, "EXEC_EVENTS").ok(),
             Err(err) => log::warn!("exec is not tracked (tables refresh every second): {err}"),
@@ -196,15 +160,7 @@ impl Profiler {
     }
 
     fn attach(&mut self, frequency: u64) -> Result<(), LoadError> {
-        let program: &mut PerfEvent = self
-            .ebpf
-            .program_mut(PROGRAM)
-            .ok_or(LoadError::MissingProgram { name: PROGRAM })?
-            .try_into()
-            .map_err(|source| LoadError::Program {
-                name: PROGRAM,
-                source,
-            })?;
+        let program = bpf::perf_event(&mut self.ebpf, PROGRAM)?;
         let cpus = aya::util::online_cpus().map_err(|(_, err)| LoadError::Attach {
             what: "reading online CPUs".into(),
             source: aya::programs::ProgramError::IOError(err),

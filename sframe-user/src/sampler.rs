@@ -7,10 +7,7 @@
 use aya::{
     Ebpf,
     maps::{HashMap, MapData, RingBuf},
-    programs::{
-        PerfEvent,
-        perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
-    },
+    programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
 };
 use sframe_common::RawSample;
 
@@ -38,25 +35,8 @@ impl RawSampler {
     pub fn load() -> Result<Self, LoadError> {
         let mut ebpf = bpf::load()?;
         bpf::spawn_logger(&mut ebpf);
-        let program: &mut PerfEvent = ebpf
-            .program_mut(PROGRAM)
-            .ok_or(LoadError::MissingProgram { name: PROGRAM })?
-            .try_into()
-            .map_err(|source| LoadError::Program {
-                name: PROGRAM,
-                source,
-            })?;
-        program.load().map_err(|source| LoadError::Program {
-            name: PROGRAM,
-            source,
-        })?;
-        let ring = ebpf.take_map("RAW_SAMPLES").ok_or(LoadError::MissingMap {
-            name: "RAW_SAMPLES",
-        })?;
-        let ring = RingBuf::try_from(ring).map_err(|source| LoadError::Map {
-            name: "RAW_SAMPLES",
-            source,
-        })?;
+        bpf::load_perf_event(&mut ebpf, PROGRAM)?;
+        let ring = bpf::take_map(&mut ebpf, "RAW_SAMPLES")?;
         Ok(Self { ebpf, ring })
     }
 
@@ -81,15 +61,7 @@ impl RawSampler {
 
     /// Attaches cpu-clock sampling at `frequency` Hz.
     pub fn attach(&mut self, scope: Scope, frequency: u64) -> Result<(), LoadError> {
-        let program: &mut PerfEvent = self
-            .ebpf
-            .program_mut(PROGRAM)
-            .ok_or(LoadError::MissingProgram { name: PROGRAM })?
-            .try_into()
-            .map_err(|source| LoadError::Program {
-                name: PROGRAM,
-                source,
-            })?;
+        let program = bpf::perf_event(&mut self.ebpf, PROGRAM)?;
         let config = PerfEventConfig::Software(SoftwareEvent::CpuClock);
         let policy = SamplePolicy::Frequency(frequency);
         match scope {
