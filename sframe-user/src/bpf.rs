@@ -103,6 +103,35 @@ pub fn take_map<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(
     T::try_from(map).map_err(|source| LoadError::Map { name, source })
 }
 
+/// Attaches perf-event program `name` to a software cpu-clock event sampling every task
+/// of every online CPU at `frequency` Hz (the program filters targets itself).
+pub fn attach_cpu_clock_all_cpus(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+    frequency: u64,
+) -> Result<(), LoadError> {
+    use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
+    let program = perf_event(ebpf, name)?;
+    let cpus = aya::util::online_cpus().map_err(|(_, err)| LoadError::Attach {
+        what: "reading online CPUs".into(),
+        source: aya::programs::ProgramError::IOError(err),
+    })?;
+    for cpu in cpus {
+        program
+            .attach(
+                PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                PerfEventScope::AllProcessesOneCpu { cpu },
+                SamplePolicy::Frequency(frequency),
+                false,
+            )
+            .map_err(|source| LoadError::Attach {
+                what: format!("cpu-clock on cpu {cpu}"),
+                source,
+            })?;
+    }
+    Ok(())
+}
+
 /// Loads and attaches the tracepoint program `name` to `category:event`.
 pub fn attach_tracepoint(
     ebpf: &mut Ebpf,

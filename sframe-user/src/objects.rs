@@ -93,6 +93,8 @@ pub struct ProcessReport {
     pub executable_mappings: usize,
     pub with_table: usize,
     pub dropped_mappings: usize,
+    /// The mappings read (all of them, for symbolization), so callers need not re-read.
+    pub maps: Vec<Mapping>,
 }
 
 /// Objects loaded so far, and the kernel tables they live in.
@@ -145,6 +147,7 @@ impl ObjectStore {
             Ok(dropped) => report.dropped_mappings = dropped,
             Err(err) => log::warn!("pid {pid}: {err}"),
         }
+        report.maps = maps;
         Ok(report)
     }
 

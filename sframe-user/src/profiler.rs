@@ -6,7 +6,6 @@ use std::collections::{HashMap as StdHashMap, HashSet};
 use aya::{
     Ebpf,
     maps::{HashMap, MapData, PerCpuArray, RingBuf, StackTraceMap},
-    programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
 };
 use sframe_common::{
     Counter, WalkOutcome,
@@ -160,25 +159,7 @@ impl Profiler {
     }
 
     fn attach(&mut self, frequency: u64) -> Result<(), LoadError> {
-        let program = bpf::perf_event(&mut self.ebpf, PROGRAM)?;
-        let cpus = aya::util::online_cpus().map_err(|(_, err)| LoadError::Attach {
-            what: "reading online CPUs".into(),
-            source: aya::programs::ProgramError::IOError(err),
-        })?;
-        for cpu in cpus {
-            program
-                .attach(
-                    PerfEventConfig::Software(SoftwareEvent::CpuClock),
-                    PerfEventScope::AllProcessesOneCpu { cpu },
-                    SamplePolicy::Frequency(frequency),
-                    false,
-                )
-                .map_err(|source| LoadError::Attach {
-                    what: format!("cpu-clock on cpu {cpu}"),
-                    source,
-                })?;
-        }
-        Ok(())
+        bpf::attach_cpu_clock_all_cpus(&mut self.ebpf, PROGRAM, frequency)
     }
 
     /// Loads the tables of `pid`'s objects, then starts sampling it.

@@ -61,16 +61,13 @@ impl RawSampler {
 
     /// Attaches cpu-clock sampling at `frequency` Hz.
     pub fn attach(&mut self, scope: Scope, frequency: u64) -> Result<(), LoadError> {
-        let program = bpf::perf_event(&mut self.ebpf, PROGRAM)?;
-        let config = PerfEventConfig::Software(SoftwareEvent::CpuClock);
-        let policy = SamplePolicy::Frequency(frequency);
         match scope {
             Scope::Process { pid } => {
-                program
+                bpf::perf_event(&mut self.ebpf, PROGRAM)?
                     .attach(
-                        config,
+                        PerfEventConfig::Software(SoftwareEvent::CpuClock),
                         PerfEventScope::OneProcess { pid, cpu: None },
-                        policy,
+                        SamplePolicy::Frequency(frequency),
                         true,
                     )
                     .map_err(|source| LoadError::Attach {
@@ -78,25 +75,7 @@ impl RawSampler {
                         source,
                     })?;
             }
-            Scope::AllCpus => {
-                let cpus = aya::util::online_cpus().map_err(|(_, err)| LoadError::Attach {
-                    what: "reading online CPUs".into(),
-                    source: aya::programs::ProgramError::IOError(err),
-                })?;
-                for cpu in cpus {
-                    program
-                        .attach(
-                            config,
-                            PerfEventScope::AllProcessesOneCpu { cpu },
-                            policy,
-                            false,
-                        )
-                        .map_err(|source| LoadError::Attach {
-                            what: format!("cpu-clock on cpu {cpu}"),
-                            source,
-                        })?;
-                }
-            }
+            Scope::AllCpus => bpf::attach_cpu_clock_all_cpus(&mut self.ebpf, PROGRAM, frequency)?,
         }
         Ok(())
     }

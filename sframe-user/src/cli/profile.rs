@@ -164,7 +164,7 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
                 let maps = profiler
                     .refresh(t.info.pid)
                     .ok()
-                    .and_then(|_| procfs::read_maps(t.info.pid).ok())
+                    .map(|report| report.maps)
                     .filter(|m| !m.is_empty());
                 match maps {
                     Some(m) => t.info.maps = m,

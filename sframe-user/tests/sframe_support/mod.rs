@@ -23,7 +23,7 @@ pub fn load_vectors() -> Option<Vec<Vector>> {
     let entries = match std::fs::read_dir(&dir) {
         Ok(e) => e,
         Err(e) => {
-            if std::env::var_os("CI").is_some() {
+            if sframe_user::privileges::in_ci() {
                 panic!(
                     "SFrame vectors missing at {}: {e} (CI is set)",
                     dir.display()
@@ -178,7 +178,7 @@ pub fn have_tool(tool: &str) -> bool {
         .output()
         .is_ok_and(|o| o.status.success());
     if !ok {
-        if std::env::var_os("CI").is_some() {
+        if sframe_user::privileges::in_ci() {
             panic!("{tool} not available (CI is set)");
         }
         eprintln!("skipping: {tool} not available");
