@@ -9,6 +9,7 @@
 #![no_std]
 
 pub mod budget;
+pub mod event;
 pub mod layout;
 pub mod outcome;
 pub mod rule;

@@ -99,12 +99,15 @@ pub enum Counter {
     CountMapFull = 5,
     /// `bpf_get_stackid` failed for the kernel stack.
     KernelStackFailed = 6,
-    /// Samples of non-target tasks that the program ignored.
+    /// Samples of non-target tasks (and of kernel threads in whole-system or cgroup
+    /// mode) that the program ignored.
     Ignored = 7,
+    /// Lifecycle events lost because the `EVENTS` ring buffer was full.
+    EventsLost = 8,
 }
 
 impl Counter {
-    pub const COUNT: usize = 8;
+    pub const COUNT: usize = 9;
     pub const ALL: [Counter; Self::COUNT] = [
         Self::Samples,
         Self::SamplesInKernel,
@@ -114,6 +117,7 @@ impl Counter {
         Self::CountMapFull,
         Self::KernelStackFailed,
         Self::Ignored,
+        Self::EventsLost,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -126,6 +130,7 @@ impl Counter {
             Self::CountMapFull => "count_map_full",
             Self::KernelStackFailed => "kernel_stack_failed",
             Self::Ignored => "ignored",
+            Self::EventsLost => "events_lost",
         }
     }
 }

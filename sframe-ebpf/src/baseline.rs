@@ -1,6 +1,6 @@
 //! `fp_baseline`: the kernel's own frame-pointer walker (`bpf_get_stack` with
 //! `BPF_F_USER_STACK`), the baseline `cargo xtask bench` measures the unwinder against.
-//! It filters by `TARGET_TGIDS` like `profile`, so both pay the same entry cost, and
+//! It filters targets like `profile`, so both pay the same entry cost, and
 //! counts the frames it got so that the bench can report a cost per frame.
 
 use core::ffi::c_void;
@@ -14,7 +14,7 @@ use aya_ebpf::{
     programs::PerfEventContext,
 };
 
-use crate::TARGET_TGIDS;
+use crate::is_target;
 
 /// Frames `bpf_get_stack` may return: the kernel's default `perf_event_max_stack`.
 const BASELINE_FRAMES: usize = 127;
@@ -44,8 +44,7 @@ fn add(counter: &PerCpuArray<u64>, n: u64) {
 
 pub fn fp_baseline(ctx: &PerfEventContext) -> u32 {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    // SAFETY: map lookup of a plain integer key.
-    if unsafe { TARGET_TGIDS.get(tgid) }.is_none() {
+    if !is_target(tgid) {
         return 0;
     }
     let Some(buf) = FP_BASELINE_BUF.get_ptr_mut(0) else {

@@ -3,18 +3,20 @@
 #![no_main]
 
 mod baseline;
-mod fork;
+mod lifecycle;
 mod regs;
 mod unwind;
 
 use aya_ebpf::{
     bindings::pt_regs,
+    helpers::generated::bpf_get_current_ancestor_cgroup_id,
     helpers::{bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_probe_read_user},
     macros::{map, perf_event},
-    maps::{HashMap, RingBuf},
+    maps::{Array, HashMap, RingBuf},
     programs::PerfEventContext,
 };
 use aya_log_ebpf::warn;
+use sframe_common::event::{CgroupFilter, MAX_CGROUP_FILTERS, filter};
 use sframe_common::sample::{
     RawSample, SAMPLE_FLAG_FROM_KERNEL, SAMPLE_FLAG_NO_USER_REGS, SAMPLE_FLAG_STACK_WORD_OK,
 };
@@ -35,9 +37,68 @@ pub fn fp_baseline(ctx: PerfEventContext) -> u32 {
 }
 
 /// Thread-group ids to sample (value unused). The program runs for every sample of the
-/// perf events it is attached to; this map keeps only the targets.
+/// perf events it is attached to; this map, `FILTER_FLAGS` and `TARGET_CGROUPS` keep
+/// only the targets.
 #[map]
 pub(crate) static TARGET_TGIDS: HashMap<u32, u8> = HashMap::with_max_entries(4096, 0);
+
+/// `sframe_common::event::filter` bits, set by user space at load time.
+#[unsafe(no_mangle)]
+static FILTER_FLAGS: u32 = 0;
+/// The profiler's own process, never a target.
+#[unsafe(no_mangle)]
+static SELF_TGID: u32 = 0;
+/// Entries of `TARGET_CGROUPS` in use.
+#[unsafe(no_mangle)]
+static CGROUP_FILTER_COUNT: u32 = 0;
+
+/// Cgroups (v2) whose processes are targets (with `filter::CGROUPS`).
+#[map]
+static TARGET_CGROUPS: Array<CgroupFilter> = Array::with_max_entries(MAX_CGROUP_FILTERS, 0);
+
+#[inline(always)]
+pub(crate) fn filter_flags() -> u32 {
+    // SAFETY: a read of a global set at load time.
+    unsafe { core::ptr::read_volatile(&FILTER_FLAGS) }
+}
+
+/// Whether samples and events of process `tgid` (the current task's) concern the
+/// profiler: a listed pid, or every process, or a process in a target cgroup.
+#[inline(always)]
+pub(crate) fn is_target(tgid: u32) -> bool {
+    // SAFETY: map lookup of a plain integer key.
+    if unsafe { TARGET_TGIDS.get(tgid) }.is_some() {
+        return true;
+    }
+    let flags = filter_flags();
+    // SAFETY: a read of a global set at load time.
+    let self_tgid = unsafe { core::ptr::read_volatile(&SELF_TGID) };
+    if tgid == 0 || tgid == self_tgid {
+        return false;
+    }
+    if flags & filter::ALL != 0 {
+        return true;
+    }
+    if flags & filter::CGROUPS != 0 {
+        // SAFETY: as above.
+        let n = unsafe { core::ptr::read_volatile(&CGROUP_FILTER_COUNT) };
+        let mut i = 0;
+        while i < MAX_CGROUP_FILTERS {
+            if i >= n {
+                break;
+            }
+            if let Some(f) = TARGET_CGROUPS.get(i) {
+                // SAFETY: helper call; the level is a plain integer.
+                let id = unsafe { bpf_get_current_ancestor_cgroup_id(f.level as i32) };
+                if id == f.id {
+                    return true;
+                }
+            }
+            i += 1;
+        }
+    }
+    false
+}
 
 /// Raw samples for user space (the diagnostic path; counting happens in the kernel).
 #[map]

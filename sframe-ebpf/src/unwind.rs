@@ -25,7 +25,7 @@ use sframe_common::{
 };
 
 use crate::{
-    TARGET_TGIDS,
+    is_target, lifecycle,
     regs::{self, RegsSource},
 };
 
@@ -57,7 +57,7 @@ static OUTCOMES: PerCpuArray<u64> = PerCpuArray::with_max_entries(WalkOutcome::C
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Counter::COUNT as u32, 0);
 
 #[inline(always)]
-fn count(counter: Counter, n: u64) {
+pub(crate) fn count(counter: Counter, n: u64) {
     if let Some(p) = COUNTERS.get_ptr_mut(counter as u32) {
         // SAFETY: per-CPU slot; no concurrent writer on this CPU.
         unsafe { *p += n };
@@ -139,8 +139,15 @@ unsafe extern "C" fn walk_callback(_index: u32, ctx: *mut c_void) -> i64 {
 pub fn profile(ctx: &PerfEventContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
-    // SAFETY: map lookup of a plain integer key.
-    if unsafe { TARGET_TGIDS.get(tgid) }.is_none() {
+    if !is_target(tgid) {
+        count(Counter::Ignored, 1);
+        return 0;
+    }
+    // SAFETY: `regs` is the first member of bpf_perf_event_data.
+    let ctx_regs: *const pt_regs = unsafe { core::ptr::addr_of!((*ctx.ctx).regs) };
+    let user = unsafe { regs::user_regs(ctx_regs) };
+    if user.is_none() && crate::filter_flags() != 0 {
+        // Kernel threads in whole-system or cgroup mode: no user stack to walk.
         count(Counter::Ignored, 1);
         return 0;
     }
@@ -152,9 +159,6 @@ pub fn profile(ctx: &PerfEventContext) -> u32 {
         kernel_stack: -1,
         outcome: WalkOutcome::NoUserRegs as u32,
     };
-    // SAFETY: `regs` is the first member of bpf_perf_event_data.
-    let ctx_regs: *const pt_regs = unsafe { core::ptr::addr_of!((*ctx.ctx).regs) };
-    let user = unsafe { regs::user_regs(ctx_regs) };
     if let Some((_, RegsSource::Task)) = user {
         count(Counter::SamplesInKernel, 1);
     }
@@ -203,6 +207,14 @@ fn walk(tgid: u32, pt: &pt_regs, stack_key: &mut u64) -> u32 {
             st.hash = sframe_common::stack::mix(st.hash, st.regs.pc);
             st.outcome = WalkOutcome::UnknownProcess as u32;
         }
+    }
+    // Tables missing or stale (a new process, a library mapped since the last load):
+    // ask user space to load them. After a frame-pointer guess, an unknown PC is more
+    // likely garbage than a new mapping: no event then.
+    if st.outcome == WalkOutcome::UnknownProcess as u32
+        || (st.outcome == WalkOutcome::NoMapping as u32 && st.frames_from_fp == 0)
+    {
+        lifecycle::send_miss(tgid);
     }
     count(Counter::FramesFromTable, u64::from(st.frames_from_table));
     count(

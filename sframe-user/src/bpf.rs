@@ -32,6 +32,8 @@ pub enum LoadError {
         #[source]
         source: std::io::Error,
     },
+    #[error("target: {0}")]
+    Target(String),
     #[error("attaching {what}: {source}")]
     Attach {
         what: String,
@@ -40,23 +42,86 @@ pub enum LoadError {
     },
 }
 
-/// Loads the object into the kernel (maps are created; programs are loaded on demand).
-pub fn load() -> Result<Ebpf, LoadError> {
-    raise_memlock_limit();
-    let child_pid_offset = fork_child_pid_offset().unwrap_or(0);
-    Ok(EbpfLoader::new()
-        .override_global("FORK_CHILD_PID_OFFSET", &child_pid_offset, true)
-        .load(EBPF_OBJECT)?)
+/// What the kernel side is told at load time.
+#[derive(Clone, Debug, Default)]
+pub struct LoadConfig {
+    /// `sframe_common::event::filter` bits.
+    pub filter_flags: u32,
+    /// Row capacity of `ROWS` (default: `budget::MAX_ROWS`).
+    pub max_rows: Option<u32>,
+    /// Page-entry capacity of `PAGES` (default: `budget::MAX_PAGES`).
+    pub max_pages: Option<u32>,
+    /// Entries of `TARGET_CGROUPS` user space fills before attaching.
+    pub cgroup_filters: u32,
 }
 
-/// The offset of `child_pid` in `sched:sched_process_fork` records, from tracefs.
-pub fn fork_child_pid_offset() -> Option<u32> {
+/// Loads the object into the kernel (maps are created; programs are loaded on demand).
+pub fn load() -> Result<Ebpf, LoadError> {
+    load_with(&LoadConfig::default())
+}
+
+/// Loads the object with `config`: globals (filters, this process's tgid, tracepoint
+/// record offsets from tracefs) and map sizes.
+pub fn load_with(config: &LoadConfig) -> Result<Ebpf, LoadError> {
+    use sframe_common::layout::{PAGE_BLOCK, ROW_BLOCK};
+    raise_memlock_limit();
+    let offsets = TracepointOffsets::read();
+    let self_tgid = std::process::id();
+    let mut loader = EbpfLoader::new();
+    loader
+        .override_global("FILTER_FLAGS", &config.filter_flags, true)
+        .override_global("SELF_TGID", &self_tgid, true)
+        .override_global("CGROUP_FILTER_COUNT", &config.cgroup_filters, true)
+        .override_global("NEWTASK_PID_OFFSET", &offsets.newtask_pid, true)
+        .override_global("NEWTASK_FLAGS_OFFSET", &offsets.newtask_flags, true)
+        .override_global("EXIT_GROUP_DEAD_OFFSET", &offsets.exit_group_dead, true)
+        .override_global("MMAP_PROT_OFFSET", &offsets.mmap_prot, true)
+        .override_global("MMAP_FD_OFFSET", &offsets.mmap_fd, true)
+        .override_global("MMAP_RET_OFFSET", &offsets.mmap_ret, true);
+    if let Some(rows) = config.max_rows {
+        loader.map_max_entries("ROWS", rows.div_ceil(ROW_BLOCK as u32).max(1));
+    }
+    if let Some(pages) = config.max_pages {
+        loader.map_max_entries("PAGES", pages.div_ceil(PAGE_BLOCK as u32).max(1));
+    }
+    Ok(loader.load(EBPF_OBJECT)?)
+}
+
+/// Offsets of the tracepoint record fields the lifecycle programs read (0: unknown on
+/// this kernel, the program then does nothing).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TracepointOffsets {
+    pub newtask_pid: u32,
+    pub newtask_flags: u32,
+    pub exit_group_dead: u32,
+    pub mmap_prot: u32,
+    pub mmap_fd: u32,
+    pub mmap_ret: u32,
+}
+
+impl TracepointOffsets {
+    pub fn read() -> Self {
+        let field = |event: &str, name: &str| {
+            tracepoint_format(event)
+                .and_then(|f| tracepoint_field_offset(&f, name))
+                .unwrap_or(0)
+        };
+        Self {
+            newtask_pid: field("task/task_newtask", "pid"),
+            newtask_flags: field("task/task_newtask", "clone_flags"),
+            exit_group_dead: field("sched/sched_process_exit", "group_dead"),
+            mmap_prot: field("syscalls/sys_enter_mmap", "prot"),
+            mmap_fd: field("syscalls/sys_enter_mmap", "fd"),
+            mmap_ret: field("syscalls/sys_exit_mmap", "ret"),
+        }
+    }
+}
+
+/// The format file of tracepoint `category/event`, from tracefs.
+pub fn tracepoint_format(event: &str) -> Option<String> {
     ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
         .iter()
-        .find_map(|root| {
-            std::fs::read_to_string(format!("{root}/events/sched/sched_process_fork/format")).ok()
-        })
-        .and_then(|format| tracepoint_field_offset(&format, "child_pid"))
+        .find_map(|root| std::fs::read_to_string(format!("{root}/events/{event}/format")).ok())
 }
 
 /// Parses `field:TYPE NAME;\toffset:N;` lines of a tracepoint format file.
@@ -109,15 +174,16 @@ pub fn attach_cpu_clock_all_cpus(
     ebpf: &mut Ebpf,
     name: &'static str,
     frequency: u64,
-) -> Result<(), LoadError> {
+) -> Result<Vec<aya::programs::perf_event::PerfEventLinkId>, LoadError> {
     use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
     let program = perf_event(ebpf, name)?;
     let cpus = aya::util::online_cpus().map_err(|(_, err)| LoadError::Attach {
         what: "reading online CPUs".into(),
         source: aya::programs::ProgramError::IOError(err),
     })?;
+    let mut links = Vec::with_capacity(cpus.len());
     for cpu in cpus {
-        program
+        let link = program
             .attach(
                 PerfEventConfig::Software(SoftwareEvent::CpuClock),
                 PerfEventScope::AllProcessesOneCpu { cpu },
@@ -128,8 +194,9 @@ pub fn attach_cpu_clock_all_cpus(
                 what: format!("cpu-clock on cpu {cpu}"),
                 source,
             })?;
+        links.push(link);
     }
-    Ok(())
+    Ok(links)
 }
 
 /// Loads and attaches the tracepoint program `name` to `category:event`.

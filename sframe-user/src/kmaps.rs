@@ -112,6 +112,64 @@ pub struct Placement {
     pub rows: u32,
     pub pages: u32,
     pub kernel_bytes: u64,
+    /// First block and block count of its rows and of its page entries.
+    row_blocks: (u32, u32),
+    page_blocks: (u32, u32),
+}
+
+/// First-fit allocation of block ranges, with coalescing on free.
+#[derive(Debug)]
+struct RangeAlloc {
+    /// Free ranges: start → length (disjoint, never adjacent).
+    free: std::collections::BTreeMap<u32, u32>,
+    used: u32,
+}
+
+impl RangeAlloc {
+    fn new(capacity: u32) -> Self {
+        let mut free = std::collections::BTreeMap::new();
+        if capacity > 0 {
+            free.insert(0, capacity);
+        }
+        Self { free, used: 0 }
+    }
+
+    fn alloc(&mut self, n: u32) -> Option<u32> {
+        if n == 0 {
+            return Some(0);
+        }
+        let (&start, &len) = self.free.iter().find(|&(_, &len)| len >= n)?;
+        self.free.remove(&start);
+        if len > n {
+            self.free.insert(start + n, len - n);
+        }
+        self.used += n;
+        Some(start)
+    }
+
+    fn free(&mut self, start: u32, n: u32) {
+        if n == 0 {
+            return;
+        }
+        self.used -= n;
+        let (mut start, mut n) = (start, n);
+        if let Some((&prev, &plen)) = self.free.range(..start).next_back()
+            && prev + plen == start
+        {
+            self.free.remove(&prev);
+            start = prev;
+            n += plen;
+        }
+        if let Some(&next_len) = self.free.get(&(start + n)) {
+            self.free.remove(&(start + n));
+            n += next_len;
+        }
+        self.free.insert(start, n);
+    }
+
+    fn largest_free(&self) -> u32 {
+        self.free.values().copied().max().unwrap_or(0)
+    }
 }
 
 /// The unwind-table maps and their allocation state.
@@ -121,10 +179,16 @@ pub struct KernelTables {
     rules: Array<MapData, RuleEntry>,
     rows: MmapArray<RowBlock>,
     pages: MmapArray<PageBlock>,
+    /// Object ids never used yet start here; freed ids are reused from `free_objects`.
     next_object: u32,
+    free_objects: Vec<u32>,
     object_capacity: u32,
-    next_row: u64,
-    next_page: u64,
+    row_alloc: RangeAlloc,
+    page_alloc: RangeAlloc,
+    /// Rows and page entries of loaded objects (not rounded to blocks).
+    rows_in_use: u64,
+    pages_in_use: u64,
+    loaded_objects: u32,
     dict: RuleDict,
     uploaded_rules: usize,
 }
@@ -141,16 +205,22 @@ impl KernelTables {
     pub fn new(ebpf: &mut Ebpf) -> Result<Self, LoadError> {
         let objects: Array<MapData, ObjectEntry> = take(ebpf, "OBJECTS")?;
         let object_capacity = objects.len();
+        let rows: MmapArray<RowBlock> = MmapArray::new(ebpf, "ROWS")?;
+        let pages: MmapArray<PageBlock> = MmapArray::new(ebpf, "PAGES")?;
         Ok(Self {
             processes: take(ebpf, "PROCESSES")?,
             objects,
             rules: take(ebpf, "RULES")?,
-            rows: MmapArray::new(ebpf, "ROWS")?,
-            pages: MmapArray::new(ebpf, "PAGES")?,
+            row_alloc: RangeAlloc::new(rows.len as u32),
+            page_alloc: RangeAlloc::new(pages.len as u32),
+            rows,
+            pages,
             next_object: 0,
+            free_objects: Vec::new(),
             object_capacity,
-            next_row: 0,
-            next_page: 0,
+            rows_in_use: 0,
+            pages_in_use: 0,
+            loaded_objects: 0,
             dict: RuleDict::default(),
             uploaded_rules: 0,
         })
@@ -162,61 +232,93 @@ impl KernelTables {
 
     /// Rows in use, row capacity.
     pub fn row_usage(&self) -> (u64, u64) {
-        (self.next_row, (self.rows.len * ROW_BLOCK) as u64)
+        (self.rows_in_use, (self.rows.len * ROW_BLOCK) as u64)
+    }
+
+    /// Objects loaded now.
+    pub fn loaded_objects(&self) -> u32 {
+        self.loaded_objects
     }
 
     /// Bytes of kernel table memory in use: rows, pages, objects and rules.
     pub fn bytes_in_use(&self) -> u64 {
-        self.next_row * 4
-            + self.next_page * 4
-            + u64::from(self.next_object) * size_of::<ObjectEntry>() as u64
+        self.rows_in_use * 4
+            + self.pages_in_use * 4
+            + u64::from(self.loaded_objects) * size_of::<ObjectEntry>() as u64
             + self.dict.len() as u64 * size_of::<RuleEntry>() as u64
+    }
+
+    /// Bytes the row and page maps can hold (the table memory budget).
+    pub fn capacity_bytes(&self) -> u64 {
+        (self.rows.len * size_of::<RowBlock>() + self.pages.len * size_of::<PageBlock>()) as u64
+    }
+
+    /// Frees an object's rows, pages and id. Its entry is cleared first, so a walk
+    /// that still reaches it finds no pages (no rule) rather than another's rows.
+    pub fn unload_object(&mut self, p: &Placement) -> Result<(), TablesError> {
+        self.objects
+            .set(p.object, ObjectEntry::default(), 0)
+            .map_err(|source| TablesError::Map {
+                map: "OBJECTS",
+                source,
+            })?;
+        self.row_alloc.free(p.row_blocks.0, p.row_blocks.1);
+        self.page_alloc.free(p.page_blocks.0, p.page_blocks.1);
+        self.free_objects.push(p.object);
+        self.rows_in_use -= u64::from(p.rows);
+        self.pages_in_use -= u64::from(p.pages);
+        self.loaded_objects -= 1;
+        Ok(())
     }
 
     /// Copies a flattened object into the maps and returns its id. Rules it interned in
     /// the dictionary must be uploaded first: this does it.
     pub fn load_object(&mut self, flat: &FlatObject) -> Result<Placement, TablesError> {
         self.upload_rules()?;
-        if self.next_object >= self.object_capacity {
-            return Err(TablesError::Full {
-                what: "objects",
-                needed: 1,
-                free: 0,
-            });
-        }
+        let id = match self.free_objects.last() {
+            Some(&id) => id,
+            None if self.next_object < self.object_capacity => self.next_object,
+            None => {
+                return Err(TablesError::Full {
+                    what: "objects",
+                    needed: 1,
+                    free: 0,
+                });
+            }
+        };
         // Each object's rows and pages start on a block boundary so that blocks are
         // never shared: a later object cannot race with a reader of an earlier one.
-        let row_first = self.next_row.next_multiple_of(ROW_BLOCK as u64);
-        let page_first = self.next_page.next_multiple_of(PAGE_BLOCK as u64);
-        let row_cap = (self.rows.len * ROW_BLOCK) as u64;
-        let page_cap = (self.pages.len * PAGE_BLOCK) as u64;
         let rows = flat.rows.len() as u64;
         let pages = flat.pages.len() as u64;
-        if row_first + rows > row_cap || row_first + rows > u64::from(u32::MAX) {
+        let row_blocks = u32::try_from(rows.div_ceil(ROW_BLOCK as u64)).unwrap_or(u32::MAX);
+        let page_blocks = u32::try_from(pages.div_ceil(PAGE_BLOCK as u64)).unwrap_or(u32::MAX);
+        let Some(row_block) = self.row_alloc.alloc(row_blocks) else {
             return Err(TablesError::Full {
                 what: "rows",
                 needed: rows,
-                free: row_cap.saturating_sub(row_first),
+                free: u64::from(self.row_alloc.largest_free()) * ROW_BLOCK as u64,
             });
-        }
-        if page_first + pages > page_cap {
+        };
+        let Some(page_block) = self.page_alloc.alloc(page_blocks) else {
+            self.row_alloc.free(row_block, row_blocks);
             return Err(TablesError::Full {
                 what: "pages",
                 needed: pages,
-                free: page_cap.saturating_sub(page_first),
+                free: u64::from(self.page_alloc.largest_free()) * PAGE_BLOCK as u64,
             });
-        }
-        let row_blocks = self.rows.as_mut_slice();
+        };
+        let row_first = row_block as usize * ROW_BLOCK;
+        let page_first = page_block as usize * PAGE_BLOCK;
+        let blocks = self.rows.as_mut_slice();
         for (i, row) in flat.rows.iter().enumerate() {
-            let idx = row_first as usize + i;
-            row_blocks[idx / ROW_BLOCK].0[idx % ROW_BLOCK] = *row;
+            let idx = row_first + i;
+            blocks[idx / ROW_BLOCK].0[idx % ROW_BLOCK] = *row;
         }
-        let page_blocks = self.pages.as_mut_slice();
+        let blocks = self.pages.as_mut_slice();
         for (i, &entry) in flat.pages.iter().enumerate() {
-            let idx = page_first as usize + i;
-            page_blocks[idx / PAGE_BLOCK].0[idx % PAGE_BLOCK] = entry;
+            let idx = page_first + i;
+            blocks[idx / PAGE_BLOCK].0[idx % PAGE_BLOCK] = entry;
         }
-        let id = self.next_object;
         let entry = ObjectEntry {
             base: flat.base,
             page_first: page_first as u32,
@@ -224,20 +326,29 @@ impl KernelTables {
             row_first: row_first as u32,
             _pad: 0,
         };
-        self.objects
-            .set(id, entry, 0)
-            .map_err(|source| TablesError::Map {
+        if let Err(source) = self.objects.set(id, entry, 0) {
+            self.row_alloc.free(row_block, row_blocks);
+            self.page_alloc.free(page_block, page_blocks);
+            return Err(TablesError::Map {
                 map: "OBJECTS",
                 source,
-            })?;
-        self.next_object += 1;
-        self.next_row = row_first + rows;
-        self.next_page = page_first + pages;
+            });
+        }
+        if self.free_objects.last() == Some(&id) {
+            self.free_objects.pop();
+        } else {
+            self.next_object += 1;
+        }
+        self.rows_in_use += rows;
+        self.pages_in_use += pages;
+        self.loaded_objects += 1;
         Ok(Placement {
             object: id,
             rows: rows as u32,
             pages: pages as u32,
             kernel_bytes: flat.kernel_bytes(),
+            row_blocks: (row_block, row_blocks),
+            page_blocks: (page_block, page_blocks),
         })
     }
 
@@ -279,6 +390,12 @@ impl KernelTables {
     pub fn remove_process(&mut self, pid: u32) {
         let _ = self.processes.remove(&pid);
     }
+
+    /// Pids with a mapping table in the kernel map (including ones the kernel side
+    /// added for children).
+    pub fn process_ids(&self) -> Vec<u32> {
+        self.processes.keys().filter_map(Result::ok).collect()
+    }
 }
 
 /// Reads back rows for tests and diagnostics.
@@ -289,5 +406,27 @@ impl KernelTables {
             .as_mut_slice()
             .get(i / ROW_BLOCK)
             .map(|b| b.0[i % ROW_BLOCK])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RangeAlloc;
+
+    #[test]
+    fn ranges_are_reused_and_coalesced() {
+        let mut a = RangeAlloc::new(10);
+        let x = a.alloc(4).unwrap();
+        let y = a.alloc(4).unwrap();
+        assert_eq!((x, y), (0, 4));
+        assert_eq!(a.alloc(3), None);
+        a.free(x, 4);
+        assert_eq!(a.largest_free(), 4);
+        a.free(y, 4);
+        // All three free ranges merged into one.
+        assert_eq!(a.largest_free(), 10);
+        assert_eq!(a.used, 0);
+        assert_eq!(a.alloc(10), Some(0));
+        assert_eq!(a.alloc(0), Some(0));
     }
 }

@@ -6,7 +6,13 @@
 //! work and the process's own mount namespace is used), falling back to
 //! `/proc/PID/root/PATH`. The vDSO is read from the process's memory.
 
-use std::{collections::HashMap, fs, io::Read as _, os::unix::fs::MetadataExt as _};
+use std::{
+    collections::HashMap,
+    fs,
+    io::Read as _,
+    os::unix::fs::MetadataExt as _,
+    time::{Duration, Instant},
+};
 
 use object::{Object as _, ObjectSegment as _};
 use sframe_common::layout::{MAPPING_FLAG_VDSO, MappingEntry, NO_OBJECT};
@@ -46,6 +52,12 @@ pub struct ObjectInfo {
     segments: Vec<Segment>,
     pub table_rows: usize,
     pub unencodable_rows: u64,
+    /// Processes whose mapping table refers to this object now.
+    refs: u32,
+    /// When the last such process dropped it (eviction order).
+    unused_since: Instant,
+    /// The table did not fit in the kernel maps: retry after this time.
+    retry_at: Option<Instant>,
 }
 
 impl ObjectInfo {
@@ -97,15 +109,36 @@ pub struct ProcessReport {
     pub maps: Vec<Mapping>,
 }
 
+/// How long an object whose table did not fit waits before it is tried again.
+const RETRY_FULL: Duration = Duration::from_secs(5);
+
+/// What the store did since it was created.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StoreStats {
+    /// Tables built and loaded into the kernel.
+    pub loads: u64,
+    /// Objects evicted from the kernel maps to make room (least recently used first).
+    pub evictions: u64,
+    /// Objects that found no room even after evicting every unused object.
+    pub full: u64,
+}
+
 /// Objects loaded so far, and the kernel tables they live in.
+///
+/// Each object counts the processes whose mapping table refers to it; objects no
+/// process refers to stay loaded (a new process of the same program needs them) until
+/// room is needed, then the least recently used go first.
 pub struct ObjectStore {
     pub tables: KernelTables,
     objects: HashMap<ObjectKey, ObjectInfo>,
     /// (dev, inode, path) of a mapped file → its key, so a file is read once.
     files: HashMap<(u32, u32, u64, String), ObjectKey>,
+    /// The objects each process's kernel mapping table refers to.
+    processes: HashMap<u32, Vec<ObjectKey>>,
     options: ObjTableOptions,
     /// Objects whose table could not be built or loaded.
     pub failed_objects: u64,
+    pub stats: StoreStats,
 }
 
 impl ObjectStore {
@@ -114,9 +147,61 @@ impl ObjectStore {
             tables,
             objects: HashMap::new(),
             files: HashMap::new(),
+            processes: HashMap::new(),
             options: ObjTableOptions::default(),
             failed_objects: 0,
+            stats: StoreStats::default(),
         }
+    }
+
+    /// Processes with a mapping table installed by this store.
+    pub fn process_count(&self) -> usize {
+        self.processes.len()
+    }
+
+    /// Forgets `pid`: its mapping table is removed (the kernel side removes it itself
+    /// when the process exits) and its objects lose a reference.
+    pub fn forget_process(&mut self, pid: u32) {
+        self.tables.remove_process(pid);
+        if let Some(keys) = self.processes.remove(&pid) {
+            self.release(&keys);
+        }
+    }
+
+    fn release(&mut self, keys: &[ObjectKey]) {
+        let now = Instant::now();
+        for key in keys {
+            if let Some(info) = self.objects.get_mut(key) {
+                info.refs = info.refs.saturating_sub(1);
+                if info.refs == 0 {
+                    info.unused_since = now;
+                }
+            }
+        }
+    }
+
+    /// Evicts the least recently used object no process refers to; false if none.
+    fn evict_one(&mut self) -> bool {
+        let victim = self
+            .objects
+            .iter()
+            .filter(|(_, i)| i.refs == 0 && i.placement.is_some())
+            .min_by_key(|(_, i)| i.unused_since)
+            .map(|(k, _)| k.clone());
+        let Some(key) = victim else {
+            return false;
+        };
+        if let Some(info) = self.objects.remove(&key) {
+            if let Some(p) = info.placement
+                && let Err(err) = self.tables.unload_object(&p)
+            {
+                log::warn!("{}: evicting its table: {err}", info.path);
+            }
+            log::debug!("evicted the table of {}", info.path);
+            self.files.retain(|_, k| *k != key);
+            self.stats.evictions += 1;
+        }
+        true
     }
 
     pub fn objects(&self) -> impl Iterator<Item = &ObjectInfo> {
@@ -128,9 +213,29 @@ impl ObjectStore {
         let maps = procfs::read_maps(pid)?;
         let mut report = ProcessReport::default();
         let mut entries = Vec::new();
+        // References are taken as objects are resolved, so that loading a later object
+        // of this process cannot evict an earlier one; the old ones are released after.
+        let mut keys = Vec::new();
         for m in maps.iter().filter(|m| m.executable) {
             report.executable_mappings += 1;
-            let (object, bias, flags) = self.mapping_object(pid, m);
+            let (object, bias, flags) = match self.mapping_object(pid, m) {
+                Some((key, object, bias, flags)) => {
+                    if let Some(info) = self.objects.get_mut(&key) {
+                        info.refs += 1;
+                    }
+                    keys.push(key);
+                    (object, bias, flags)
+                }
+                None => (
+                    NO_OBJECT,
+                    0,
+                    if m.path == "[vdso]" {
+                        MAPPING_FLAG_VDSO
+                    } else {
+                        0
+                    },
+                ),
+            };
             if object != NO_OBJECT {
                 report.with_table += 1;
             }
@@ -147,41 +252,51 @@ impl ObjectStore {
             Ok(dropped) => report.dropped_mappings = dropped,
             Err(err) => log::warn!("pid {pid}: {err}"),
         }
+        if let Some(old) = self.processes.insert(pid, keys) {
+            self.release(&old);
+        }
         report.maps = maps;
         Ok(report)
     }
 
-    fn mapping_object(&mut self, pid: u32, m: &Mapping) -> (u32, u64, u32) {
+    /// The object of an executable mapping with a loaded table: key, id, bias, flags.
+    fn mapping_object(&mut self, pid: u32, m: &Mapping) -> Option<(ObjectKey, u32, u64, u32)> {
         if m.path == "[vdso]" {
-            return match self.vdso(pid, m) {
-                Some((id, bias)) => (id, bias, MAPPING_FLAG_VDSO),
-                None => (NO_OBJECT, 0, MAPPING_FLAG_VDSO),
-            };
+            let (key, id, bias) = self.vdso(pid, m)?;
+            return Some((key, id, bias, MAPPING_FLAG_VDSO));
         }
         if !m.is_file() {
-            return (NO_OBJECT, 0, 0); // anonymous executable memory (JIT code)
+            return None; // anonymous executable memory (JIT code)
         }
         let file_id = (m.dev_major, m.dev_minor, m.inode, m.path.clone());
-        let key = match self.files.get(&file_id) {
-            Some(k) => k.clone(),
-            None => match self.read_file(pid, m) {
-                Some((key, data)) => {
-                    if !self.objects.contains_key(&key) {
-                        let info = self.build(&m.path, &data);
-                        self.objects.insert(key.clone(), info);
-                    }
-                    self.files.insert(file_id, key.clone());
-                    key
+        let known = self.files.get(&file_id).cloned();
+        let key = match known.filter(|k| self.usable(k)) {
+            Some(k) => k,
+            None => {
+                let (key, data) = self.read_file(pid, m)?;
+                if !self.usable(&key) {
+                    let info = self.build(&m.path, &data);
+                    self.objects.insert(key.clone(), info);
                 }
-                None => return (NO_OBJECT, 0, 0),
-            },
+                self.files.insert(file_id, key.clone());
+                key
+            }
         };
-        let Some(info) = self.objects.get(&key) else {
-            return (NO_OBJECT, 0, 0);
-        };
+        let info = self.objects.get(&key)?;
         match (info.placement, info.bias(m)) {
-            (Some(p), Some(bias)) => (p.object, bias, 0),
-            _ => (NO_OBJECT, 0, 0),
+            (Some(p), Some(bias)) => Some((key, p.object, bias, 0)),
+            _ => None,
+        }
+    }
+
+    /// Whether the object is known and need not be built again (it is loaded, or failed
+    /// for good, or failed for lack of room recently).
+    fn usable(&self, key: &ObjectKey) -> bool {
+        match self.objects.get(key) {
+            None => false,
+            Some(info) => info
+                .retry_at
+                .is_none_or(|at| info.placement.is_some() || Instant::now() < at),
         }
     }
 
@@ -215,7 +330,7 @@ impl ObjectStore {
         Some((key, data))
     }
 
-    fn vdso(&mut self, pid: u32, m: &Mapping) -> Option<(u32, u64)> {
+    fn vdso(&mut self, pid: u32, m: &Mapping) -> Option<(ObjectKey, u32, u64)> {
         let len = m.end.checked_sub(m.start)?;
         if len > 1 << 20 {
             return None;
@@ -224,7 +339,7 @@ impl ObjectStore {
         let mem = fs::File::open(format!("/proc/{pid}/mem")).ok()?;
         std::os::unix::fs::FileExt::read_exact_at(&mem, &mut data, m.start).ok()?;
         let key = ObjectKey::BuildId(build_id(&data).unwrap_or_else(|| data.clone()));
-        if !self.objects.contains_key(&key) {
+        if !self.usable(&key) {
             let info = self.build("[vdso]", &data);
             self.objects.insert(key.clone(), info);
         }
@@ -235,7 +350,8 @@ impl ObjectStore {
             .iter()
             .find(|s| s.offset == 0)
             .map(|s| s.vaddr)?;
-        Some((info.placement?.object, m.start.wrapping_sub(vaddr0)))
+        let id = info.placement?.object;
+        Some((key, id, m.start.wrapping_sub(vaddr0)))
     }
 
     fn build(&mut self, path: &str, data: &[u8]) -> ObjectInfo {
@@ -247,6 +363,9 @@ impl ObjectStore {
             segments: segments(data),
             table_rows: 0,
             unencodable_rows: 0,
+            refs: 0,
+            unused_since: Instant::now(),
+            retry_at: None,
         };
         let result = table_for_elf(data, &self.options)
             .map_err(|e| e.to_string())
@@ -257,10 +376,18 @@ impl ObjectStore {
             })
             .and_then(|flat| {
                 info.unencodable_rows = flat.unencodable_rows;
-                self.tables.load_object(&flat).map_err(|e| e.to_string())
+                self.load_evicting(&flat).map_err(|e| {
+                    if matches!(e, crate::kmaps::TablesError::Full { .. }) {
+                        info.retry_at = Some(Instant::now() + RETRY_FULL);
+                    }
+                    e.to_string()
+                })
             });
         match result {
-            Ok(p) => info.placement = Some(p),
+            Ok(p) => {
+                self.stats.loads += 1;
+                info.placement = Some(p);
+            }
             Err(e) => {
                 log::info!("{path}: no unwind table: {e}");
                 self.failed_objects += 1;
@@ -268,6 +395,26 @@ impl ObjectStore {
             }
         }
         info
+    }
+}
+
+impl ObjectStore {
+    /// Loads a flattened table, evicting unused objects (least recently used first)
+    /// while there is no room.
+    fn load_evicting(
+        &mut self,
+        flat: &crate::flatten::FlatObject,
+    ) -> Result<Placement, crate::kmaps::TablesError> {
+        loop {
+            match self.tables.load_object(flat) {
+                Err(crate::kmaps::TablesError::Full { .. }) if self.evict_one() => continue,
+                Err(e @ crate::kmaps::TablesError::Full { .. }) => {
+                    self.stats.full += 1;
+                    return Err(e);
+                }
+                other => return other,
+            }
+        }
     }
 }
 
@@ -310,6 +457,9 @@ mod tests {
             segments,
             table_rows: 0,
             unencodable_rows: 0,
+            refs: 0,
+            unused_since: Instant::now(),
+            retry_at: None,
         }
     }
 

@@ -1,21 +1,31 @@
 //! The profiler: the `profile` perf-event program attached on every CPU, the targets,
 //! their tables, and reading the stack counts the kernel side accumulated.
 
-use std::collections::{HashMap as StdHashMap, HashSet};
+use std::{
+    collections::{HashMap as StdHashMap, HashSet},
+    path::PathBuf,
+    time::{Duration, Instant},
+};
 
 use aya::{
     Ebpf,
-    maps::{HashMap, MapData, PerCpuArray, RingBuf, StackTraceMap},
+    maps::{Array, HashMap, MapData, PerCpuArray, RingBuf, StackTraceMap},
+    programs::perf_event::PerfEventLinkId,
 };
 use sframe_common::{
     Counter, WalkOutcome,
+    event::{CgroupFilter, MAX_CGROUP_FILTERS, ProcEvent, ProcEventKind, filter},
+    layout::{PageBlock, RowBlock},
     stack::{CountKey, UserStack},
 };
 
 use crate::{
-    bpf::{self, LoadError},
+    bpf::{self, LoadConfig, LoadError},
+    cgroup::{self, Cgroup},
+    export::TargetInfo,
     kmaps::KernelTables,
     objects::{ObjectStore, ProcessReport},
+    procfs,
 };
 
 const PROGRAM: &str = "profile";
@@ -47,6 +57,95 @@ pub fn symbolization_addresses(frames: &[u64]) -> Vec<u64> {
         .collect()
 }
 
+/// Which processes to profile. Empty: only those given to `Profiler::add_target`.
+#[derive(Clone, Debug, Default)]
+pub struct TargetSpec {
+    /// Processes given by pid (their children are followed).
+    pub pids: Vec<u32>,
+    /// Every process.
+    pub all: bool,
+    /// Processes whose command name (`/proc/PID/comm`) is one of these, now or after
+    /// an exec.
+    pub comms: Vec<String>,
+    /// Processes in these cgroups (v2 or v1) and their sub-cgroups.
+    pub cgroups: Vec<PathBuf>,
+}
+
+impl TargetSpec {
+    /// Whether nothing is named (the command line then profiles the whole system).
+    pub fn names_nothing(&self) -> bool {
+        !self.all && self.pids.is_empty() && self.comms.is_empty() && self.cgroups.is_empty()
+    }
+}
+
+/// How the profiler runs.
+#[derive(Clone, Debug)]
+pub struct ProfilerConfig {
+    /// Samples per second per CPU.
+    pub frequency: u64,
+    pub targets: TargetSpec,
+    /// Kernel memory for rows and page entries (bytes); `None`: the maps' built-in size.
+    pub max_table_memory: Option<u64>,
+    /// Exited processes whose mappings are kept for symbolizing their samples.
+    pub max_exited: usize,
+}
+
+impl ProfilerConfig {
+    /// Explicit targets only (`add_target`), at `frequency` Hz.
+    pub fn explicit(frequency: u64) -> Self {
+        Self {
+            frequency,
+            targets: TargetSpec::default(),
+            max_table_memory: None,
+            max_exited: 10_000,
+        }
+    }
+}
+
+/// Table memory below this is refused (a few small objects must fit).
+pub const MIN_TABLE_MEMORY: u64 = 64 * 1024;
+
+/// Rows and page entries for a table memory budget: 7/8 rows, 1/8 page entries (a
+/// page entry per 64 KiB of code; objects have far more rows than pages).
+fn table_capacity(bytes: u64) -> (u32, u32) {
+    let rows = (bytes / 8 * 7) / size_of::<RowBlock>() as u64 * 8;
+    let pages = (bytes / 8) / size_of::<PageBlock>() as u64 * 8;
+    let clamp = |n: u64, max: u32| n.clamp(8, u64::from(max)) as u32;
+    (
+        clamp(rows, sframe_common::budget::MAX_ROWS),
+        clamp(pages, sframe_common::budget::MAX_PAGES),
+    )
+}
+
+/// Lifecycle activity since the start.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LifecycleStats {
+    pub execs: u64,
+    pub exits: u64,
+    pub forks: u64,
+    pub mmaps: u64,
+    pub misses: u64,
+    /// Mapping tables (re)loaded for processes.
+    pub process_loads: u64,
+    /// Processes whose maps could not be read (exited meanwhile, or no permission).
+    pub load_failures: u64,
+}
+
+/// A profiled process, alive or exited with samples.
+struct Proc {
+    info: TargetInfo,
+    exited_at: Option<Instant>,
+    loaded_at: Instant,
+    /// A reload was asked for while the last one was too recent.
+    reload_due: bool,
+}
+
+/// Reloads of one process are at least this far apart (events and misses in between
+/// are merged into one reload).
+const RELOAD_INTERVAL: Duration = Duration::from_millis(100);
+/// Time `handle_events` spends on first loads of processes seen through misses.
+const PENDING_BUDGET: Duration = Duration::from_millis(50);
+
 pub struct Profiler {
     ebpf: Ebpf,
     pub store: ObjectStore,
@@ -58,25 +157,91 @@ pub struct Profiler {
     kernel_stacks_map: StackTraceMap<MapData>,
     /// Kernel stacks by id, innermost first.
     kernel_stacks: StdHashMap<i32, Vec<u64>>,
-    /// Targets whose tables are loaded.
-    known: HashSet<u32>,
-    /// Targets that exec'd (their mapping table was dropped by `on_exec`).
-    exec_events: Option<RingBuf<MapData>>,
+    /// Lifecycle events from the kernel side.
+    events: Option<RingBuf<MapData>>,
     /// Counts accumulated in user space (the kernel map is drained on each collect).
     counts: StdHashMap<CountKey, u64>,
     /// User stacks by key, innermost first.
     stacks: StdHashMap<u64, Vec<u64>>,
+    spec: TargetSpec,
+    /// The kernel side decides who is a target (all processes, or cgroup v2 filters).
+    kernel_filtered: bool,
+    cgroups_v1: Vec<PathBuf>,
+    procs: StdHashMap<u32, Proc>,
+    /// Processes seen through misses, waiting for their first load (FIFO).
+    pending: std::collections::VecDeque<u32>,
+    pending_set: HashSet<u32>,
+    max_exited: usize,
+    last_liveness_check: Instant,
+    pub lifecycle: LifecycleStats,
+    frequency: u64,
+    links: Vec<PerfEventLinkId>,
 }
 
 use crate::bpf::take_map as take;
 
 impl Profiler {
     /// Loads the object and the `profile` program, and attaches cpu-clock sampling at
-    /// `frequency` Hz on every online CPU. Only target processes are walked.
+    /// `frequency` Hz on every online CPU. Only processes given to `add_target` (and
+    /// their children) are walked.
     pub fn start(frequency: u64) -> Result<Self, LoadError> {
-        let mut ebpf = bpf::load()?;
+        Self::start_with(ProfilerConfig::explicit(frequency))
+    }
+
+    /// Starts profiling what `config` names. Processes of the whole system, of cgroups
+    /// and of command names are loaded when first needed (their first sample, or their
+    /// exec); explicit pids and cgroup v1 members are loaded now.
+    pub fn start_with(config: ProfilerConfig) -> Result<Self, LoadError> {
+        let spec = config.targets.clone();
+        let mut v2 = Vec::new();
+        let mut cgroups_v1 = Vec::new();
+        for path in &spec.cgroups {
+            match cgroup::resolve(path) {
+                Ok(Cgroup::V2 { filter, .. }) => v2.push(filter),
+                Ok(Cgroup::V1 { path }) => cgroups_v1.push(path),
+                Err(err) => return Err(LoadError::Target(err.to_string())),
+            }
+        }
+        if v2.len() > MAX_CGROUP_FILTERS as usize {
+            return Err(LoadError::Target(format!(
+                "at most {MAX_CGROUP_FILTERS} cgroup v2 targets"
+            )));
+        }
+        let whole = spec.all;
+        let mut flags = 0;
+        if whole {
+            flags |= filter::ALL;
+        }
+        if !v2.is_empty() {
+            flags |= filter::CGROUPS;
+        }
+        if !spec.comms.is_empty() {
+            flags |= filter::ALL_EXECS;
+        }
+        let (max_rows, max_pages) = match config.max_table_memory {
+            Some(bytes) => {
+                let (r, p) = table_capacity(bytes.max(MIN_TABLE_MEMORY));
+                (Some(r), Some(p))
+            }
+            None => (None, None),
+        };
+        let mut ebpf = bpf::load_with(&LoadConfig {
+            filter_flags: flags,
+            max_rows,
+            max_pages,
+            cgroup_filters: v2.len() as u32,
+        })?;
         bpf::spawn_logger(&mut ebpf);
         bpf::load_perf_event(&mut ebpf, PROGRAM)?;
+        if !v2.is_empty() {
+            let mut map: Array<MapData, CgroupFilter> = take(&mut ebpf, "TARGET_CGROUPS")?;
+            for (i, f) in v2.iter().enumerate() {
+                map.set(i as u32, *f, 0).map_err(|source| LoadError::Map {
+                    name: "TARGET_CGROUPS",
+                    source,
+                })?;
+            }
+        }
         let tables = KernelTables::new(&mut ebpf)?;
         let mut profiler = Self {
             store: ObjectStore::new(tables),
@@ -87,101 +252,383 @@ impl Profiler {
             counters_map: take(&mut ebpf, "COUNTERS")?,
             kernel_stacks_map: take(&mut ebpf, "KERNEL_STACKS")?,
             kernel_stacks: StdHashMap::new(),
-            known: HashSet::new(),
-            exec_events: None,
+            events: None,
             ebpf,
             counts: StdHashMap::new(),
             stacks: StdHashMap::new(),
+            kernel_filtered: whole || !v2.is_empty(),
+            spec,
+            cgroups_v1,
+            procs: StdHashMap::new(),
+            pending: Default::default(),
+            pending_set: HashSet::new(),
+            max_exited: config.max_exited,
+            last_liveness_check: Instant::now(),
+            lifecycle: LifecycleStats::default(),
+            frequency: config.frequency,
+            links: Vec::new(),
         };
-        profiler.attach(frequency)?;
-        profiler.follow_forks();
+        profiler.follow_lifecycle();
+        for pid in profiler.spec.pids.clone() {
+            profiler
+                .add_target(pid)
+                .map_err(|e| LoadError::Target(format!("pid {pid}: {e}")))?;
+        }
+        profiler.scan_named_targets();
+        profiler.links =
+            bpf::attach_cpu_clock_all_cpus(&mut profiler.ebpf, PROGRAM, config.frequency)?;
         Ok(profiler)
     }
 
-    /// Attaches `on_fork` so children of targets are sampled from their first
-    /// instruction; without tracefs, children are not followed (logged).
-    fn follow_forks(&mut self) {
-        if bpf::fork_child_pid_offset().is_none() {
-            log::warn!("sched_process_fork format unavailable: child processes are not followed");
-            return;
+    /// Attaches the lifecycle programs (fork, exec, exit, executable mmap). Without
+    /// one, that part of the lifecycle is only seen through the walker's misses and
+    /// the periodic checks (logged).
+    fn follow_lifecycle(&mut self) {
+        for (program, category, event) in [
+            ("on_fork", "task", "task_newtask"),
+            ("on_exec", "sched", "sched_process_exec"),
+            ("on_exit", "sched", "sched_process_exit"),
+            ("on_mmap_enter", "syscalls", "sys_enter_mmap"),
+            ("on_mmap_exit", "syscalls", "sys_exit_mmap"),
+        ] {
+            if let Err(err) = bpf::attach_tracepoint(&mut self.ebpf, program, category, event) {
+                log::warn!("{category}:{event} not followed: {err}");
+            }
         }
-        if let Err(err) =
-            bpf::attach_tracepoint(&mut self.ebpf, "on_fork", "sched", "sched_process_fork")
-        {
-            log::warn!("child processes are not followed: {err}");
+        self.events = take(&mut self.ebpf, "EVENTS").ok();
+    }
+
+    /// Adds processes named by `--comm` and members of v1 cgroups.
+    fn scan_named_targets(&mut self) {
+        let mut wanted: Vec<u32> = Vec::new();
+        if !self.spec.comms.is_empty() {
+            wanted.extend(
+                procfs::all_pids()
+                    .into_iter()
+                    .filter(|&pid| self.comm_matches(pid)),
+            );
         }
-        let result =
-            bpf::attach_tracepoint(&mut self.ebpf, "on_exec", "sched", "sched_process_exec");
-        match result {
-            Ok(()) => self.exec_events = take(&mut self.ebpf, "EXEC_EVENTS").ok(),
-            Err(err) => log::warn!("exec is not tracked (tables refresh every second): {err}"),
+        for path in &self.cgroups_v1 {
+            wanted.extend(cgroup::v1_pids(path));
+        }
+        let me = std::process::id();
+        for pid in wanted {
+            if pid != me && self.procs.get(&pid).is_none_or(|p| p.exited_at.is_some()) {
+                let _ = self.add_target(pid);
+            }
         }
     }
 
-    /// Reloads the tables of targets that exec'd since the last call; returns them.
-    pub fn reload_execed(&mut self) -> Vec<u32> {
-        let mut pids = Vec::new();
-        if let Some(events) = self.exec_events.as_mut() {
+    fn comm_matches(&self, pid: u32) -> bool {
+        !self.spec.comms.is_empty()
+            && procfs::comm(pid).is_some_and(|c| self.spec.comms.contains(&c))
+    }
+
+    /// The sampling frequency now.
+    pub fn frequency(&self) -> u64 {
+        self.frequency
+    }
+
+    /// Changes the sampling frequency (re-attaches the perf events).
+    pub fn set_frequency(&mut self, frequency: u64) -> Result<(), LoadError> {
+        let frequency = frequency.max(1);
+        if frequency == self.frequency {
+            return Ok(());
+        }
+        let program = bpf::perf_event(&mut self.ebpf, PROGRAM)?;
+        for link in self.links.drain(..) {
+            let _ = program.detach(link);
+        }
+        self.links = bpf::attach_cpu_clock_all_cpus(&mut self.ebpf, PROGRAM, frequency)?;
+        self.frequency = frequency;
+        Ok(())
+    }
+
+    /// The lifecycle ring buffer, for waiting on it (`AsyncFd`).
+    pub fn events_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd as _;
+        self.events.as_ref().map(|e| e.as_fd())
+    }
+
+    /// Handles the lifecycle events the kernel side sent since the last call; returns
+    /// the processes added.
+    pub fn handle_events(&mut self) -> Vec<u32> {
+        let mut batch = Vec::new();
+        if let Some(events) = self.events.as_mut() {
             while let Some(item) = events.next() {
-                if let Ok(bytes) = <[u8; 4]>::try_from(&item[..]) {
-                    pids.push(u32::from_ne_bytes(bytes));
+                if item.len() >= size_of::<ProcEvent>() {
+                    // SAFETY: the kernel wrote a ProcEvent (two u32, any bits valid).
+                    let e = unsafe { (item.as_ptr() as *const ProcEvent).read_unaligned() };
+                    batch.push(e);
                 }
             }
         }
-        pids.sort_unstable();
-        pids.dedup();
-        pids.retain(|&pid| self.store.refresh_process(pid).is_ok());
-        pids
-    }
-
-    /// Loads tables for children of targets that the kernel added to the targets since
-    /// the last call, and drops thread ids it added; returns the new processes.
-    pub fn adopt_children(&mut self) -> Vec<u32> {
-        self.reload_execed();
-        let ids: Vec<u32> = self.targets.keys().filter_map(Result::ok).collect();
-        let mut adopted = Vec::new();
-        for id in ids {
-            if self.known.contains(&id) {
+        // Exits free room; execs and forks of new processes are the most urgent loads
+        // (short-lived processes); misses of long-running processes can wait.
+        let priority = |e: &ProcEvent| match ProcEventKind::try_from(e.kind) {
+            Ok(ProcEventKind::Exit) => 0,
+            Ok(ProcEventKind::Exec | ProcEventKind::Fork) => 1,
+            Ok(ProcEventKind::Mmap) => 2,
+            _ => 3,
+        };
+        batch.sort_by_key(priority);
+        let mut added = Vec::new();
+        for e in batch {
+            let Ok(kind) = ProcEventKind::try_from(e.kind) else {
                 continue;
-            }
-            if crate::procfs::thread_group_id(id) == Some(id)
-                && self.store.refresh_process(id).is_ok()
-            {
-                self.known.insert(id);
-                adopted.push(id);
-            } else {
-                // A thread of a target (the tracepoint sees thread creation too), or a
-                // process that already exited.
-                let _ = self.targets.remove(&id);
+            };
+            let pid = e.pid;
+            let known = self.procs.get(&pid).is_some_and(|p| p.exited_at.is_none());
+            match kind {
+                ProcEventKind::Exec => {
+                    self.lifecycle.execs += 1;
+                    if known || self.kernel_filtered {
+                        self.load(pid, &mut added, true);
+                    } else if self.comm_matches(pid) && self.add_target(pid).is_ok() {
+                        added.push(pid);
+                    }
+                }
+                ProcEventKind::Exit => {
+                    self.lifecycle.exits += 1;
+                    self.exited(pid);
+                }
+                ProcEventKind::Fork => {
+                    self.lifecycle.forks += 1;
+                    self.load(pid, &mut added, true);
+                }
+                ProcEventKind::Mmap | ProcEventKind::Miss => {
+                    if kind == ProcEventKind::Mmap {
+                        self.lifecycle.mmaps += 1;
+                    } else {
+                        self.lifecycle.misses += 1;
+                    }
+                    if known {
+                        self.load(pid, &mut added, false);
+                    } else if (self.kernel_filtered || self.is_listed(pid))
+                        && self.pending_set.insert(pid)
+                    {
+                        self.pending.push_back(pid);
+                    }
+                }
             }
         }
-        adopted
+        self.load_pending(&mut added);
+        added
     }
 
-    fn attach(&mut self, frequency: u64) -> Result<(), LoadError> {
-        bpf::attach_cpu_clock_all_cpus(&mut self.ebpf, PROGRAM, frequency)
+    /// Loads processes first seen through a miss, for at most `PENDING_BUDGET` per call
+    /// (a process with a huge object must not hold up exec and exit handling).
+    fn load_pending(&mut self, added: &mut Vec<u32>) {
+        let started = Instant::now();
+        while started.elapsed() < PENDING_BUDGET {
+            let Some(pid) = self.pending.pop_front() else {
+                break;
+            };
+            self.pending_set.remove(&pid);
+            if self.procs.get(&pid).is_none_or(|p| p.exited_at.is_some()) {
+                self.load(pid, added, true);
+            }
+        }
+    }
+
+    /// Processes waiting for their first load (call `handle_events` again soon).
+    pub fn has_pending(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
+    fn is_listed(&self, pid: u32) -> bool {
+        self.targets.get(&pid, 0).is_ok()
+    }
+
+    /// (Re)loads `pid`'s mapping table; a reload within `RELOAD_INTERVAL` of the last is
+    /// deferred to `maintain` unless `now` (exec, fork: the table is missing).
+    fn load(&mut self, pid: u32, added: &mut Vec<u32>, now: bool) {
+        if pid == std::process::id() {
+            return;
+        }
+        if let Some(p) = self.procs.get_mut(&pid)
+            && p.exited_at.is_none()
+            && !now
+            && p.loaded_at.elapsed() < RELOAD_INTERVAL
+        {
+            p.reload_due = true;
+            return;
+        }
+        let new = self.procs.get(&pid).is_none_or(|p| p.exited_at.is_some());
+        match self.store.refresh_process(pid) {
+            Ok(report) if !report.maps.is_empty() => {
+                self.lifecycle.process_loads += 1;
+                let info = TargetInfo {
+                    pid,
+                    comm: procfs::comm(pid).unwrap_or_else(|| format!("pid{pid}")),
+                    ns_pid: procfs::namespace_pid(pid),
+                    maps: report.maps,
+                };
+                self.procs.insert(
+                    pid,
+                    Proc {
+                        info,
+                        exited_at: None,
+                        loaded_at: Instant::now(),
+                        reload_due: false,
+                    },
+                );
+                if new {
+                    added.push(pid);
+                }
+            }
+            // No maps: a zombie (or gone). Keep what we knew for symbolization.
+            Ok(_) | Err(_) => {
+                self.lifecycle.load_failures += 1;
+                self.store.forget_process(pid);
+                if !procfs::exists(pid) || self.procs.contains_key(&pid) {
+                    self.exited(pid);
+                }
+            }
+        }
+    }
+
+    /// `pid` exited: release its tables, keep its mappings for symbolization.
+    fn exited(&mut self, pid: u32) {
+        self.store.forget_process(pid);
+        let _ = self.targets.remove(&pid);
+        if let Some(p) = self.procs.get_mut(&pid)
+            && p.exited_at.is_none()
+        {
+            p.exited_at = Some(Instant::now());
+        }
+        let exited = self
+            .procs
+            .values()
+            .filter(|p| p.exited_at.is_some())
+            .count();
+        if exited > self.max_exited {
+            // Forget the oldest exited processes (their samples symbolize as unknown).
+            let mut old: Vec<(Instant, u32)> = self
+                .procs
+                .iter()
+                .filter_map(|(&pid, p)| p.exited_at.map(|t| (t, pid)))
+                .collect();
+            old.sort_unstable();
+            for (_, pid) in old.iter().take(exited - self.max_exited) {
+                self.procs.remove(pid);
+            }
+        }
+    }
+
+    /// Periodic work (about once a second): deferred reloads, v1 cgroup members, and a
+    /// liveness check that catches exits whose events were lost.
+    pub fn maintain(&mut self) -> Vec<u32> {
+        let mut added = Vec::new();
+        let due: Vec<u32> = self
+            .procs
+            .iter()
+            .filter(|(_, p)| p.reload_due && p.exited_at.is_none())
+            .map(|(&pid, _)| pid)
+            .collect();
+        for pid in due {
+            self.load(pid, &mut added, true);
+        }
+        if !self.cgroups_v1.is_empty() {
+            let before: HashSet<u32> = self.procs.keys().copied().collect();
+            self.scan_named_targets();
+            added.extend(self.procs.keys().filter(|p| !before.contains(p)));
+        }
+        if self.last_liveness_check.elapsed() >= Duration::from_secs(5) {
+            self.last_liveness_check = Instant::now();
+            let gone: Vec<u32> = self
+                .procs
+                .iter()
+                .filter(|&(&pid, p)| p.exited_at.is_none() && !procfs::exists(pid))
+                .map(|(&pid, _)| pid)
+                .collect();
+            for pid in gone {
+                self.exited(pid);
+            }
+        }
+        added
+    }
+
+    /// Handles pending events; returns processes added since the last call (children of
+    /// targets, exec'd processes). Kept for callers that poll.
+    pub fn adopt_children(&mut self) -> Vec<u32> {
+        let mut added = self.handle_events();
+        added.extend(self.maintain());
+        added
+    }
+
+    /// Every process profiled so far (alive, and exited ones still kept).
+    pub fn targets(&self) -> Vec<TargetInfo> {
+        let mut v: Vec<TargetInfo> = self.procs.values().map(|p| p.info.clone()).collect();
+        v.sort_by_key(|t| t.pid);
+        v
+    }
+
+    /// Processes alive now.
+    pub fn alive_targets(&self) -> usize {
+        self.procs
+            .values()
+            .filter(|p| p.exited_at.is_none())
+            .count()
+    }
+
+    /// Whether the run has targets that can still appear (whole system, cgroups,
+    /// command names) rather than only the listed pids and their children.
+    pub fn open_ended(&self) -> bool {
+        self.kernel_filtered || !self.spec.comms.is_empty() || !self.cgroups_v1.is_empty()
     }
 
     /// Loads the tables of `pid`'s objects, then starts sampling it.
     pub fn add_target(&mut self, pid: u32) -> Result<ProcessReport, crate::procfs::MapsError> {
         let report = self.store.refresh_process(pid)?;
-        self.known.insert(pid);
+        self.lifecycle.process_loads += 1;
         if let Err(err) = self.targets.insert(pid, 1, 0) {
             log::warn!("pid {pid}: cannot add to targets: {err}");
         }
+        self.procs.insert(
+            pid,
+            Proc {
+                info: TargetInfo {
+                    pid,
+                    comm: procfs::comm(pid).unwrap_or_else(|| format!("pid{pid}")),
+                    ns_pid: procfs::namespace_pid(pid),
+                    maps: report.maps.clone(),
+                },
+                exited_at: None,
+                loaded_at: Instant::now(),
+                reload_due: false,
+            },
+        );
         Ok(report)
     }
 
     /// Re-reads `pid`'s mappings (new libraries, exec).
     pub fn refresh(&mut self, pid: u32) -> Result<ProcessReport, crate::procfs::MapsError> {
-        self.store.refresh_process(pid)
+        let report = self.store.refresh_process(pid)?;
+        if let Some(p) = self.procs.get_mut(&pid)
+            && !report.maps.is_empty()
+        {
+            p.info.maps = report.maps.clone();
+            p.loaded_at = Instant::now();
+        }
+        Ok(report)
     }
 
     /// Stops sampling `pid` and frees its mapping table.
     pub fn remove_target(&mut self, pid: u32) {
-        self.known.remove(&pid);
         let _ = self.targets.remove(&pid);
-        self.store.tables.remove_process(pid);
+        self.store.forget_process(pid);
+        self.procs.remove(&pid);
+    }
+
+    /// Pids with an entry in the kernel's target list (explicit targets and children).
+    pub fn listed_targets(&self) -> Vec<u32> {
+        self.targets.keys().filter_map(Result::ok).collect()
+    }
+
+    /// Pids with a mapping table in the kernel.
+    pub fn kernel_processes(&self) -> Vec<u32> {
+        self.store.tables.process_ids()
     }
 
     /// Moves the kernel's counts into user space and returns everything counted so far.

@@ -75,7 +75,9 @@ impl RawSampler {
                         source,
                     })?;
             }
-            Scope::AllCpus => bpf::attach_cpu_clock_all_cpus(&mut self.ebpf, PROGRAM, frequency)?,
+            Scope::AllCpus => {
+                bpf::attach_cpu_clock_all_cpus(&mut self.ebpf, PROGRAM, frequency)?;
+            }
         }
         Ok(())
     }

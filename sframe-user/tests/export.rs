@@ -351,6 +351,7 @@ fn pprof_tool_reads_written_profile() {
     };
     let profile = Profile {
         processes: vec![ProcessProfile {
+            ns_pid: None,
             pid: 1,
             comm: "prog".to_owned(),
             stacks: vec![

@@ -15,16 +15,32 @@ use sframe_user::{
         prometheus::{self, Feed, Metrics, server},
         snapshot_delta, timestamped_path,
     },
-    procfs,
-    profiler::{Profiler, Snapshot},
+    profiler::{Profiler, ProfilerConfig, Snapshot, TargetSpec},
     symbolize::Symbolizer,
 };
+use tokio::io::{Interest, unix::AsyncFd};
 
 #[derive(Args, Debug)]
 pub struct ProfileArgs {
-    /// Process to profile, all its threads (repeatable).
+    /// Process to profile, all its threads and its children (repeatable). Without
+    /// --pid, --comm or --cgroup the whole system is profiled.
     #[arg(long = "pid", value_name = "PID")]
     pub pids: Vec<u32>,
+    /// Profile every process (the default when no target is named).
+    #[arg(long)]
+    pub all: bool,
+    /// Profile processes with this command name, now or when they exec (repeatable).
+    #[arg(long = "comm", value_name = "NAME")]
+    pub comms: Vec<String>,
+    /// Profile the processes of this cgroup and its sub-cgroups (a container, a systemd
+    /// unit), v2 or v1: an absolute directory, or relative to /sys/fs/cgroup (repeatable).
+    #[arg(long = "cgroup", value_name = "PATH")]
+    pub cgroups: Vec<PathBuf>,
+    /// Kernel memory for unwind tables (rows and page entries), e.g. 64M or 1G. Tables of
+    /// objects no running process maps are evicted, least recently used first, when it
+    /// is full.
+    #[arg(long, value_name = "BYTES", default_value = "20M", value_parser = parse_bytes)]
+    pub max_table_memory: u64,
     /// Stop after this many seconds (default: run until Ctrl-C).
     #[arg(long, value_name = "SECS")]
     pub duration: Option<f64>,
@@ -54,25 +70,6 @@ pub struct ProfileArgs {
     pub prometheus_top_k: usize,
 }
 
-/// A target and whether it still runs.
-struct Target {
-    info: TargetInfo,
-    alive: bool,
-}
-
-impl Target {
-    fn new(pid: u32) -> Self {
-        Self {
-            info: TargetInfo {
-                pid,
-                comm: comm(pid),
-                maps: procfs::read_maps(pid).unwrap_or_default(),
-            },
-            alive: true,
-        }
-    }
-}
-
 /// The Prometheus side of a run.
 struct Exporter {
     metrics: Metrics,
@@ -91,9 +88,6 @@ struct Intervals {
 }
 
 pub async fn run(args: ProfileArgs) -> Result<()> {
-    if args.pids.is_empty() {
-        bail!("no target: give at least one --pid PID (see --help)");
-    }
     if args.output.is_none() && args.format.is_binary() && std::io::stdout().is_terminal() {
         bail!(
             "--format {} is binary: give --output PATH or redirect standard output",
@@ -105,14 +99,26 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
         Some(s) => Some(Duration::from_secs_f64(s)),
         None => None,
     };
-    let mut profiler = Profiler::start(args.frequency).context("loading the BPF programs")?;
-    let mut targets = Vec::new();
-    for &pid in &args.pids {
-        let report = profiler
-            .add_target(pid)
-            .with_context(|| format!("no process with pid {pid}"))?;
-        log::info!("pid {pid}: {report:?}");
-        targets.push(Target::new(pid));
+    let mut targets = TargetSpec {
+        pids: args.pids.clone(),
+        all: args.all,
+        comms: args.comms.clone(),
+        cgroups: args.cgroups.clone(),
+    };
+    // Nothing named: the whole system.
+    targets.all |= targets.names_nothing();
+    let config = ProfilerConfig {
+        frequency: args.frequency,
+        targets,
+        max_table_memory: Some(args.max_table_memory),
+        max_exited: 10_000,
+    };
+    let whole_system = config.targets.all;
+    let mut profiler = Profiler::start_with(config).context("starting the profiler")?;
+    if whole_system {
+        eprintln!(
+            "sframe-user: profiling every process (name targets with --pid, --comm, --cgroup)"
+        );
     }
     let mut exporter = match args.prometheus {
         Some(addr) => {
@@ -132,6 +138,14 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
         }
         None => None,
     };
+    let events = match profiler.events_fd() {
+        // SAFETY: a duplicate of the ring buffer's fd, owned by the AsyncFd; the ring
+        // buffer map outlives the loop.
+        Some(fd) => Some(unsafe {
+            AsyncFd::register_with_interest(fd.try_clone_to_owned()?, Interest::READABLE)
+        }?),
+        None => None,
+    };
     let mut symbolizer = Symbolizer::new();
     let started = Instant::now();
     let started_at = SystemTime::now();
@@ -145,85 +159,89 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
     let deadline = args
         .duration
         .map(|s| started + Duration::from_secs_f64(s.max(0.0)));
-    let mut tick = tokio::time::interval(Duration::from_millis(250));
-    let mut last_refresh = Instant::now();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let until_deadline = async {
+        match deadline {
+            Some(d) => tokio::time::sleep_until(d.into()).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(until_deadline);
+    let mut exited_reported = 0;
     loop {
         tokio::select! {
             _ = &mut ctrl_c => break,
+            _ = sigterm.recv() => break,
+            _ = &mut until_deadline => break,
+            ready = async { events.as_ref().expect("guarded").readable().await }, if events.is_some() => {
+                // Lifecycle events: exec, fork, exit, dlopen, misses. Handled at once, so
+                // a new process's tables are loaded before its first samples.
+                if let Ok(mut guard) = ready {
+                    guard.clear_ready();
+                }
+                for pid in profiler.handle_events() {
+                    log::debug!("profiling process {pid}");
+                }
+                continue;
+            }
+            _ = tokio::task::yield_now(), if profiler.has_pending() => {
+                for pid in profiler.handle_events() {
+                    log::debug!("profiling process {pid}");
+                }
+                continue;
+            }
             _ = tick.tick() => {}
         }
-        if last_refresh.elapsed() >= Duration::from_secs(1) {
-            last_refresh = Instant::now();
-            for t in targets.iter_mut().filter(|t| t.alive) {
-                // New libraries (dlopen), exec: re-read the maps. Objects already loaded
-                // cost only a lookup.
-                // A zombie still has a /proc entry, with no mappings: keep the last
-                // mappings read, to symbolize its samples.
-                let maps = profiler
-                    .refresh(t.info.pid)
-                    .ok()
-                    .map(|report| report.maps)
-                    .filter(|m| !m.is_empty());
-                match maps {
-                    Some(m) => t.info.maps = m,
-                    None => {
-                        eprintln!(
-                            "sframe-user: pid {} exited; its samples are kept",
-                            t.info.pid
-                        );
-                        t.alive = false;
-                        if let Some(e) = &mut exporter {
-                            e.metrics.exited(t.info.pid, Instant::now());
-                        }
-                    }
-                }
-            }
-            for pid in profiler.adopt_children() {
-                log::info!("following child process {pid}");
-                targets.push(Target::new(pid));
-            }
-            // Keep the kernel maps from filling up in long runs.
-            let snap = profiler.collect();
-            if let Some(e) = &mut exporter {
-                let infos: Vec<TargetInfo> = targets.iter().map(|t| t.info.clone()).collect();
-                e.feed.update(
-                    &mut e.metrics,
-                    Instant::now(),
-                    &profiler,
-                    &snap,
-                    &infos,
-                    &mut symbolizer,
-                );
-                e.exposition.set(e.metrics.render());
-            }
-            if let Some(iv) = &mut intervals
-                && iv.started.elapsed() >= iv.every
-            {
-                write_interval(iv, &profiler, &snap, &targets, &mut symbolizer, &args)?;
+        for pid in profiler.maintain() {
+            log::debug!("profiling process {pid}");
+        }
+        let snap = profiler.collect();
+        let targets = profiler.targets();
+        if !profiler.open_ended() {
+            let exited = targets.len() - profiler.alive_targets();
+            if exited > exited_reported {
+                exited_reported = exited;
+                eprintln!("sframe-user: {exited} target(s) exited; their samples are kept");
             }
         }
-        if targets.iter().all(|t| !t.alive) {
+        if let Some(e) = &mut exporter {
+            e.feed.update(
+                &mut e.metrics,
+                Instant::now(),
+                &profiler,
+                &snap,
+                &targets,
+                &mut symbolizer,
+            );
+            e.exposition.set(e.metrics.render());
+        }
+        if let Some(iv) = &mut intervals
+            && iv.started.elapsed() >= iv.every
+        {
+            write_interval(iv, &profiler, &snap, &targets, &mut symbolizer, &args)?;
+        }
+        if !profiler.open_ended() && profiler.alive_targets() == 0 {
             eprintln!("sframe-user: every target has exited");
             break;
         }
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            break;
-        }
     }
+    profiler.handle_events();
     let snap = profiler.collect();
+    let targets = profiler.targets();
     if let Some(e) = exporter.take() {
         e.server.abort();
     }
     if let Some(iv) = &mut intervals {
         return write_interval(iv, &profiler, &snap, &targets, &mut symbolizer, &args);
     }
-    let infos: Vec<TargetInfo> = targets.into_iter().map(|t| t.info).collect();
     let profile = Profile::build(
         &profiler,
         &snap,
-        &infos,
+        &targets,
         &mut symbolizer,
         started_at,
         started.elapsed(),
@@ -245,16 +263,15 @@ fn write_interval(
     iv: &mut Intervals,
     profiler: &Profiler,
     snap: &Snapshot,
-    targets: &[Target],
+    targets: &[TargetInfo],
     symbolizer: &mut Symbolizer,
     args: &ProfileArgs,
 ) -> Result<()> {
     let delta = snapshot_delta(snap, &iv.previous);
-    let infos: Vec<TargetInfo> = targets.iter().map(|t| t.info.clone()).collect();
     let profile = Profile::build(
         profiler,
         &delta,
-        &infos,
+        targets,
         symbolizer,
         iv.started_at,
         iv.started.elapsed(),
@@ -275,8 +292,37 @@ fn write_file(path: &Path, profile: &Profile, args: &ProfileArgs) -> Result<()> 
     std::fs::write(path, buf).with_context(|| format!("writing {}", path.display()))
 }
 
-fn comm(pid: u32) -> String {
-    std::fs::read_to_string(format!("/proc/{pid}/comm"))
-        .map(|s| s.trim().to_owned())
-        .unwrap_or_else(|_| format!("pid{pid}"))
+/// Parses a byte count with an optional K, M or G suffix (powers of 1024).
+fn parse_bytes(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let (digits, unit) = match t.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((i, _)) => t.split_at(i),
+        None => (t, ""),
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("not a byte count: {text:?}"))?;
+    let shift = match unit.to_ascii_uppercase().trim_end_matches(['B', 'I']) {
+        "" => 0,
+        "K" => 10,
+        "M" => 20,
+        "G" => 30,
+        _ => return Err(format!("unknown unit in {text:?} (use K, M or G)")),
+    };
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("{text:?} is too large"))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn parses_byte_counts() {
+        assert_eq!(super::parse_bytes("20M"), Ok(20 << 20));
+        assert_eq!(super::parse_bytes("1G"), Ok(1 << 30));
+        assert_eq!(super::parse_bytes("512k"), Ok(512 << 10));
+        assert_eq!(super::parse_bytes("4096"), Ok(4096));
+        assert_eq!(super::parse_bytes("2MiB"), Ok(2 << 20));
+        assert!(super::parse_bytes("x").is_err());
+        assert!(super::parse_bytes("3T").is_err());
+    }
 }

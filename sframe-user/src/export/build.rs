@@ -19,6 +19,8 @@ use crate::{
 pub struct TargetInfo {
     pub pid: u32,
     pub comm: String,
+    /// Its pid inside its own PID namespace (containers), when different.
+    pub ns_pid: Option<u32>,
     /// Its mappings, as last read.
     pub maps: Vec<Mapping>,
 }
@@ -98,6 +100,7 @@ impl Profile {
             });
             processes.push(ProcessProfile {
                 pid: t.pid,
+                ns_pid: t.ns_pid,
                 comm: t.comm.clone(),
                 stacks,
             });

@@ -102,6 +102,8 @@ pub struct Profile {
 #[derive(Clone, Debug, Default)]
 pub struct ProcessProfile {
     pub pid: u32,
+    /// Its pid in its own PID namespace (a container), when different.
+    pub ns_pid: Option<u32>,
     pub comm: String,
     /// Distinct stacks, most samples first.
     pub stacks: Vec<Stack>,
@@ -269,6 +271,7 @@ pub(crate) mod tests {
         Profile {
             processes: vec![
                 ProcessProfile {
+                    ns_pid: None,
                     pid: 42,
                     comm: "my prog".to_owned(),
                     stacks: vec![
@@ -287,6 +290,7 @@ pub(crate) mod tests {
                     ],
                 },
                 ProcessProfile {
+                    ns_pid: None,
                     pid: 43,
                     comm: "other".to_owned(),
                     stacks: vec![Stack {

@@ -1,10 +1,10 @@
 //! The `top` report: totals per walk outcome and the hottest stacks.
 
-use std::fmt::Write as _;
+use std::{collections::HashMap, fmt::Write as _};
 
 use sframe_common::{Counter, WalkOutcome};
 
-use super::{ProcessProfile, Profile, Stack};
+use super::{ProcessProfile, Profile};
 
 /// The report: samples, outcomes, frame sources, then the `n` hottest stacks of all
 /// processes, innermost frame first.
@@ -31,22 +31,39 @@ pub fn top(profile: &Profile, n: usize) -> String {
         profile.counters[Counter::FramesFromTable as usize],
         profile.counters[Counter::FramesFromFramePointer as usize]
     );
-    let mut stacks: Vec<(&ProcessProfile, &Stack, Vec<String>)> = profile
-        .processes
-        .iter()
-        .flat_map(|p| p.stacks.iter().map(move |s| (p, s, s.names())))
+    // Stacks that differ only in addresses inside the same functions are one line here.
+    let mut merged: HashMap<(u32, Vec<String>, WalkOutcome), (&ProcessProfile, u64)> =
+        HashMap::new();
+    for p in &profile.processes {
+        for s in &p.stacks {
+            merged
+                .entry((p.pid, s.names(), s.outcome))
+                .or_insert((p, 0))
+                .1 += s.count;
+        }
+    }
+    let mut stacks: Vec<(&ProcessProfile, u64, WalkOutcome, Vec<String>)> = merged
+        .into_iter()
+        .map(|((_, names, outcome), (p, count))| (p, count, outcome, names))
         .collect();
-    stacks.sort_by(|a, b| b.1.count.cmp(&a.1.count).then_with(|| a.2.cmp(&b.2)));
-    for (i, (p, s, names)) in stacks.iter().take(n).enumerate() {
-        let pct = 100.0 * s.count as f64 / total.max(1) as f64;
+    stacks.sort_by(|a, b| {
+        b.1.cmp(&a.1)
+            .then_with(|| a.0.pid.cmp(&b.0.pid))
+            .then_with(|| a.3.cmp(&b.3))
+    });
+    for (i, (p, count, outcome, names)) in stacks.iter().take(n).enumerate() {
+        let pct = 100.0 * *count as f64 / total.max(1) as f64;
+        let ns = p
+            .ns_pid
+            .map(|n| format!(" (pid {n} in its namespace)"))
+            .unwrap_or_default();
         let _ = writeln!(
             out,
-            "\n#{} {} samples ({pct:.1}%) {} pid {} [{}]",
+            "\n#{} {count} samples ({pct:.1}%) {} pid {}{ns} [{}]",
             i + 1,
-            s.count,
             p.comm,
             p.pid,
-            s.outcome.name()
+            outcome.name()
         );
         for f in names.iter().rev() {
             let _ = writeln!(out, "    {f}");
