@@ -182,7 +182,15 @@ pub fn on_mmap_enter(ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     let (prot_offset, fd_offset) = (global(&MMAP_PROT_OFFSET), global(&MMAP_FD_OFFSET));
-    if prot_offset == 0 || fd_offset == 0 || PROCESSES.get_ptr(tgid).is_none() {
+    if prot_offset == 0 || fd_offset == 0 {
+        return 0;
+    }
+    // Targets, processes with a table, and with `--comm` every process (its exec event,
+    // which makes it a target, comes first in the ring buffer).
+    let wanted = filter_flags() & filter::ALL_EXECS != 0
+        || is_target(tgid)
+        || PROCESSES.get_ptr(tgid).is_some();
+    if !wanted {
         return 0;
     }
     // SAFETY: read_at checks the offsets against the tracepoint record.

@@ -335,14 +335,24 @@ impl ObjectStore {
         if len > 1 << 20 {
             return None;
         }
-        let mut data = vec![0u8; len as usize];
-        let mem = fs::File::open(format!("/proc/{pid}/mem")).ok()?;
-        std::os::unix::fs::FileExt::read_exact_at(&mem, &mut data, m.start).ok()?;
-        let key = ObjectKey::BuildId(build_id(&data).unwrap_or_else(|| data.clone()));
-        if !self.usable(&key) {
-            let info = self.build("[vdso]", &data);
-            self.objects.insert(key.clone(), info);
-        }
+        // Every process of a boot maps the same vDSO image (one per size: 64-bit, x32,
+        // 32-bit): read it from process memory once per size.
+        let vdso_file = (0, 0, len, "[vdso]".to_owned());
+        let key = match self.files.get(&vdso_file).filter(|k| self.usable(k)) {
+            Some(key) => key.clone(),
+            None => {
+                let mut data = vec![0u8; len as usize];
+                let mem = fs::File::open(format!("/proc/{pid}/mem")).ok()?;
+                std::os::unix::fs::FileExt::read_exact_at(&mem, &mut data, m.start).ok()?;
+                let key = ObjectKey::BuildId(build_id(&data).unwrap_or_else(|| data.clone()));
+                if !self.usable(&key) {
+                    let info = self.build("[vdso]", &data);
+                    self.objects.insert(key.clone(), info);
+                }
+                self.files.insert(vdso_file, key.clone());
+                key
+            }
+        };
         let info = self.objects.get(&key)?;
         // The vDSO image is mapped from its start: file offset 0 is at m.start.
         let vaddr0 = info

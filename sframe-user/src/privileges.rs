@@ -46,3 +46,22 @@ pub fn require_bpf(test: &str) -> bool {
         }
     }
 }
+
+/// Nice value of the profiler's event loop: it must run as soon as a process execs or
+/// maps a library, ahead of the CPU-bound processes it profiles, or their first samples
+/// find no tables. Its CPU use is small (and bounded by `--max-overhead`).
+pub const EVENT_LOOP_NICE: i32 = -10;
+
+/// Gives the calling thread `EVENT_LOOP_NICE` (needs CAP_SYS_NICE; without it the
+/// thread keeps its priority, logged).
+pub fn raise_event_loop_priority() {
+    // SAFETY: gettid and setpriority on the calling thread.
+    let tid = unsafe { libc::gettid() };
+    let ret = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, EVENT_LOOP_NICE) };
+    if ret != 0 {
+        log::info!(
+            "event loop keeps its priority: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}

@@ -107,7 +107,7 @@ pub const MIN_TABLE_MEMORY: u64 = 64 * 1024;
 
 /// Rows and page entries for a table memory budget: 7/8 rows, 1/8 page entries (a
 /// page entry per 64 KiB of code; objects have far more rows than pages).
-fn table_capacity(bytes: u64) -> (u32, u32) {
+pub fn table_capacity(bytes: u64) -> (u32, u32) {
     let rows = (bytes / 8 * 7) / size_of::<RowBlock>() as u64 * 8;
     let pages = (bytes / 8) / size_of::<PageBlock>() as u64 * 8;
     let clamp = |n: u64, max: u32| n.clamp(8, u64::from(max)) as u32;
@@ -136,13 +136,11 @@ struct Proc {
     info: TargetInfo,
     exited_at: Option<Instant>,
     loaded_at: Instant,
-    /// A reload was asked for while the last one was too recent.
-    reload_due: bool,
 }
 
-/// Reloads of one process are at least this far apart (events and misses in between
-/// are merged into one reload).
-const RELOAD_INTERVAL: Duration = Duration::from_millis(100);
+/// Reloads of one process for misses are at least this far apart (a miss that persists
+/// comes back from the kernel side every `MISS_INTERVAL_NS`).
+const RELOAD_INTERVAL: Duration = Duration::from_millis(40);
 /// Time `handle_events` spends on first loads of processes seen through misses.
 const PENDING_BUDGET: Duration = Duration::from_millis(50);
 
@@ -383,7 +381,7 @@ impl Profiler {
                 ProcEventKind::Exec => {
                     self.lifecycle.execs += 1;
                     if known || self.kernel_filtered {
-                        self.load(pid, &mut added, true);
+                        self.load_as(pid, &mut added, true, true);
                     } else if self.comm_matches(pid) && self.add_target(pid).is_ok() {
                         added.push(pid);
                     }
@@ -396,13 +394,19 @@ impl Profiler {
                     self.lifecycle.forks += 1;
                     self.load(pid, &mut added, true);
                 }
-                ProcEventKind::Mmap | ProcEventKind::Miss => {
-                    if kind == ProcEventKind::Mmap {
-                        self.lifecycle.mmaps += 1;
-                    } else {
-                        self.lifecycle.misses += 1;
+                ProcEventKind::Mmap => {
+                    // A library was mapped (one event per executable segment): reload
+                    // now, a starting process is about to run it.
+                    self.lifecycle.mmaps += 1;
+                    if known || self.kernel_filtered || self.is_listed(pid) {
+                        self.load(pid, &mut added, true);
                     }
+                }
+                ProcEventKind::Miss => {
+                    self.lifecycle.misses += 1;
                     if known {
+                        // At most one reload per RELOAD_INTERVAL; the kernel side repeats
+                        // a miss that persists every MISS_INTERVAL_NS.
                         self.load(pid, &mut added, false);
                     } else if (self.kernel_filtered || self.is_listed(pid))
                         && self.pending_set.insert(pid)
@@ -425,10 +429,18 @@ impl Profiler {
                 break;
             };
             self.pending_set.remove(&pid);
-            if self.procs.get(&pid).is_none_or(|p| p.exited_at.is_some()) {
+            if self.procs.get(&pid).is_none_or(|p| p.exited_at.is_some()) && !self.is_own_child(pid)
+            {
                 self.load(pid, added, true);
             }
         }
+    }
+
+    /// A child of the profiler that has not exec'd yet (its image is the profiler's own:
+    /// loading it would only slow the loop; its exec event follows).
+    fn is_own_child(&self, pid: u32) -> bool {
+        let exe = |p: &str| std::fs::read_link(format!("/proc/{p}/exe")).ok();
+        exe("self").is_some_and(|own| exe(&pid.to_string()) == Some(own))
     }
 
     /// Processes waiting for their first load (call `handle_events` again soon).
@@ -443,26 +455,37 @@ impl Profiler {
     /// (Re)loads `pid`'s mapping table; a reload within `RELOAD_INTERVAL` of the last is
     /// deferred to `maintain` unless `now` (exec, fork: the table is missing).
     fn load(&mut self, pid: u32, added: &mut Vec<u32>, now: bool) {
+        self.load_as(pid, added, now, false);
+    }
+
+    /// `load`; `renamed`: the process exec'd (its command name changed).
+    fn load_as(&mut self, pid: u32, added: &mut Vec<u32>, now: bool, renamed: bool) {
         if pid == std::process::id() {
             return;
         }
-        if let Some(p) = self.procs.get_mut(&pid)
+        if let Some(p) = self.procs.get(&pid)
             && p.exited_at.is_none()
             && !now
             && p.loaded_at.elapsed() < RELOAD_INTERVAL
         {
-            p.reload_due = true;
             return;
         }
         let new = self.procs.get(&pid).is_none_or(|p| p.exited_at.is_some());
         match self.store.refresh_process(pid) {
             Ok(report) if !report.maps.is_empty() => {
                 self.lifecycle.process_loads += 1;
-                let info = TargetInfo {
-                    pid,
-                    comm: procfs::comm(pid).unwrap_or_else(|| format!("pid{pid}")),
-                    ns_pid: procfs::namespace_pid(pid),
-                    maps: report.maps,
+                let info = match self.procs.remove(&pid) {
+                    // A reload without exec: same command and namespace.
+                    Some(p) if !new && !renamed => TargetInfo {
+                        maps: report.maps,
+                        ..p.info
+                    },
+                    _ => TargetInfo {
+                        pid,
+                        comm: procfs::comm(pid).unwrap_or_else(|| format!("pid{pid}")),
+                        ns_pid: procfs::namespace_pid(pid),
+                        maps: report.maps,
+                    },
                 };
                 self.procs.insert(
                     pid,
@@ -470,7 +493,6 @@ impl Profiler {
                         info,
                         exited_at: None,
                         loaded_at: Instant::now(),
-                        reload_due: false,
                     },
                 );
                 if new {
@@ -516,19 +538,10 @@ impl Profiler {
         }
     }
 
-    /// Periodic work (about once a second): deferred reloads, v1 cgroup members, and a
+    /// Periodic work (about once a second): v1 cgroup members, and a
     /// liveness check that catches exits whose events were lost.
     pub fn maintain(&mut self) -> Vec<u32> {
         let mut added = Vec::new();
-        let due: Vec<u32> = self
-            .procs
-            .iter()
-            .filter(|(_, p)| p.reload_due && p.exited_at.is_none())
-            .map(|(&pid, _)| pid)
-            .collect();
-        for pid in due {
-            self.load(pid, &mut added, true);
-        }
         if !self.cgroups_v1.is_empty() {
             let before: HashSet<u32> = self.procs.keys().copied().collect();
             self.scan_named_targets();
@@ -596,7 +609,6 @@ impl Profiler {
                 },
                 exited_at: None,
                 loaded_at: Instant::now(),
-                reload_due: false,
             },
         );
         Ok(report)

@@ -115,6 +115,9 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
     };
     let whole_system = config.targets.all;
     let mut profiler = Profiler::start_with(config).context("starting the profiler")?;
+    // The loop runs on this thread (current-thread runtime or not, events are handled
+    // here): let it preempt the CPU-bound processes it must load tables for.
+    sframe_user::privileges::raise_event_loop_priority();
     if whole_system {
         eprintln!(
             "sframe-user: profiling every process (name targets with --pid, --comm, --cgroup)"

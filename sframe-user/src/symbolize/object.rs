@@ -129,6 +129,14 @@ impl OpenedObject {
             }
             Err(e) => e,
         };
+        // The process exited (short-lived processes of a whole-system profile): the
+        // path in this mount namespace, only if it is the very file that was mapped.
+        if let Ok((file, meta)) = open_regular(&PathBuf::from(path)) {
+            let (major, minor) = dev_major_minor(meta.dev());
+            if (major, minor) == (m.dev_major, m.dev_minor) && meta.ino() == m.inode {
+                return Ok(Self::new(file, m));
+            }
+        }
         Err(OpenError::Both {
             first: Box::new(first),
             second: Box::new(second),

@@ -1,0 +1,587 @@
+//! Fleet mode under the real kernel: whole-system profiling through process churn,
+//! libraries loaded with dlopen after the start, processes in their own PID and mount
+//! namespaces, and a table memory budget small enough to force evictions.
+//!
+//! Each test drives a `Profiler` in this process (events handled as they arrive, as the
+//! command line does) while the workload runs in other threads and processes.
+
+mod support;
+
+use std::{
+    collections::HashSet,
+    io::{BufRead as _, BufReader, Write as _},
+    os::fd::AsRawFd as _,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    sync::mpsc,
+    thread,
+    time::{Duration, Instant, SystemTime},
+};
+
+use sframe_user::{
+    export::{Profile, TargetInfo},
+    procfs,
+    profiler::{Profiler, ProfilerConfig, Snapshot, TargetSpec},
+    symbolize::Symbolizer,
+};
+use support::{KillOnDrop, bpf_or_skip, compile_c, fixture_dir};
+
+/// The tests run one at a time: each profiles the whole system or depends on timing.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Handles the profiler's events for `d` (waiting on its ring buffer, as the CLI does).
+fn pump(profiler: &mut Profiler, d: Duration) {
+    let end = Instant::now() + d;
+    loop {
+        let left = end.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        if let Some(fd) = profiler.events_fd() {
+            let mut pfd = libc::pollfd {
+                fd: fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            let ms = left.as_millis().min(20) as i32;
+            // SAFETY: poll on one valid pollfd.
+            unsafe { libc::poll(&mut pfd, 1, ms) };
+        } else {
+            thread::sleep(left.min(Duration::from_millis(20)));
+        }
+        profiler.handle_events();
+        if profiler.has_pending() {
+            continue;
+        }
+    }
+    profiler.maintain();
+}
+
+/// Pumps events until `done` yields a value.
+fn pump_until<T>(profiler: &mut Profiler, done: &mpsc::Receiver<T>, limit: Duration) -> T {
+    let end = Instant::now() + limit;
+    loop {
+        if let Ok(v) = done.try_recv() {
+            return v;
+        }
+        assert!(Instant::now() < end, "workload did not finish in {limit:?}");
+        pump(profiler, Duration::from_millis(50));
+    }
+}
+
+fn config(frequency: u64, targets: TargetSpec) -> ProfilerConfig {
+    ProfilerConfig {
+        targets,
+        ..ProfilerConfig::explicit(frequency)
+    }
+}
+
+/// The symbolized stacks of `pids` in `snap` (their mappings from `targets`):
+/// (outermost-first names, outcome is complete, count).
+fn stacks_of(
+    profiler: &Profiler,
+    snap: &Snapshot,
+    targets: &[TargetInfo],
+    pids: &HashSet<u32>,
+) -> Vec<(Vec<String>, bool, u64)> {
+    let targets: Vec<TargetInfo> = targets
+        .iter()
+        .filter(|t| pids.contains(&t.pid))
+        .cloned()
+        .collect();
+    let mut symbolizer = Symbolizer::new();
+    let profile = Profile::build(
+        profiler,
+        snap,
+        &targets,
+        &mut symbolizer,
+        SystemTime::now(),
+        Duration::from_secs(1),
+        profiler.frequency(),
+    );
+    profile
+        .processes
+        .iter()
+        .flat_map(|p| p.stacks.iter())
+        .map(|s| (s.names(), s.outcome.is_complete(), s.count))
+        .collect()
+}
+
+/// Samples whose stack is complete and runs `_start … main → chain` (chain outermost
+/// first, ending at the leaf), and all samples, with a few bad ones for the message.
+fn complete_through(stacks: &[(Vec<String>, bool, u64)], chain: &[&str]) -> (u64, u64, String) {
+    let mut good = 0;
+    let mut total = 0;
+    let mut bad = Vec::new();
+    for (names, complete, count) in stacks {
+        total += count;
+        let user: Vec<&str> = names
+            .iter()
+            .map(String::as_str)
+            .filter(|n| !n.ends_with("_[k]"))
+            .collect();
+        let through =
+            user.first() == Some(&"_start") && user.windows(chain.len()).any(|w| w == chain);
+        if *complete && through {
+            good += count;
+        } else if bad.len() < 8 {
+            bad.push(format!("{count}x complete={complete}: {}", names.join(";")));
+        }
+    }
+    (good, total, bad.join("\n"))
+}
+
+const CHURN_SOURCE: &str = r#"
+#include <time.h>
+volatile unsigned long sink;
+static double cpu_seconds(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
+__attribute__((noinline)) void churn_work(double secs) {
+    double start = cpu_seconds();
+    while (cpu_seconds() - start < secs)
+        for (int i = 0; i < 2000; i++) sink += i;
+}
+int main(void) {
+    churn_work(0.06);
+    return 0;
+}
+"#;
+
+#[test]
+fn whole_system_profiling_keeps_up_with_process_churn() {
+    if !bpf_or_skip("whole_system_profiling_keeps_up_with_process_churn") {
+        return;
+    }
+    let _serial = serial();
+    const PROCESSES: usize = 200;
+    let exe = compile_c("churn", CHURN_SOURCE, &["-O2", "-fomit-frame-pointer"]);
+    let spec = TargetSpec {
+        all: true,
+        ..TargetSpec::default()
+    };
+    let mut profiler = Profiler::start_with(config(499, spec)).expect("start whole-system");
+    // As the command line does: the event loop runs ahead of CPU-bound processes.
+    sframe_user::privileges::raise_event_loop_priority();
+    let (tx, rx) = mpsc::channel();
+    let workload = {
+        let exe = exe.clone();
+        thread::spawn(move || {
+            let mut pids = Vec::new();
+            // Two at a time: one per CPU of these machines.
+            for _ in 0..PROCESSES / 2 {
+                let mut a = Command::new(&exe).spawn().expect("spawn");
+                let mut b = Command::new(&exe).spawn().expect("spawn");
+                pids.extend([a.id(), b.id()]);
+                assert!(a.wait().unwrap().success() && b.wait().unwrap().success());
+            }
+            tx.send(pids).unwrap();
+        })
+    };
+    let started = Instant::now();
+    let pids = pump_until(&mut profiler, &rx, Duration::from_secs(120));
+    workload.join().unwrap();
+    pump(&mut profiler, Duration::from_millis(500));
+    let elapsed = started.elapsed();
+    let snap = profiler.collect();
+    let pids: HashSet<u32> = pids.into_iter().collect();
+    let stacks = stacks_of(&profiler, &snap, &profiler.targets(), &pids);
+    let (good, total, bad) = complete_through(&stacks, &["main", "churn_work"]);
+    let all: u64 = snap
+        .counts
+        .iter()
+        .filter(|c| pids.contains(&c.key.pid))
+        .map(|c| c.count)
+        .sum();
+    let share = good as f64 / all.max(1) as f64;
+    let mut outcomes = std::collections::BTreeMap::new();
+    for c in snap.counts.iter().filter(|c| pids.contains(&c.key.pid)) {
+        *outcomes.entry(c.key.outcome).or_insert(0u64) += c.count;
+    }
+    eprintln!("outcomes of churn samples: {outcomes:?}");
+    eprintln!(
+        "{PROCESSES} processes in {elapsed:?}: {good} of {all} samples complete through \
+         churn_work ({:.1}%), {total} symbolized; lifecycle {:?}; others:\n{bad}",
+        100.0 * share,
+        profiler.lifecycle
+    );
+    assert!(all >= 1000, "too few samples of the churn processes: {all}");
+    assert!(
+        share >= 0.95,
+        "only {:.1}% of churn samples are complete stacks through churn_work:\n{bad}",
+        100.0 * share
+    );
+    // No kernel entry of an exited process remains.
+    let left: Vec<u32> = profiler
+        .kernel_processes()
+        .into_iter()
+        .chain(profiler.listed_targets())
+        .filter(|p| pids.contains(p))
+        .collect();
+    assert!(
+        left.is_empty(),
+        "map entries of exited processes remain: {left:?}"
+    );
+    assert!(
+        profiler.lifecycle.exits >= PROCESSES as u64 / 2,
+        "{:?}",
+        profiler.lifecycle
+    );
+}
+
+const DL_LIB: &str = r#"
+volatile unsigned long dl_sink;
+__attribute__((noinline)) void dl_inner(void) {
+    for (int i = 0; i < 1000; i++) dl_sink += i;
+}
+__attribute__((noinline)) void dl_spin(double secs, double (*now)(void)) {
+    double start = now();
+    while (now() - start < secs) { dl_inner(); dl_sink++; }
+}
+"#;
+
+const DL_MAIN: &str = r#"
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
+typedef void (*spin_fn)(double, double (*)(void));
+static void *open_and_run(const char *path, const char *what) {
+    void *h = dlopen(path, RTLD_NOW);
+    if (!h) { printf("error %s\n", dlerror()); fflush(stdout); return 0; }
+    spin_fn spin = (spin_fn)dlsym(h, "dl_spin");
+    Dl_info info;
+    dladdr((void *)spin, &info);
+    printf("%s %p\n", what, info.dli_fbase);
+    fflush(stdout);
+    spin(2.5, now);
+    return info.dli_fbase;
+}
+int main(void) {
+    char path[4096];
+    if (!fgets(path, sizeof path, stdin)) return 1;
+    path[strcspn(path, "\n")] = 0;
+    void *h0 = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+    (void)h0;
+    void *base = open_and_run(path, "loaded");
+    void *h = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+    if (h) { dlclose(h); dlclose(h); }
+    /* Keep the old place taken, so that the library comes back elsewhere. */
+    mmap(base, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+    open_and_run(path, "reloaded");
+    printf("done\n");
+    fflush(stdout);
+    return 0;
+}
+"#;
+
+#[test]
+fn follows_libraries_opened_with_dlopen_after_the_start() {
+    if !bpf_or_skip("follows_libraries_opened_with_dlopen_after_the_start") {
+        return;
+    }
+    let _serial = serial();
+    let exe = compile_c("dlmain", DL_MAIN, &["-O2", "-fomit-frame-pointer", "-ldl"]);
+    let mut child = KillOnDrop::spawn(
+        Command::new(&exe)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped()),
+    );
+    let pid = child.pid();
+    let mut profiler = Profiler::start(499).expect("start");
+    profiler
+        .add_target(pid)
+        .expect("tables of the main program");
+    // The library is built after profiling started.
+    let dir = fixture_dir("dllib");
+    let lib = support::compile_c_shared(&dir, "dlspin", DL_LIB, &["-O2", "-fomit-frame-pointer"]);
+    let (tx, rx) = mpsc::channel();
+    let stdout = child.0.stdout.take().unwrap();
+    thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    writeln!(child.0.stdin.as_mut().unwrap(), "{}", lib.display()).unwrap();
+    let pids: HashSet<u32> = [pid].into();
+    let mut bases = Vec::new();
+    for phase in ["loaded", "reloaded"] {
+        let line = pump_until(&mut profiler, &rx, Duration::from_secs(30));
+        assert!(line.starts_with(phase), "expected {phase}, got {line}");
+        bases.push(
+            line.split_whitespace()
+                .nth(1)
+                .unwrap_or_default()
+                .to_owned(),
+        );
+        // Stacks from 1 s after the load to the end of the phase.
+        pump(&mut profiler, Duration::from_secs(1));
+        let before = profiler.collect();
+        let maps = procfs::read_maps(pid).expect("maps while the library is mapped");
+        pump(&mut profiler, Duration::from_millis(1200));
+        let after = profiler.collect();
+        let delta = sframe_user::export::snapshot_delta(&after, &before);
+        let targets = [TargetInfo {
+            pid,
+            comm: "dlmain".into(),
+            ns_pid: None,
+            maps,
+        }];
+        let stacks = stacks_of(&profiler, &delta, &targets, &pids);
+        let (good, total, bad) = complete_through(&stacks, &["main", "open_and_run", "dl_spin"]);
+        eprintln!(
+            "{phase} at {}: {good} of {total} complete through dl_spin\n{bad}",
+            bases.last().unwrap()
+        );
+        assert!(total >= 100, "{phase}: too few samples: {total}");
+        assert!(
+            good as f64 >= 0.95 * total as f64,
+            "{phase}: {good} of {total} samples complete through the library:\n{bad}"
+        );
+    }
+    assert_ne!(
+        bases[0], bases[1],
+        "the library came back at the same address"
+    );
+    assert!(profiler.lifecycle.mmaps >= 2, "{:?}", profiler.lifecycle);
+}
+
+const CONTAINER_SOURCE: &str = r#"
+#include <time.h>
+volatile unsigned long sink;
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
+__attribute__((noinline)) void boxed_inner(void) { for (int i = 0; i < 1000; i++) sink += i; }
+__attribute__((noinline)) void boxed_work(double secs) {
+    double start = now();
+    while (now() - start < secs) { boxed_inner(); sink++; }
+}
+int main(void) { boxed_work(6); return 0; }
+"#;
+
+#[test]
+fn profiles_a_process_in_its_own_pid_and_mount_namespace() {
+    if !bpf_or_skip("profiles_a_process_in_its_own_pid_and_mount_namespace") {
+        return;
+    }
+    let _serial = serial();
+    let exe = compile_c("boxed", CONTAINER_SOURCE, &["-O2", "-fomit-frame-pointer"]);
+    // Inside the namespaces a private tmpfs hides the copy from this mount namespace.
+    let private = fixture_dir("boxed-root");
+    let script = format!(
+        "mount -t tmpfs none {dir} && cp {exe} {dir}/boxed_fixture && exec {dir}/boxed_fixture",
+        dir = private.display(),
+        exe = exe.display()
+    );
+    let spec = TargetSpec {
+        comms: vec!["boxed_fixture".into()],
+        ..TargetSpec::default()
+    };
+    let mut profiler = Profiler::start_with(config(499, spec)).expect("start");
+    let _unshare = KillOnDrop::spawn(
+        Command::new("unshare")
+            .args([
+                "--pid",
+                "--mount",
+                "--fork",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+            ])
+            .arg(&script),
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let target = loop {
+        pump(&mut profiler, Duration::from_millis(100));
+        if let Some(t) = profiler
+            .targets()
+            .into_iter()
+            .find(|t| t.comm == "boxed_fixture")
+        {
+            break t;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the boxed process was never seen"
+        );
+    };
+    assert_eq!(target.ns_pid, Some(1), "pid 1 of its namespace: {target:?}");
+    let host_path = private.join("boxed_fixture");
+    assert!(
+        !Path::new(&host_path).exists(),
+        "the copy must be invisible from here: {}",
+        host_path.display()
+    );
+    pump(&mut profiler, Duration::from_secs(3));
+    let snap = profiler.collect();
+    let targets = profiler.targets();
+    let pids: HashSet<u32> = [target.pid].into();
+    let stacks = stacks_of(&profiler, &snap, &targets, &pids);
+    let (good, total, bad) = complete_through(&stacks, &["main", "boxed_work"]);
+    eprintln!(
+        "pid {} (1 inside): {good} of {total} complete\n{bad}",
+        target.pid
+    );
+    assert!(total >= 300, "too few samples: {total}");
+    assert!(
+        good as f64 >= 0.95 * total as f64,
+        "{good} of {total} samples complete through boxed_work:\n{bad}"
+    );
+}
+
+/// A C program with `n` functions (to give its table many rows) that spins in
+/// `evict_work` for `secs`; `salt` makes each build a different object.
+fn many_functions(salt: u32, n: usize, secs: f64) -> String {
+    let mut s = String::from(
+        "#include <time.h>\nvolatile unsigned long sink;\n\
+         static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); \
+         return t.tv_sec + t.tv_nsec / 1e9; }\n",
+    );
+    for i in 0..n {
+        s += &format!(
+            "__attribute__((noinline)) unsigned long f{i}(unsigned long x) {{ \
+             unsigned long a[4] = {{x, x + {salt}, x * 3, x ^ {i}}}; sink += a[x & 3]; return a[(x + 1) & 3]; }}\n"
+        );
+    }
+    s += "__attribute__((noinline)) void evict_work(double secs) { double t = now(); \
+          unsigned long x = 0; while (now() - t < secs) { for (int i = 0; i < 1000; i++) x += i; sink += x;";
+    for i in (0..n).step_by(97) {
+        s += &format!(" x = f{i}(x);");
+    }
+    s += &format!(" }} }}\nint main(void) {{ evict_work({secs}); return 0; }}\n");
+    s
+}
+
+#[test]
+fn a_small_table_budget_evicts_unused_objects_and_stays_correct() {
+    if !bpf_or_skip("a_small_table_budget_evicts_unused_objects_and_stays_correct") {
+        return;
+    }
+    let _serial = serial();
+    let a = compile_c(
+        "evict_a",
+        &many_functions(1, 3000, 30.0),
+        &["-O2", "-fomit-frame-pointer"],
+    );
+    let b = compile_c(
+        "evict_b",
+        &many_functions(2, 3000, 30.0),
+        &["-O2", "-fomit-frame-pointer"],
+    );
+    // Sizes of everything A's process maps (libc, ld.so, the vDSO, A itself).
+    let mut first = KillOnDrop::spawn(&mut Command::new(&a));
+    let (rows_all, rows_exe) = {
+        let mut p = Profiler::start(99).expect("start");
+        p.add_target(first.pid()).expect("tables");
+        let rows = |f: &dyn Fn(&str) -> bool| -> u64 {
+            p.store
+                .objects()
+                .filter(|o| f(&o.path))
+                .filter_map(|o| o.placement)
+                .map(|pl| u64::from(pl.rows).next_multiple_of(8))
+                .sum()
+        };
+        let exe = a.display().to_string();
+        (rows(&|_| true), rows(&|p: &str| p == exe))
+    };
+    first.0.kill().unwrap();
+    first.0.wait().unwrap();
+    assert!(
+        rows_exe > 4000,
+        "the fixture should have many rows: {rows_exe}"
+    );
+    // Room for one process's objects and half of a second executable: B's table only
+    // fits once A's is evicted.
+    let wanted = rows_all + rows_exe / 2;
+    let bytes = (1u64..)
+        .map(|k| k * 4096)
+        .find(|&b| u64::from(sframe_user::profiler::table_capacity(b).0) >= wanted)
+        .unwrap();
+    let mut profiler = Profiler::start_with(ProfilerConfig {
+        max_table_memory: Some(bytes),
+        ..ProfilerConfig::explicit(499)
+    })
+    .expect("start with a small budget");
+    let run = |profiler: &mut Profiler, exe: &PathBuf| {
+        let child = KillOnDrop::spawn(&mut Command::new(exe));
+        let pid = child.pid();
+        thread::sleep(Duration::from_millis(50));
+        profiler.add_target(pid).expect("tables");
+        pump(profiler, Duration::from_millis(300));
+        let before = profiler.collect();
+        pump(profiler, Duration::from_secs(2));
+        let after = profiler.collect();
+        let delta = sframe_user::export::snapshot_delta(&after, &before);
+        let stacks = stacks_of(profiler, &delta, &profiler.targets(), &[pid].into());
+        drop(child);
+        pump(profiler, Duration::from_millis(300));
+        complete_through(&stacks, &["main", "evict_work"])
+    };
+    let (good_a, total_a, bad_a) = run(&mut profiler, &a);
+    assert_eq!(profiler.store.stats.evictions, 0, "nothing to evict yet");
+    let (good_b, total_b, bad_b) = run(&mut profiler, &b);
+    let stats = profiler.store.stats;
+    eprintln!(
+        "budget {bytes} bytes ({wanted} rows): A {good_a}/{total_a}, B {good_b}/{total_b}; {stats:?}"
+    );
+    assert!(stats.evictions >= 1, "B needed A's room: {stats:?}");
+    for (name, good, total, bad) in [("A", good_a, total_a, bad_a), ("B", good_b, total_b, bad_b)] {
+        assert!(total >= 300, "{name}: too few samples: {total}");
+        assert!(
+            good as f64 >= 0.95 * total as f64,
+            "{name}: {good} of {total} complete:\n{bad}"
+        );
+    }
+}
+
+#[test]
+fn without_targets_the_command_line_profiles_the_whole_system() {
+    if !bpf_or_skip("without_targets_the_command_line_profiles_the_whole_system") {
+        return;
+    }
+    let _serial = serial();
+    let exe = compile_c(
+        "wholesys",
+        CONTAINER_SOURCE,
+        &["-O2", "-fomit-frame-pointer"],
+    );
+    let _spinner = KillOnDrop::spawn(&mut Command::new(&exe));
+    let out = Command::new(env!("CARGO_BIN_EXE_sframe-user"))
+        .args(["--duration", "3", "--top", "200"])
+        .output()
+        .expect("run sframe-user");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("profiling every process"), "{stderr}");
+    // The spinner's hottest stack, innermost first, complete.
+    let block = stdout
+        .split("\n#")
+        .find(|b| {
+            b.contains("wholesys pid") && b.contains("[complete]") && b.contains("boxed_work")
+        })
+        .unwrap_or_else(|| panic!("no complete stack of the spinner:\n{stdout}"));
+    let frames: Vec<&str> = block.lines().skip(1).map(str::trim).collect();
+    assert_eq!(frames.last(), Some(&"_start"), "{block}");
+    assert!(frames.contains(&"main"), "{block}");
+}
