@@ -502,6 +502,161 @@ fn promtool_accepts_exporter_text_format() {
 
 const WALK_OUTCOMES: [&str; 4] = ["complete", "truncated", "no_rule", "read_fault"];
 
+/// A frame box of an inferno flame graph.
+#[derive(Debug)]
+struct SvgFrame {
+    name: String,
+    /// Horizontal extent in samples (`fg:x`, `fg:w`).
+    x: u64,
+    w: u64,
+    /// Top of the box; callers are drawn below their callees.
+    y: f64,
+}
+
+/// Parses `svg` as XML (panicking unless it is well-formed) and returns its frame boxes:
+/// each `<g>` with a `<title>NAME (N samples, P%)</title>` and a `<rect>`.
+fn svg_frames(svg: &str) -> Vec<SvgFrame> {
+    const FG: &str = "http://github.com/jonhoo/inferno";
+    let doc = roxmltree::Document::parse_with_options(
+        svg,
+        roxmltree::ParsingOptions {
+            // inferno writes the SVG 1.1 DOCTYPE (an external DTD, which is not read).
+            allow_dtd: true,
+            ..roxmltree::ParsingOptions::default()
+        },
+    )
+    .unwrap_or_else(|e| panic!("the SVG is not well-formed XML: {e}"));
+    let root = doc.root_element();
+    assert_eq!(root.tag_name().name(), "svg");
+    assert_eq!(
+        root.tag_name().namespace(),
+        Some("http://www.w3.org/2000/svg")
+    );
+    doc.descendants()
+        .filter(|n| n.has_tag_name("g"))
+        .filter_map(|g| {
+            let title = g.children().find(|c| c.has_tag_name("title"))?.text()?;
+            let rect = g.children().find(|c| c.has_tag_name("rect"))?;
+            let (name, _) = title.rsplit_once(" (")?;
+            let num = |attr: &str, value: Option<&str>| {
+                value
+                    .unwrap_or_else(|| panic!("{title}: no {attr}"))
+                    .parse::<f64>()
+                    .unwrap_or_else(|e| panic!("{title}: {attr}: {e}"))
+            };
+            Some(SvgFrame {
+                name: name.to_owned(),
+                x: num("fg:x", rect.attribute((FG, "x"))) as u64,
+                w: num("fg:w", rect.attribute((FG, "w"))) as u64,
+                y: num("y", rect.attribute("y")),
+            })
+        })
+        .collect()
+}
+
+/// The flame graph in `svg` has a column whose frames, from the bottom, include `path`
+/// in that order, consecutive from `path[1]` on (`path[0]` is the process name, under
+/// the start-up frames).
+fn svg_has_path(svg: &str, path: &[&str]) {
+    let frames = svg_frames(svg);
+    let leaf = path.last().unwrap();
+    let mut columns = Vec::new();
+    for top in frames.iter().filter(|f| f.name == *leaf && f.w > 0) {
+        // Every box under `top` that spans it, bottom first: one per row, each containing
+        // the next.
+        let mut column: Vec<&SvgFrame> = frames
+            .iter()
+            .filter(|f| f.y > top.y && f.x <= top.x && top.x + top.w <= f.x + f.w)
+            .collect();
+        column.sort_by(|a, b| b.y.total_cmp(&a.y));
+        column.push(top);
+        for pair in column.windows(2) {
+            assert!(
+                pair[1].x >= pair[0].x && pair[1].x + pair[1].w <= pair[0].x + pair[0].w,
+                "{pair:?}"
+            );
+            assert!(pair[1].y < pair[0].y, "two boxes in one row: {pair:?}");
+        }
+        let names: Vec<&str> = column.iter().map(|f| f.name.as_str()).collect();
+        // Under the process name: "all".
+        let comm = names.iter().position(|n| *n == path[0]);
+        let tail = names.windows(path.len() - 1).position(|w| w == &path[1..]);
+        if let (Some(comm), Some(tail)) = (comm, tail)
+            && comm < tail
+            && tail + path.len() - 1 == names.len()
+        {
+            return;
+        }
+        columns.push(names);
+    }
+    panic!("no column {path:?} in the flame graph; columns ending in {leaf}: {columns:?}");
+}
+
+#[test]
+fn svg_path_check_rejects_wrong_orders() {
+    let frame = |name: &str, x: u64, w: u64, row: u32| {
+        format!(
+            "<g><title>{name} ({w} samples, 1%)</title><rect x=\"0%\" y=\"{}\" width=\"1%\" height=\"15\" fg:x=\"{x}\" fg:w=\"{w}\"/></g>",
+            200 - 16 * row
+        )
+    };
+    let svg = |boxes: &[String]| {
+        format!(
+            "<?xml version=\"1.0\"?><svg xmlns=\"http://www.w3.org/2000/svg\" xmlns:fg=\"http://github.com/jonhoo/inferno\"><g id=\"frames\">{}</g></svg>",
+            boxes.concat()
+        )
+    };
+    let good = svg(&[
+        frame("all", 0, 10, 0),
+        frame("p", 0, 10, 1),
+        frame("main", 0, 10, 2),
+        frame("a", 0, 6, 3),
+        frame("b", 6, 4, 3),
+        frame("leaf", 1, 5, 4),
+    ]);
+    svg_has_path(&good, &["p", "main", "a", "leaf"]);
+    for (boxes, path) in [
+        // leaf is over b, not a.
+        (
+            vec![
+                frame("p", 0, 10, 1),
+                frame("main", 0, 10, 2),
+                frame("a", 0, 6, 3),
+                frame("b", 6, 4, 3),
+                frame("leaf", 7, 2, 4),
+            ],
+            &["p", "main", "a", "leaf"][..],
+        ),
+        // Order reversed.
+        (
+            vec![
+                frame("p", 0, 10, 1),
+                frame("a", 0, 10, 2),
+                frame("main", 0, 10, 3),
+                frame("leaf", 0, 10, 4),
+            ],
+            &["p", "main", "a", "leaf"][..],
+        ),
+        // A frame in between.
+        (
+            vec![
+                frame("p", 0, 10, 1),
+                frame("main", 0, 10, 2),
+                frame("x", 0, 10, 3),
+                frame("a", 0, 10, 4),
+                frame("leaf", 0, 10, 5),
+            ],
+            &["p", "main", "a", "leaf"][..],
+        ),
+    ] {
+        let svg = svg(&boxes);
+        let result = std::panic::catch_unwind(|| svg_has_path(&svg, path));
+        assert!(result.is_err(), "accepted: {svg}");
+    }
+    let broken = good.replace("</svg>", "");
+    assert!(std::panic::catch_unwind(|| svg_frames(&broken)).is_err());
+}
+
 fn decode_pprof(path: &Path) -> proto::Profile {
     let bytes = std::fs::read(path).expect("read the pprof file");
     let mut raw = Vec::new();
@@ -539,16 +694,8 @@ fn svg_and_pprof_of_fixture() {
     drop(chain);
 
     let text = std::fs::read_to_string(&svg).expect("read svg");
-    assert!(text.starts_with("<?xml") && text.trim_end().ends_with("</svg>"));
     assert!(text.contains(&format!("chain (pid {pid}), ")), "title");
-    // The chain's frames, outermost first, in the order inferno draws them.
-    let mut at = 0;
-    for name in ["chain", "main", "f0", "f1", "f2", "leaf"] {
-        let found = text[at..]
-            .find(&format!("<title>{name} ("))
-            .unwrap_or_else(|| panic!("{name} not found after offset {at}"));
-        at += found;
-    }
+    svg_has_path(&text, &["chain", "main", "f0", "f1", "f2", "leaf"]);
 
     let p = decode_pprof(&pb);
     let s = |i: i64| p.string_table[i as usize].as_str();
