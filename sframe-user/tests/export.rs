@@ -74,18 +74,20 @@ fn value_of(text: &str, prefix: &str, filter: impl Fn(&str) -> bool) -> Option<f
         .find_map(|l| l.rsplit(' ').next()?.parse().ok())
 }
 
-#[test]
-fn prometheus_exporter_serves_fixture_stacks() {
-    if !bpf_or_skip("prometheus_exporter_serves_fixture_stacks") {
-        return;
-    }
-    let chain = spawn_chain();
-    let pid = chain.pid().to_string();
+/// Runs the profiler on `pid` with `--prometheus 127.0.0.1:0` and `args`; returns it and
+/// the address it announced. Its stderr is echoed.
+fn start_exporter(pid: &str, args: &[&str]) -> (KillOnDrop, SocketAddr) {
     let mut profiler = KillOnDrop::spawn(
         Command::new(BIN)
-            .args(["--pid", &pid, "--duration", "20", "--frequency", "499"])
-            .args(["--prometheus", "127.0.0.1:0", "--prometheus-top-k", "3"])
-            .args(["--format", "folded"])
+            .args([
+                "--pid",
+                pid,
+                "--prometheus",
+                "127.0.0.1:0",
+                "--format",
+                "folded",
+            ])
+            .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped()),
@@ -98,7 +100,7 @@ fn prometheus_exporter_serves_fixture_stacks() {
             let _ = tx.send(line);
         }
     });
-    let addr: SocketAddr = loop {
+    let addr = loop {
         let line = rx
             .recv_timeout(Duration::from_secs(60))
             .expect("the profiler announces its metrics address");
@@ -106,6 +108,27 @@ fn prometheus_exporter_serves_fixture_stacks() {
             break rest.trim_end_matches("/metrics").parse().expect("address");
         }
     };
+    (profiler, addr)
+}
+
+#[test]
+fn prometheus_exporter_serves_fixture_stacks() {
+    if !bpf_or_skip("prometheus_exporter_serves_fixture_stacks") {
+        return;
+    }
+    let chain = spawn_chain();
+    let pid = chain.pid().to_string();
+    let (profiler, addr) = start_exporter(
+        &pid,
+        &[
+            "--duration",
+            "20",
+            "--frequency",
+            "499",
+            "--prometheus-top-k",
+            "3",
+        ],
+    );
     let deadline = Instant::now() + Duration::from_secs(15);
     let series = format!("sframe_stack_samples_total{{comm=\"chain\",pid=\"{pid}\",stack=\"");
     let text = loop {
@@ -169,7 +192,470 @@ fn prometheus_exporter_serves_fixture_stacks() {
     drop(chain);
 }
 
+/// Prometheus's `prometheus` and `promtool`, or `None` (after printing why) when the
+/// Debian package is missing outside CI.
+fn prometheus_tools(test: &str) -> Option<(PathBuf, PathBuf)> {
+    let works = |bin: &str| {
+        Command::new(bin)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if works("prometheus") && works("promtool") {
+        return Some(("prometheus".into(), "promtool".into()));
+    }
+    let why = "prometheus/promtool not installed (apt-get install prometheus; cargo xtask setup installs it)";
+    if sframe_user::privileges::in_ci() {
+        panic!("{test}: {why}");
+    }
+    eprintln!("SKIPPED {test}: {why}");
+    None
+}
+
+/// Percent-encodes a URL query value.
+fn url_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// `GET path` over HTTP/1.0 (no chunked bodies to decode): (status, body). `None` when
+/// nothing listens yet.
+fn http10_get(addr: SocketAddr, path: &str, accept: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.0\r\nHost: {addr}\r\nAccept: {accept}\r\n\r\n"
+    )
+    .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let (head, body) = out.split_once("\r\n\r\n")?;
+    let status = head.split(' ').nth(1)?.parse().ok()?;
+    Some((status, body.to_owned()))
+}
+
+/// `promtool check metrics` on `exposition`: its combined output, empty when it has
+/// nothing to say; panics when it fails.
+fn promtool_check(promtool: &Path, exposition: &str) -> String {
+    let mut child = Command::new(promtool)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run promtool");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(exposition.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}: {text}\n{exposition}",
+        out.status
+    );
+    text
+}
+
+/// A free loopback port (the listener is closed again: a small race, retried by the
+/// caller).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A Prometheus server on loopback, scraping `target` every second, killed on drop.
+struct PrometheusServer {
+    _process: KillOnDrop,
+    addr: SocketAddr,
+}
+
+impl PrometheusServer {
+    fn start(prometheus: &Path, target: SocketAddr) -> Self {
+        let dir = support::fixture_dir("prometheus");
+        let config = dir.join("prometheus.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n\
+                 scrape_configs:\n  - job_name: sframe\n    static_configs:\n      - targets: ['{target}']\n"
+            ),
+        )
+        .unwrap();
+        for attempt in 0..3 {
+            let addr: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+            let log = std::fs::File::create(dir.join(format!("prometheus-{attempt}.log"))).unwrap();
+            let mut process = KillOnDrop::spawn(
+                Command::new(prometheus)
+                    .arg(format!("--config.file={}", config.display()))
+                    .arg(format!(
+                        "--storage.tsdb.path={}",
+                        dir.join(format!("data-{attempt}")).display()
+                    ))
+                    .arg(format!("--web.listen-address={addr}"))
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(log),
+            );
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while Instant::now() < deadline {
+                if let Some((200, _)) = http10_get(addr, "/-/ready", "*/*") {
+                    return Self {
+                        _process: process,
+                        addr,
+                    };
+                }
+                if process.0.try_wait().unwrap().is_some() {
+                    // Port taken in between, most likely: try another.
+                    break;
+                }
+                thread::sleep(Duration::from_millis(200));
+            }
+            eprintln!(
+                "prometheus did not become ready (attempt {attempt}):\n{}",
+                std::fs::read_to_string(dir.join(format!("prometheus-{attempt}.log")))
+                    .unwrap_or_default()
+            );
+        }
+        panic!("prometheus did not start; logs in {}", dir.display());
+    }
+
+    /// `GET /api/v1/...`, its `data` on success.
+    fn api(&self, path: &str) -> serde_json::Value {
+        let (status, body) = http10_get(self.addr, &format!("/api/v1/{path}"), "application/json")
+            .expect("Prometheus answers");
+        let json: serde_json::Value =
+            serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {e}: {status} {body}"));
+        assert_eq!(json["status"], "success", "{path}: {body}");
+        json["data"].clone()
+    }
+}
+
+/// A real Prometheus server scrapes the exporter (OpenMetrics, as Prometheus asks for)
+/// while the profiler samples the chain fixture; its query API then has the fixture's
+/// stacks with plausible counts, and `promtool` lints the exposition clean.
+#[test]
+fn prometheus_server_scrapes_fixture_stacks() {
+    const TEST: &str = "prometheus_server_scrapes_fixture_stacks";
+    if !bpf_or_skip(TEST) {
+        return;
+    }
+    let Some((prometheus, promtool)) = prometheus_tools(TEST) else {
+        return;
+    };
+    const FREQUENCY: f64 = 199.0;
+    let chain = spawn_chain();
+    let pid = chain.pid().to_string();
+    let started = Instant::now();
+    let (profiler, exporter) = start_exporter(&pid, &["--duration", "60", "--frequency", "199"]);
+    let server = PrometheusServer::start(&prometheus, exporter);
+
+    let query = format!(
+        "query?query={}",
+        url_encode(&format!("sframe_stack_samples_total{{pid=\"{pid}\"}}"))
+    );
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let (series, elapsed) = loop {
+        let data = server.api(&query);
+        let elapsed = started.elapsed().as_secs_f64();
+        let series = data["result"].as_array().cloned().unwrap_or_default();
+        let chain_value = series.iter().find_map(|s| {
+            let stack = s["metric"]["stack"].as_str()?;
+            let value: f64 = s["value"][1].as_str()?.parse().ok()?;
+            stack.ends_with(&format!(";{CHAIN}")).then_some(value)
+        });
+        if chain_value.is_some_and(|v| v >= 50.0) {
+            break (series, elapsed);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no series of pid {pid} ending in {CHAIN} with 50+ samples in Prometheus: {data}\ntargets: {}",
+            server.api("targets")
+        );
+        thread::sleep(Duration::from_millis(500));
+    };
+    // At most one CPU's worth of samples: the fixture is one thread.
+    let bound = elapsed * FREQUENCY * 1.2 + 10.0;
+    let mut total = 0.0;
+    for s in &series {
+        let m = &s["metric"];
+        assert_eq!(m["__name__"], "sframe_stack_samples_total", "{s}");
+        assert_eq!(m["comm"], "chain", "{s}");
+        assert_eq!(m["job"], "sframe", "{s}");
+        assert_eq!(m["instance"], exporter.to_string(), "{s}");
+        let value: f64 = s["value"][1].as_str().unwrap().parse().unwrap();
+        assert!(value >= 0.0 && value <= bound, "{value} > {bound}: {s}");
+        total += value;
+    }
+    assert!(
+        total <= bound,
+        "{total} samples in {elapsed:.1} s at {FREQUENCY} Hz"
+    );
+    let chain_stack = series
+        .iter()
+        .filter_map(|s| s["metric"]["stack"].as_str())
+        .find(|s| s.ends_with(CHAIN))
+        .unwrap();
+    // Outermost first, down to the leaf.
+    let frames: Vec<&str> = chain_stack.split(';').collect();
+    let at = |name: &str| frames.iter().position(|f| *f == name);
+    assert!(
+        at("main") < at("f0")
+            && at("f0") < at("f1")
+            && at("f1") < at("f2")
+            && at("f2") < at("leaf"),
+        "{chain_stack}"
+    );
+    // Prometheus parsed every scrape: the target is up with no error.
+    let targets = server.api("targets");
+    let target = targets["activeTargets"]
+        .as_array()
+        .and_then(|t| t.iter().find(|t| t["labels"]["job"] == "sframe"))
+        .unwrap_or_else(|| panic!("{targets}"));
+    assert_eq!(target["health"], "up", "{target}");
+    assert_eq!(target["lastError"], "", "{target}");
+    // Health series came along too.
+    let complete = server.api(&format!(
+        "query?query={}",
+        url_encode("sframe_walk_outcomes_total{outcome=\"complete\"}")
+    ));
+    let complete: f64 = complete["result"][0]["value"][1]
+        .as_str()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{complete}"));
+    assert!(complete >= 50.0, "{complete}");
+    drop(server);
+
+    // promtool lints the Prometheus text format (it reads no OpenMetrics): that is what
+    // the exporter sends to a client that asks for text/plain.
+    let (status, text) =
+        http10_get(exporter, "/metrics", "text/plain").expect("the exporter answers");
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains(&format!("pid=\"{pid}\"")), "{text}");
+    let lint = promtool_check(&promtool, &text);
+    assert!(lint.trim().is_empty(), "promtool: {lint}");
+    drop(profiler);
+    drop(chain);
+}
+
+/// Needs no BPF: the exporter's text format passes `promtool check metrics`, and
+/// promtool does find problems in what is not clean (so its silence means something).
+#[test]
+fn promtool_accepts_exporter_text_format() {
+    use sframe_user::export::prometheus::{GRACE, Health, Metrics, WINDOW, server};
+    let Some((_, promtool)) = prometheus_tools("promtool_accepts_exporter_text_format") else {
+        return;
+    };
+    let mut metrics = Metrics::new(2, WINDOW, GRACE);
+    metrics.record(42, "prog \"x\"", "main;work\\y", 2, 30);
+    metrics.record(42, "prog \"x\"", "main;idle", 2, 20);
+    metrics.record(42, "prog \"x\"", "main;rare", 2, 1);
+    metrics.update(Instant::now(), &Health::default());
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let listener = runtime
+        .block_on(server::bind("127.0.0.1:0".parse().unwrap()))
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    let exposition = server::Exposition::default();
+    exposition.set(metrics.render());
+    runtime.spawn(server::serve(listener, exposition));
+    let (status, text) =
+        http10_get(addr, "/metrics", "text/plain;version=0.0.4").expect("the server answers");
+    assert_eq!(status, 200);
+    assert!(text.contains("stack=\"main;work\\\\y\""), "{text}");
+    let lint = promtool_check(&promtool, &text);
+    assert!(lint.trim().is_empty(), "promtool: {lint}");
+    // The OpenMetrics form is not promtool's format: it complains.
+    let (_, om) = http10_get(addr, "/metrics", "application/openmetrics-text").unwrap();
+    assert!(om.ends_with("# EOF\n"), "{om}");
+    let out = Command::new(&promtool)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            c.stdin.take().unwrap().write_all(om.as_bytes())?;
+            c.wait_with_output()
+        })
+        .unwrap();
+    assert!(!out.status.success(), "promtool accepted OpenMetrics as is");
+    runtime.shutdown_background();
+}
+
 const WALK_OUTCOMES: [&str; 4] = ["complete", "truncated", "no_rule", "read_fault"];
+
+/// A frame box of an inferno flame graph.
+#[derive(Debug)]
+struct SvgFrame {
+    name: String,
+    /// Horizontal extent in samples (`fg:x`, `fg:w`).
+    x: u64,
+    w: u64,
+    /// Top of the box; callers are drawn below their callees.
+    y: f64,
+}
+
+/// Parses `svg` as XML (panicking unless it is well-formed) and returns its frame boxes:
+/// each `<g>` with a `<title>NAME (N samples, P%)</title>` and a `<rect>`.
+fn svg_frames(svg: &str) -> Vec<SvgFrame> {
+    const FG: &str = "http://github.com/jonhoo/inferno";
+    let doc = roxmltree::Document::parse_with_options(
+        svg,
+        roxmltree::ParsingOptions {
+            // inferno writes the SVG 1.1 DOCTYPE (an external DTD, which is not read).
+            allow_dtd: true,
+            ..roxmltree::ParsingOptions::default()
+        },
+    )
+    .unwrap_or_else(|e| panic!("the SVG is not well-formed XML: {e}"));
+    let root = doc.root_element();
+    assert_eq!(root.tag_name().name(), "svg");
+    assert_eq!(
+        root.tag_name().namespace(),
+        Some("http://www.w3.org/2000/svg")
+    );
+    doc.descendants()
+        .filter(|n| n.has_tag_name("g"))
+        .filter_map(|g| {
+            let title = g.children().find(|c| c.has_tag_name("title"))?.text()?;
+            let rect = g.children().find(|c| c.has_tag_name("rect"))?;
+            let (name, _) = title.rsplit_once(" (")?;
+            let num = |attr: &str, value: Option<&str>| {
+                value
+                    .unwrap_or_else(|| panic!("{title}: no {attr}"))
+                    .parse::<f64>()
+                    .unwrap_or_else(|e| panic!("{title}: {attr}: {e}"))
+            };
+            Some(SvgFrame {
+                name: name.to_owned(),
+                x: num("fg:x", rect.attribute((FG, "x"))) as u64,
+                w: num("fg:w", rect.attribute((FG, "w"))) as u64,
+                y: num("y", rect.attribute("y")),
+            })
+        })
+        .collect()
+}
+
+/// The flame graph in `svg` has a column whose frames, from the bottom, include `path`
+/// in that order, consecutive from `path[1]` on (`path[0]` is the process name, under
+/// the start-up frames).
+fn svg_has_path(svg: &str, path: &[&str]) {
+    let frames = svg_frames(svg);
+    let leaf = path.last().unwrap();
+    let mut columns = Vec::new();
+    for top in frames.iter().filter(|f| f.name == *leaf && f.w > 0) {
+        // Every box under `top` that spans it, bottom first: one per row, each containing
+        // the next.
+        let mut column: Vec<&SvgFrame> = frames
+            .iter()
+            .filter(|f| f.y > top.y && f.x <= top.x && top.x + top.w <= f.x + f.w)
+            .collect();
+        column.sort_by(|a, b| b.y.total_cmp(&a.y));
+        column.push(top);
+        for pair in column.windows(2) {
+            assert!(
+                pair[1].x >= pair[0].x && pair[1].x + pair[1].w <= pair[0].x + pair[0].w,
+                "{pair:?}"
+            );
+            assert!(pair[1].y < pair[0].y, "two boxes in one row: {pair:?}");
+        }
+        let names: Vec<&str> = column.iter().map(|f| f.name.as_str()).collect();
+        // Under the process name: "all".
+        let comm = names.iter().position(|n| *n == path[0]);
+        let tail = names.windows(path.len() - 1).position(|w| w == &path[1..]);
+        if let (Some(comm), Some(tail)) = (comm, tail)
+            && comm < tail
+            && tail + path.len() - 1 == names.len()
+        {
+            return;
+        }
+        columns.push(names);
+    }
+    panic!("no column {path:?} in the flame graph; columns ending in {leaf}: {columns:?}");
+}
+
+#[test]
+fn svg_path_check_rejects_wrong_orders() {
+    let frame = |name: &str, x: u64, w: u64, row: u32| {
+        format!(
+            "<g><title>{name} ({w} samples, 1%)</title><rect x=\"0%\" y=\"{}\" width=\"1%\" height=\"15\" fg:x=\"{x}\" fg:w=\"{w}\"/></g>",
+            200 - 16 * row
+        )
+    };
+    let svg = |boxes: &[String]| {
+        format!(
+            "<?xml version=\"1.0\"?><svg xmlns=\"http://www.w3.org/2000/svg\" xmlns:fg=\"http://github.com/jonhoo/inferno\"><g id=\"frames\">{}</g></svg>",
+            boxes.concat()
+        )
+    };
+    let good = svg(&[
+        frame("all", 0, 10, 0),
+        frame("p", 0, 10, 1),
+        frame("main", 0, 10, 2),
+        frame("a", 0, 6, 3),
+        frame("b", 6, 4, 3),
+        frame("leaf", 1, 5, 4),
+    ]);
+    svg_has_path(&good, &["p", "main", "a", "leaf"]);
+    for (boxes, path) in [
+        // leaf is over b, not a.
+        (
+            vec![
+                frame("p", 0, 10, 1),
+                frame("main", 0, 10, 2),
+                frame("a", 0, 6, 3),
+                frame("b", 6, 4, 3),
+                frame("leaf", 7, 2, 4),
+            ],
+            &["p", "main", "a", "leaf"][..],
+        ),
+        // Order reversed.
+        (
+            vec![
+                frame("p", 0, 10, 1),
+                frame("a", 0, 10, 2),
+                frame("main", 0, 10, 3),
+                frame("leaf", 0, 10, 4),
+            ],
+            &["p", "main", "a", "leaf"][..],
+        ),
+        // A frame in between.
+        (
+            vec![
+                frame("p", 0, 10, 1),
+                frame("main", 0, 10, 2),
+                frame("x", 0, 10, 3),
+                frame("a", 0, 10, 4),
+                frame("leaf", 0, 10, 5),
+            ],
+            &["p", "main", "a", "leaf"][..],
+        ),
+    ] {
+        let svg = svg(&boxes);
+        let result = std::panic::catch_unwind(|| svg_has_path(&svg, path));
+        assert!(result.is_err(), "accepted: {svg}");
+    }
+    let broken = good.replace("</svg>", "");
+    assert!(std::panic::catch_unwind(|| svg_frames(&broken)).is_err());
+}
 
 fn decode_pprof(path: &Path) -> proto::Profile {
     let bytes = std::fs::read(path).expect("read the pprof file");
@@ -208,16 +694,8 @@ fn svg_and_pprof_of_fixture() {
     drop(chain);
 
     let text = std::fs::read_to_string(&svg).expect("read svg");
-    assert!(text.starts_with("<?xml") && text.trim_end().ends_with("</svg>"));
     assert!(text.contains(&format!("chain (pid {pid}), ")), "title");
-    // The chain's frames, outermost first, in the order inferno draws them.
-    let mut at = 0;
-    for name in ["chain", "main", "f0", "f1", "f2", "leaf"] {
-        let found = text[at..]
-            .find(&format!("<title>{name} ("))
-            .unwrap_or_else(|| panic!("{name} not found after offset {at}"));
-        at += found;
-    }
+    svg_has_path(&text, &["chain", "main", "f0", "f1", "f2", "leaf"]);
 
     let p = decode_pprof(&pb);
     let s = |i: i64| p.string_table[i as usize].as_str();

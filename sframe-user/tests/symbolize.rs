@@ -430,8 +430,10 @@ fn rust_names_are_demangled_without_hash() {
     }
 }
 
+/// A PLT stub is `NAME@plt` (PLT0, which has no target of its own, is `[plt]`), not the
+/// preceding symbol (`_init`).
 #[test]
-fn plt_stubs_are_named_plt_not_the_preceding_symbol() {
+fn plt_stubs_are_named_after_their_target() {
     use object::ObjectSection as _;
     let exe = compile_c(
         "symplt",
@@ -452,10 +454,15 @@ fn plt_stubs_are_named_plt_not_the_preceding_symbol() {
         .expect("first mapping of the executable");
     let base = first.start;
     let mut sym = sframe_user::symbolize::Symbolizer::new();
-    let frames = sym.symbolize_user(child.pid(), &maps, &[base + plt_off + plt_size - 1]);
-    assert_eq!(
-        frames[0].name.as_deref(),
-        Some(sframe_user::symbolize::PLT_NAME)
+    let frames = sym.symbolize_user(
+        child.pid(),
+        &maps,
+        &[base + plt_off + 4, base + plt_off + plt_size - 1],
     );
-    assert_eq!(frames[0].file_offset, plt_off + plt_size - 1);
+    assert_eq!(
+        names(&frames),
+        [Some(sframe_user::symbolize::PLT_NAME), Some("getppid@plt")]
+    );
+    assert_eq!(frames[1].file_offset, plt_off + plt_size - 1);
+    assert_eq!(frames[1].reason, None);
 }

@@ -26,6 +26,9 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     // Google's pprof, built from these sources by the export tests.
     ("golang-go", "go"),
     ("golang-github-google-pprof-dev", "go"),
+    // A real Prometheus server scrapes the exporter in the export tests; promtool (same
+    // package) lints the exposition.
+    ("prometheus", "prometheus"),
 ];
 
 pub fn setup() -> Result<()> {

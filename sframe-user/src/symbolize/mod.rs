@@ -20,6 +20,7 @@
 
 mod frame;
 mod object;
+mod plt;
 
 use std::{
     collections::{HashMap, HashSet, hash_map::Entry},
@@ -44,7 +45,8 @@ pub const KERNEL_OBJECT: &str = "[kernel.kallsyms]";
 pub const UNKNOWN_OBJECT: &str = "[unknown]";
 const VDSO: &str = "[vdso]";
 
-/// The name of a frame in a PLT stub (stubs have no symbols of their own).
+/// The name of a frame in a PLT stub whose target is unknown (PLT0, unusual stubs).
+/// Other stubs are `NAME@plt`, after the symbol their GOT slot is relocated to.
 pub const PLT_NAME: &str = "[plt]";
 
 /// Work counters, for tests and the profiler's own health metrics.
@@ -330,10 +332,13 @@ impl Symbolizer {
             obj.build_id.as_deref(),
             |o| o,
         );
-        for f in frames.iter_mut().filter(|f| obj.in_plt(f.file_offset)) {
-            f.name = Some(PLT_NAME.to_owned());
-            f.location = None;
-            f.inlined.clear();
+        for f in &mut frames {
+            if let Some(name) = obj.plt.name_at(f.file_offset) {
+                f.name = Some(name.unwrap_or(PLT_NAME).to_owned());
+                f.location = None;
+                f.inlined.clear();
+                f.reason = None;
+            }
         }
         (frames, cacheable)
     }

@@ -9,7 +9,7 @@ use std::{
     path::PathBuf,
 };
 
-use super::object_basename;
+use super::{object_basename, plt::PltStubs};
 use crate::procfs::Mapping;
 
 /// Identity of a mapped object, shared by every process that maps it.
@@ -45,33 +45,9 @@ pub(super) struct OpenedObject {
     pub(super) basename: String,
     /// GNU build-id, lowercase hex.
     pub(super) build_id: Option<String>,
-    /// File-offset ranges of the PLT sections (`.plt`, `.plt.sec`, `.plt.got`): their
-    /// stubs have no symbols, and the nearest preceding symbol (often `_init`, of size 0)
-    /// would be a wrong name.
-    pub(super) plt_ranges: Vec<(u64, u64)>,
-}
-
-impl OpenedObject {
-    /// True when `offset` lies in a PLT section.
-    pub(super) fn in_plt(&self, offset: u64) -> bool {
-        self.plt_ranges
-            .iter()
-            .any(|&(s, e)| s <= offset && offset < e)
-    }
-}
-
-/// PLT section file ranges, read through a cache (only the headers are read).
-fn plt_ranges(file: &File) -> Vec<(u64, u64)> {
-    use object::{Object as _, ObjectSection as _};
-    let cache = object::ReadCache::new(file);
-    let Ok(elf) = object::File::parse(&cache) else {
-        return Vec::new();
-    };
-    elf.sections()
-        .filter(|s| matches!(s.name(), Ok(".plt" | ".plt.sec" | ".plt.got")))
-        .filter_map(|s| s.file_range())
-        .filter_map(|(off, size)| Some((off, off.checked_add(size)?)))
-        .collect()
+    /// PLT sections and entries: stubs have no symbols, and the nearest preceding symbol
+    /// (often `_init`, of size 0) would be a wrong name.
+    pub(super) plt: PltStubs,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -155,14 +131,14 @@ impl OpenedObject {
                         s
                     })
             });
-        let plt_ranges = plt_ranges(&file);
+        let plt = PltStubs::read(&object::ReadCache::new(&file));
         Self {
             _file: file,
             blaze_path,
             display_path: m.path.clone(),
             basename: object_basename(&m.path),
             build_id,
-            plt_ranges,
+            plt,
         }
     }
 }

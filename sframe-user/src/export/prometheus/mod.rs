@@ -8,6 +8,7 @@
 #[cfg(feature = "bpf")]
 mod feed;
 pub mod server;
+pub mod text_format;
 mod window;
 
 use std::{
@@ -101,7 +102,7 @@ impl Metrics {
         let stacks = Family::<StackLabels, Counter>::default();
         registry.register(
             "sframe_stack_samples",
-            "Samples per stack (folded, outermost first) of the top-K stacks of each process over a sliding window; stack=\"[other]\" sums the rest",
+            "Samples per stack (folded, outermost first) of the top-K stacks of each process over a sliding window; the stack [other] sums the rest",
             stacks.clone(),
         );
         let outcomes = Family::<OutcomeLabels, Counter>::default();
@@ -372,6 +373,46 @@ mod tests {
         let text = m.render();
         assert!(text.contains("sframe_walk_outcomes_total{outcome=\"complete\"} 9"));
         assert!(!text.contains("sframe_stack_samples_total{"), "{text}");
+    }
+
+    /// prometheus-client writes HELP verbatim; OpenMetrics allows no `"`, `\\` or newline
+    /// there unescaped.
+    #[test]
+    fn help_texts_need_no_escaping() {
+        let mut m = Metrics::new(5, WINDOW, GRACE);
+        m.record(1, "p", "main", 1, 1);
+        m.update(Instant::now(), &Health::default());
+        let text = m.render();
+        let helps: Vec<&str> = text.lines().filter(|l| l.starts_with("# HELP ")).collect();
+        assert!(helps.len() >= 10, "{text}");
+        for help in helps {
+            assert!(!help.contains(['"', '\\']), "{help}");
+        }
+    }
+
+    /// The text format keeps every sample of the OpenMetrics exposition.
+    #[test]
+    fn text_format_keeps_every_sample() {
+        let mut m = Metrics::new(5, WINDOW, GRACE);
+        m.record(1, "p", "main;work", 3, 7);
+        m.update(Instant::now(), &Health::default());
+        let om = m.render();
+        let text = text_format::from_openmetrics(&om);
+        let samples = |s: &str| -> Vec<String> {
+            s.lines()
+                .filter(|l| !l.starts_with('#') && !l.is_empty())
+                .map(str::to_owned)
+                .collect()
+        };
+        assert_eq!(samples(&om), samples(&text));
+        assert!(
+            text.contains("# TYPE sframe_stack_samples_total counter\n"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("# EOF") && !text.contains("# UNIT"),
+            "{text}"
+        );
     }
 
     #[test]
