@@ -19,6 +19,8 @@ pub mod ehframe;
 pub mod export;
 pub mod flatten;
 #[cfg(feature = "bpf")]
+pub mod governor;
+#[cfg(feature = "bpf")]
 pub mod kmaps;
 #[cfg(feature = "bpf")]
 pub mod objects;

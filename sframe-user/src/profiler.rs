@@ -169,6 +169,7 @@ pub struct Profiler {
     /// Processes seen through misses, waiting for their first load (FIFO).
     pending: std::collections::VecDeque<u32>,
     pending_set: HashSet<u32>,
+    newly_exited: Vec<u32>,
     max_exited: usize,
     last_liveness_check: Instant,
     pub lifecycle: LifecycleStats,
@@ -260,6 +261,7 @@ impl Profiler {
             procs: StdHashMap::new(),
             pending: Default::default(),
             pending_set: HashSet::new(),
+            newly_exited: Vec::new(),
             max_exited: config.max_exited,
             last_liveness_check: Instant::now(),
             lifecycle: LifecycleStats::default(),
@@ -518,6 +520,7 @@ impl Profiler {
             && p.exited_at.is_none()
         {
             p.exited_at = Some(Instant::now());
+            self.newly_exited.push(pid);
         }
         let exited = self
             .procs
@@ -575,6 +578,29 @@ impl Profiler {
         let mut v: Vec<TargetInfo> = self.procs.values().map(|p| p.info.clone()).collect();
         v.sort_by_key(|t| t.pid);
         v
+    }
+
+    /// Cumulative lifecycle and table counters, for metrics.
+    pub fn fleet_counters(&self) -> Vec<(&'static str, u64)> {
+        let l = self.lifecycle;
+        let t = self.store.stats;
+        vec![
+            ("exec", l.execs),
+            ("exit", l.exits),
+            ("fork", l.forks),
+            ("mmap", l.mmaps),
+            ("miss", l.misses),
+            ("process_load", l.process_loads),
+            ("process_load_failure", l.load_failures),
+            ("table_load", t.loads),
+            ("table_eviction", t.evictions),
+            ("table_full", t.full),
+        ]
+    }
+
+    /// Pids that exited since the last call.
+    pub fn take_exited(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.newly_exited)
     }
 
     /// Processes alive now.

@@ -585,3 +585,44 @@ fn without_targets_the_command_line_profiles_the_whole_system() {
     assert_eq!(frames.last(), Some(&"_start"), "{block}");
     assert!(frames.contains(&"main"), "{block}");
 }
+
+#[test]
+fn the_overhead_governor_lowers_the_frequency_over_budget() {
+    if !bpf_or_skip("the_overhead_governor_lowers_the_frequency_over_budget") {
+        return;
+    }
+    let _serial = serial();
+    let exe = compile_c(
+        "governed",
+        CONTAINER_SOURCE,
+        &["-O2", "-fomit-frame-pointer"],
+    );
+    let spinner = KillOnDrop::spawn(&mut Command::new(&exe));
+    // A budget no profiler can meet at 999 Hz: 0.001% of each CPU.
+    let out = Command::new(env!("CARGO_BIN_EXE_sframe-user"))
+        .args(["--pid", &spinner.pid().to_string()])
+        .args([
+            "--frequency",
+            "999",
+            "--max-overhead",
+            "0.001",
+            "--duration",
+            "8",
+        ])
+        .env("RUST_LOG", "sframe_user=info")
+        .output()
+        .expect("run sframe-user");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("instead of 999 Hz"))
+        .unwrap_or_else(|| panic!("the frequency was not lowered:\n{stderr}"));
+    let hz: u64 = line
+        .split("sampling at ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("unparsable: {line}"));
+    assert!(hz < 999, "{line}");
+}

@@ -41,6 +41,11 @@ pub struct ProfileArgs {
     /// is full.
     #[arg(long, value_name = "BYTES", default_value = "20M", value_parser = parse_bytes)]
     pub max_table_memory: u64,
+    /// CPU budget of the profiler in percent of each CPU (its BPF programs plus its
+    /// own user-space work); above it the sampling frequency is lowered, and raised back
+    /// when there is room. 0 turns the governor off.
+    #[arg(long, value_name = "PERCENT", default_value_t = 1.0)]
+    pub max_overhead: f64,
     /// Stop after this many seconds (default: run until Ctrl-C).
     #[arg(long, value_name = "SECS")]
     pub duration: Option<f64>,
@@ -141,6 +146,8 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
         }
         None => None,
     };
+    let mut governor = (args.max_overhead > 0.0)
+        .then(|| sframe_user::governor::Governor::new(args.max_overhead, args.frequency));
     let events = match profiler.events_fd() {
         // SAFETY: a duplicate of the ring buffer's fd, owned by the AsyncFd; the ring
         // buffer map outlives the loop.
@@ -199,6 +206,9 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
             }
             _ = tick.tick() => {}
         }
+        if let Some(g) = &mut governor {
+            g.tick(&mut profiler);
+        }
         for pid in profiler.maintain() {
             log::debug!("profiling process {pid}");
         }
@@ -211,7 +221,11 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
                 eprintln!("sframe-user: {exited} target(s) exited; their samples are kept");
             }
         }
+        let exited = profiler.take_exited();
         if let Some(e) = &mut exporter {
+            for pid in exited {
+                e.metrics.exited(pid, Instant::now());
+            }
             e.feed.update(
                 &mut e.metrics,
                 Instant::now(),

@@ -79,6 +79,9 @@ impl Feed {
             table_bytes: profiler.store.tables.bytes_in_use(),
             bpf_program: profiler.program_stats(),
             bpf_stats_enabled: bpf_stats_enabled(),
+            fleet: profiler.fleet_counters(),
+            processes: profiler.alive_targets() as u64,
+            frequency: profiler.frequency(),
         };
         metrics.update(now, &health);
     }

@@ -71,6 +71,12 @@ pub struct Health {
     /// `profile` program run time (ns) and run count (`kernel.bpf_stats_enabled`).
     pub bpf_program: Option<(u64, u64)>,
     pub bpf_stats_enabled: Option<bool>,
+    /// Cumulative process-lifecycle and table events (name, count).
+    pub fleet: Vec<(&'static str, u64)>,
+    /// Processes being profiled now.
+    pub processes: u64,
+    /// Sampling frequency now (Hz; the overhead governor may lower it).
+    pub frequency: u64,
 }
 
 /// The registry and the aggregation behind it.
@@ -91,6 +97,9 @@ pub struct Metrics {
     bpf_stats_enabled: Gauge,
     cpu: Counter<f64, AtomicU64>,
     rss: Gauge,
+    fleet: Family<EventLabels, Counter>,
+    processes: Gauge,
+    frequency: Gauge,
     /// Last absolute values, to turn them into counter increments.
     last: Health,
     last_cpu: f64,
@@ -187,6 +196,22 @@ impl Metrics {
             Unit::Bytes,
             rss.clone(),
         );
+        let fleet = Family::<EventLabels, Counter>::default();
+        registry.register(
+            "sframe_fleet_events",
+            "Process lifecycle events (exec, exit, fork, mmap, miss), process table loads and failures, object table loads, evictions and loads refused for lack of room",
+            fleet.clone(),
+        );
+        let processes = gauge(
+            &mut registry,
+            "sframe_processes",
+            "Processes being profiled now",
+        );
+        let frequency = gauge(
+            &mut registry,
+            "sframe_sampling_frequency_hz",
+            "Sampling frequency per CPU now (the overhead governor lowers it under load)",
+        );
         for o in WalkOutcome::ALL {
             let _ = outcomes.get_or_create(&OutcomeLabels { outcome: o.name() });
         }
@@ -210,6 +235,9 @@ impl Metrics {
             bpf_stats_enabled,
             cpu,
             rss,
+            fleet,
+            processes,
+            frequency,
             last: Health::default(),
             last_cpu: 0.0,
         }
@@ -276,6 +304,19 @@ impl Metrics {
         }
         self.bpf_stats_enabled
             .set(health.bpf_stats_enabled.map_or(-1, i64::from));
+        for &(event, value) in &health.fleet {
+            let last = self
+                .last
+                .fleet
+                .iter()
+                .find(|(e, _)| *e == event)
+                .map_or(0, |&(_, v)| v);
+            self.fleet
+                .get_or_create(&EventLabels { event })
+                .inc_by(value.saturating_sub(last));
+        }
+        self.processes.set(as_i64(health.processes));
+        self.frequency.set(as_i64(health.frequency));
         if let Some(cpu) = own_cpu_seconds()
             && cpu > self.last_cpu
         {
@@ -303,7 +344,8 @@ pub fn bpf_stats_enabled() -> Option<bool> {
     Some(s.trim() == "1")
 }
 
-fn own_cpu_seconds() -> Option<f64> {
+/// CPU time (user + system) of this process so far.
+pub fn own_cpu_seconds() -> Option<f64> {
     // SAFETY: getrusage writes only into the struct we pass.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
@@ -337,6 +379,9 @@ mod tests {
             table_bytes: 4096,
             bpf_program: Some((2_000_000_000, 10)),
             bpf_stats_enabled: Some(true),
+            fleet: vec![("exec", 4), ("table_eviction", 1)],
+            processes: 2,
+            frequency: 49,
             ..Health::default()
         };
         health.outcomes[WalkOutcome::Complete as usize] = 6;
@@ -348,6 +393,10 @@ mod tests {
             "sframe_stack_samples_total{comm=\"prog\",pid=\"7\",stack=\"main;work\"} 5",
             "sframe_stack_samples_total{comm=\"prog\",pid=\"7\",stack=\"[other]\"} 1",
             "sframe_walk_outcomes_total{outcome=\"complete\"} 6",
+            "sframe_fleet_events_total{event=\"exec\"} 4",
+            "sframe_fleet_events_total{event=\"table_eviction\"} 1",
+            "sframe_processes 2",
+            "sframe_sampling_frequency_hz 49",
             "sframe_walk_outcomes_total{outcome=\"no_rule\"} 0",
             "sframe_events_total{event=\"samples\"} 6",
             "sframe_stack_frames_count 6",
