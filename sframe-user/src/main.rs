@@ -30,7 +30,7 @@ enum Command {
 
 #[tokio::main]
 async fn main() {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    sframe_user::privileges::init_logging();
     let cli = Cli::parse();
     let result = match cli.command {
         None => cli::profile::run(cli.profile).await,

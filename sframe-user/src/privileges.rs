@@ -65,3 +65,15 @@ pub fn raise_event_loop_priority() {
         );
     }
 }
+
+/// Logs go through `tracing` to standard error (records of the `log` crate, from this
+/// crate, aya and the BPF programs' aya-log, are forwarded); `RUST_LOG` filters,
+/// default `warn`.
+pub fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}

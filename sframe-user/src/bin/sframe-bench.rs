@@ -68,7 +68,7 @@ impl Args {
 }
 
 fn main() -> Result<()> {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    sframe_user::privileges::init_logging();
     let args = Args::parse();
     let started = Instant::now();
     let mut doc = String::new();
