@@ -626,3 +626,38 @@ fn the_overhead_governor_lowers_the_frequency_over_budget() {
         .unwrap_or_else(|| panic!("unparsable: {line}"));
     assert!(hz < 999, "{line}");
 }
+
+#[test]
+fn sigterm_writes_the_profile_and_exits_cleanly() {
+    if !bpf_or_skip("sigterm_writes_the_profile_and_exits_cleanly") {
+        return;
+    }
+    let _serial = serial();
+    let exe = compile_c("termed", CONTAINER_SOURCE, &["-O2", "-fomit-frame-pointer"]);
+    let spinner = KillOnDrop::spawn(&mut Command::new(&exe));
+    let out = fixture_dir("termed-out").join("profile.folded");
+    let mut profiler = KillOnDrop::spawn(
+        Command::new(env!("CARGO_BIN_EXE_sframe-user"))
+            .args([
+                "--pid",
+                &spinner.pid().to_string(),
+                "--format",
+                "folded",
+                "--output",
+            ])
+            .arg(&out),
+    );
+    thread::sleep(Duration::from_secs(4));
+    // SAFETY: kill on a child we own.
+    assert_eq!(
+        unsafe { libc::kill(profiler.pid() as i32, libc::SIGTERM) },
+        0
+    );
+    let status = profiler.0.wait().expect("wait");
+    assert!(status.success(), "{status:?}");
+    let folded = std::fs::read_to_string(&out).expect("the profile was written");
+    assert!(
+        folded.lines().any(|l| l.contains("main;boxed_work")),
+        "{folded}"
+    );
+}
