@@ -14,6 +14,7 @@
 
 #[cfg(feature = "bpf")]
 pub mod bpf;
+pub mod cache;
 pub mod cgroup;
 pub mod ehframe;
 pub mod export;

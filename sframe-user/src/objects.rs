@@ -136,6 +136,8 @@ pub struct ObjectStore {
     /// The objects each process's kernel mapping table refers to.
     processes: HashMap<u32, Vec<ObjectKey>>,
     options: ObjTableOptions,
+    /// Flattened tables on disk, by build-id (`--cache-dir`).
+    pub cache: Option<crate::cache::TableCache>,
     /// Objects whose table could not be built or loaded.
     pub failed_objects: u64,
     pub stats: StoreStats,
@@ -149,6 +151,7 @@ impl ObjectStore {
             files: HashMap::new(),
             processes: HashMap::new(),
             options: ObjTableOptions::default(),
+            cache: None,
             failed_objects: 0,
             stats: StoreStats::default(),
         }
@@ -377,22 +380,45 @@ impl ObjectStore {
             unused_since: Instant::now(),
             retry_at: None,
         };
-        let result = table_for_elf(data, &self.options)
-            .map_err(|e| e.to_string())
-            .and_then(|t| {
-                info.source = Some(t.source);
-                info.table_rows = t.table.row_count();
-                flatten(&t.table, self.tables.rule_dict()).map_err(|e| e.to_string())
-            })
-            .and_then(|flat| {
-                info.unencodable_rows = flat.unencodable_rows;
-                self.load_evicting(&flat).map_err(|e| {
-                    if matches!(e, crate::kmaps::TablesError::Full { .. }) {
-                        info.retry_at = Some(Instant::now() + RETRY_FULL);
+        let id = build_id(data);
+        let cached = match (self.cache.as_mut(), id.as_deref()) {
+            (Some(cache), Some(id)) => cache.load(id, self.tables.rule_dict()),
+            _ => None,
+        };
+        let flat = match cached {
+            Some((flat, meta)) => {
+                info.source = Some(meta.source);
+                info.table_rows = usize::try_from(meta.table_rows).unwrap_or(usize::MAX);
+                Ok(flat)
+            }
+            None => table_for_elf(data, &self.options)
+                .map_err(|e| e.to_string())
+                .and_then(|t| {
+                    info.source = Some(t.source);
+                    info.table_rows = t.table.row_count();
+                    let flat =
+                        flatten(&t.table, self.tables.rule_dict()).map_err(|e| e.to_string())?;
+                    if let (Some(cache), Some(id)) = (self.cache.as_mut(), id.as_deref()) {
+                        let meta = crate::cache::CachedMeta {
+                            source: t.source,
+                            table_rows: t.table.row_count() as u64,
+                        };
+                        if let Err(err) = cache.store(id, meta, &flat, self.tables.rule_dict()) {
+                            log::info!("table cache: {err}");
+                        }
                     }
-                    e.to_string()
-                })
-            });
+                    Ok(flat)
+                }),
+        };
+        let result = flat.and_then(|flat| {
+            info.unencodable_rows = flat.unencodable_rows;
+            self.load_evicting(&flat).map_err(|e| {
+                if matches!(e, crate::kmaps::TablesError::Full { .. }) {
+                    info.retry_at = Some(Instant::now() + RETRY_FULL);
+                }
+                e.to_string()
+            })
+        });
         match result {
             Ok(p) => {
                 self.stats.loads += 1;

@@ -88,6 +88,8 @@ pub struct ProfilerConfig {
     pub max_table_memory: Option<u64>,
     /// Exited processes whose mappings are kept for symbolizing their samples.
     pub max_exited: usize,
+    /// Directory of the on-disk table cache (`None`: no cache).
+    pub cache_dir: Option<PathBuf>,
 }
 
 impl ProfilerConfig {
@@ -98,6 +100,7 @@ impl ProfilerConfig {
             targets: TargetSpec::default(),
             max_table_memory: None,
             max_exited: 10_000,
+            cache_dir: None,
         }
     }
 }
@@ -242,8 +245,15 @@ impl Profiler {
             }
         }
         let tables = KernelTables::new(&mut ebpf)?;
+        let mut store = ObjectStore::new(tables);
+        if let Some(dir) = &config.cache_dir {
+            match crate::cache::TableCache::open(dir) {
+                Ok(cache) => store.cache = Some(cache),
+                Err(err) => log::warn!("no table cache in {}: {err}", dir.display()),
+            }
+        }
         let mut profiler = Self {
-            store: ObjectStore::new(tables),
+            store,
             targets: take(&mut ebpf, "TARGET_TGIDS")?,
             counts_map: take(&mut ebpf, "COUNTS")?,
             stacks_map: take(&mut ebpf, "STACKS")?,
@@ -595,6 +605,22 @@ impl Profiler {
             ("table_load", t.loads),
             ("table_eviction", t.evictions),
             ("table_full", t.full),
+            (
+                "cache_hit",
+                self.store.cache.as_ref().map_or(0, |c| c.stats.hits),
+            ),
+            (
+                "cache_miss",
+                self.store.cache.as_ref().map_or(0, |c| c.stats.misses),
+            ),
+            (
+                "cache_store",
+                self.store.cache.as_ref().map_or(0, |c| c.stats.stores),
+            ),
+            (
+                "cache_rejected",
+                self.store.cache.as_ref().map_or(0, |c| c.stats.rejected),
+            ),
         ]
     }
 

@@ -661,3 +661,44 @@ fn sigterm_writes_the_profile_and_exits_cleanly() {
         "{folded}"
     );
 }
+
+#[test]
+fn a_restart_loads_tables_from_the_disk_cache() {
+    if !bpf_or_skip("a_restart_loads_tables_from_the_disk_cache") {
+        return;
+    }
+    let _serial = serial();
+    let exe = compile_c("cached", CONTAINER_SOURCE, &["-O2", "-fomit-frame-pointer"]);
+    let spinner = KillOnDrop::spawn(&mut Command::new(&exe));
+    let pid = spinner.pid();
+    thread::sleep(Duration::from_millis(50));
+    let dir = fixture_dir("table-cache");
+    let cached = |dir: &Path| ProfilerConfig {
+        cache_dir: Some(dir.to_owned()),
+        ..ProfilerConfig::explicit(499)
+    };
+    let stores = {
+        let mut first = Profiler::start_with(cached(&dir)).expect("start");
+        first.add_target(pid).expect("tables");
+        let stats = first.store.cache.as_ref().expect("cache").stats;
+        assert_eq!(stats.hits, 0, "{stats:?}");
+        assert!(
+            stats.stores >= 3,
+            "executable, libc, ld.so, vDSO: {stats:?}"
+        );
+        stats.stores
+    };
+    let mut second = Profiler::start_with(cached(&dir)).expect("restart");
+    second.add_target(pid).expect("tables");
+    let stats = second.store.cache.as_ref().expect("cache").stats;
+    assert_eq!((stats.hits, stats.stores), (stores, 0), "{stats:?}");
+    pump(&mut second, Duration::from_millis(1500));
+    let snap = second.collect();
+    let stacks = stacks_of(&second, &snap, &second.targets(), &[pid].into());
+    let (good, total, bad) = complete_through(&stacks, &["main", "boxed_work"]);
+    assert!(total >= 200, "too few samples: {total}");
+    assert!(
+        good as f64 >= 0.95 * total as f64,
+        "{good} of {total} complete from cached tables:\n{bad}"
+    );
+}

@@ -46,6 +46,13 @@ pub struct ProfileArgs {
     /// when there is room. 0 turns the governor off.
     #[arg(long, value_name = "PERCENT", default_value_t = 1.0)]
     pub max_overhead: f64,
+    /// Directory where flattened unwind tables are cached by build-id, so that a
+    /// restart loads known objects without parsing them again.
+    #[arg(long, value_name = "DIR", default_value = "/var/cache/sframe-user")]
+    pub cache_dir: PathBuf,
+    /// Do not read or write the table cache.
+    #[arg(long)]
+    pub no_cache: bool,
     /// Stop after this many seconds (default: run until Ctrl-C).
     #[arg(long, value_name = "SECS")]
     pub duration: Option<f64>,
@@ -117,6 +124,7 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
         targets,
         max_table_memory: Some(args.max_table_memory),
         max_exited: 10_000,
+        cache_dir: (!args.no_cache).then(|| args.cache_dir.clone()),
     };
     let whole_system = config.targets.all;
     let mut profiler = Profiler::start_with(config).context("starting the profiler")?;

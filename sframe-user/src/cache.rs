@@ -1,0 +1,571 @@
+//! Flattened unwind tables cached on disk, keyed by build-id, so that a restart (or a
+//! profiler on another host sharing the directory) loads a known object without
+//! parsing and deriving it again.
+//!
+//! One file per object, `DIR/<build-id hex>.sftab`:
+//!
+//! ```text
+//! "SFTC" u32 format | u16 len, tool identity | u16 len, build-id
+//! u8 source kind, u8 SFrame version | u64 table rows, unencodable, unexpanded | u64 base
+//! u32 n, n × rule (i32 cfa off, i16 ra off, i16 fp off, u8 cfa base, ra kind, fp kind, flags)
+//! u32 n, n × u32 page entry | u32 n, n × (u16 addr_low, u16 local rule)
+//! u32 CRC-32 of everything before
+//! ```
+//!
+//! Rules are stored by value and re-interned into this run's dictionary on load. The
+//! tool identity (version, size and modification time of the profiler's executable)
+//! makes another build of the profiler ignore the file. Files are untrusted: every
+//! count is checked against the bytes left before anything is allocated, and a bad
+//! file is a miss (counted), never a panic. Writes go to a fresh temporary file
+//! (`O_EXCL | O_NOFOLLOW`, mode 0644) renamed into place.
+
+use std::{
+    fs,
+    io::Write as _,
+    os::unix::fs::{MetadataExt as _, OpenOptionsExt as _},
+    path::{Path, PathBuf},
+};
+
+use sframe_common::layout::{RowEntry, RuleEntry};
+
+use crate::{
+    flatten::{FlatObject, RuleDict},
+    table::Source,
+};
+
+const MAGIC: &[u8; 4] = b"SFTC";
+const FORMAT: u32 = 1;
+/// Cache files larger than this are not read.
+pub const MAX_FILE_BYTES: u64 = 256 << 20;
+
+/// What a cached object holds besides its rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CachedMeta {
+    pub source: Source,
+    pub table_rows: u64,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum CacheError {
+    #[error("{path}: {what}")]
+    Corrupt { path: PathBuf, what: String },
+    #[error("{path}: written by another build of the profiler")]
+    OtherTool { path: PathBuf },
+    #[error("{path}: {message}")]
+    Io { path: PathBuf, message: String },
+}
+
+/// What the cache did since it was opened.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CacheStats {
+    pub hits: u64,
+    pub misses: u64,
+    pub stores: u64,
+    /// Files that were present but unusable (corrupt, truncated, other tool).
+    pub rejected: u64,
+}
+
+pub struct TableCache {
+    dir: PathBuf,
+    tool: String,
+    pub stats: CacheStats,
+}
+
+impl TableCache {
+    /// A cache in `dir` (created, mode 0755, when missing).
+    pub fn open(dir: &Path) -> std::io::Result<Self> {
+        fs::create_dir_all(dir)?;
+        Ok(Self {
+            dir: dir.to_owned(),
+            tool: tool_identity(),
+            stats: CacheStats::default(),
+        })
+    }
+
+    fn path(&self, build_id: &[u8]) -> PathBuf {
+        let hex: String = build_id.iter().map(|b| format!("{b:02x}")).collect();
+        self.dir.join(format!("{hex}.sftab"))
+    }
+
+    /// The cached table of `build_id`, its rules interned into `dict`; `None` when
+    /// absent or unusable.
+    pub fn load(
+        &mut self,
+        build_id: &[u8],
+        dict: &mut RuleDict,
+    ) -> Option<(FlatObject, CachedMeta)> {
+        let path = self.path(build_id);
+        let bytes = match read_bounded(&path) {
+            Ok(Some(b)) => b,
+            Ok(None) => {
+                self.stats.misses += 1;
+                return None;
+            }
+            Err(err) => {
+                log::info!("table cache: {err}");
+                self.stats.rejected += 1;
+                return None;
+            }
+        };
+        match decode(&bytes, &self.tool, build_id, dict) {
+            Ok(v) => {
+                self.stats.hits += 1;
+                Some(v)
+            }
+            Err(what) => {
+                let err = if what == OTHER_TOOL {
+                    CacheError::OtherTool { path }
+                } else {
+                    CacheError::Corrupt { path, what }
+                };
+                log::info!("table cache: {err}");
+                self.stats.rejected += 1;
+                None
+            }
+        }
+    }
+
+    /// Writes `flat` (rules resolved through `dict`) for `build_id`.
+    pub fn store(
+        &mut self,
+        build_id: &[u8],
+        meta: CachedMeta,
+        flat: &FlatObject,
+        dict: &RuleDict,
+    ) -> Result<(), CacheError> {
+        let path = self.path(build_id);
+        let bytes = encode(&self.tool, build_id, meta, flat, dict);
+        let tmp = self
+            .dir
+            .join(format!(".tmp-{}-{}", std::process::id(), self.stats.stores));
+        let io = |e: std::io::Error| CacheError::Io {
+            path: tmp.clone(),
+            message: e.to_string(),
+        };
+        let mut file = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&tmp)
+            .map_err(io)?;
+        let written = file.write_all(&bytes).and_then(|()| file.sync_data());
+        drop(file);
+        if let Err(e) = written.and_then(|()| fs::rename(&tmp, &path)) {
+            let _ = fs::remove_file(&tmp);
+            return Err(io(e));
+        }
+        self.stats.stores += 1;
+        Ok(())
+    }
+}
+
+/// The profiler build: its version and the size and modification time of its
+/// executable (another build derives tables with other code).
+fn tool_identity() -> String {
+    let exe = fs::metadata("/proc/self/exe").ok();
+    format!(
+        "sframe-user {} {} {}.{}",
+        env!("CARGO_PKG_VERSION"),
+        exe.as_ref().map_or(0, |m| m.size()),
+        exe.as_ref().map_or(0, |m| m.mtime()),
+        exe.as_ref().map_or(0, |m| m.mtime_nsec()),
+    )
+}
+
+fn read_bounded(path: &Path) -> Result<Option<Vec<u8>>, CacheError> {
+    let io = |e: std::io::Error| CacheError::Io {
+        path: path.to_owned(),
+        message: e.to_string(),
+    };
+    let file = match fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io(e)),
+    };
+    let meta = file.metadata().map_err(io)?;
+    if !meta.is_file() || meta.len() > MAX_FILE_BYTES {
+        return Err(CacheError::Corrupt {
+            path: path.to_owned(),
+            what: format!("not a regular file of at most {MAX_FILE_BYTES} bytes"),
+        });
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    use std::io::Read as _;
+    file.take(MAX_FILE_BYTES)
+        .read_to_end(&mut bytes)
+        .map_err(io)?;
+    Ok(Some(bytes))
+}
+
+const OTHER_TOOL: &str = "other tool";
+
+fn source_code(s: Source) -> (u8, u8) {
+    match s {
+        Source::SFrame { version } => (1, version),
+        Source::EhFrame => (2, 0),
+        Source::DebugFrame => (3, 0),
+        Source::Synthesized => (4, 0),
+    }
+}
+
+fn encode(
+    tool: &str,
+    build_id: &[u8],
+    meta: CachedMeta,
+    flat: &FlatObject,
+    dict: &RuleDict,
+) -> Vec<u8> {
+    // Rules used by this object, by first use; rows refer to them by local index.
+    let mut local: std::collections::HashMap<u16, u16> = std::collections::HashMap::new();
+    let mut rules: Vec<RuleEntry> = Vec::new();
+    let all = dict.rules();
+    let rows: Vec<RowEntry> = flat
+        .rows
+        .iter()
+        .map(|r| {
+            let l = *local.entry(r.rule).or_insert_with(|| {
+                rules.push(
+                    all.get(usize::from(r.rule))
+                        .copied()
+                        .unwrap_or(RuleEntry::NONE),
+                );
+                (rules.len() - 1) as u16
+            });
+            RowEntry {
+                addr_low: r.addr_low,
+                rule: l,
+            }
+        })
+        .collect();
+    let mut out = Vec::with_capacity(64 + rules.len() * 12 + flat.pages.len() * 4 + rows.len() * 4);
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&FORMAT.to_le_bytes());
+    for s in [tool.as_bytes(), build_id] {
+        out.extend_from_slice(&(s.len() as u16).to_le_bytes());
+        out.extend_from_slice(s);
+    }
+    let (kind, version) = source_code(meta.source);
+    out.extend_from_slice(&[kind, version]);
+    for v in [
+        meta.table_rows,
+        flat.unencodable_rows,
+        flat.unexpanded_pcmask,
+        flat.base,
+    ] {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    out.extend_from_slice(&(rules.len() as u32).to_le_bytes());
+    for r in &rules {
+        out.extend_from_slice(&r.cfa_offset.to_le_bytes());
+        out.extend_from_slice(&r.ra_offset.to_le_bytes());
+        out.extend_from_slice(&r.fp_offset.to_le_bytes());
+        out.extend_from_slice(&[r.cfa_base, r.ra_kind, r.fp_kind, r.flags]);
+    }
+    out.extend_from_slice(&(flat.pages.len() as u32).to_le_bytes());
+    for p in &flat.pages {
+        out.extend_from_slice(&p.to_le_bytes());
+    }
+    out.extend_from_slice(&(rows.len() as u32).to_le_bytes());
+    for r in &rows {
+        out.extend_from_slice(&r.addr_low.to_le_bytes());
+        out.extend_from_slice(&r.rule.to_le_bytes());
+    }
+    let crc = crc32fast::hash(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out
+}
+
+/// A cursor over untrusted bytes.
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], String> {
+        let end = self.at.checked_add(n).filter(|&e| e <= self.bytes.len());
+        let Some(end) = end else {
+            return Err(format!("truncated in {what} at byte {}", self.at));
+        };
+        let s = &self.bytes[self.at..end];
+        self.at = end;
+        Ok(s)
+    }
+    fn u8(&mut self, what: &str) -> Result<u8, String> {
+        Ok(self.take(1, what)?[0])
+    }
+    fn u16(&mut self, what: &str) -> Result<u16, String> {
+        let b = self.take(2, what)?;
+        Ok(u16::from_le_bytes([b[0], b[1]]))
+    }
+    fn u32(&mut self, what: &str) -> Result<u32, String> {
+        let b = self.take(4, what)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+    fn u64(&mut self, what: &str) -> Result<u64, String> {
+        let b = self.take(8, what)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(b);
+        Ok(u64::from_le_bytes(a))
+    }
+    /// A count of `size`-byte items that must fit in the bytes left.
+    fn count(&mut self, size: usize, what: &str) -> Result<usize, String> {
+        let n = self.u32(what)? as usize;
+        if n.saturating_mul(size) > self.bytes.len() - self.at {
+            return Err(format!("{what}: {n} entries do not fit in the file"));
+        }
+        Ok(n)
+    }
+}
+
+fn decode(
+    bytes: &[u8],
+    tool: &str,
+    build_id: &[u8],
+    dict: &mut RuleDict,
+) -> Result<(FlatObject, CachedMeta), String> {
+    let Some((body, crc)) = bytes.split_last_chunk::<4>() else {
+        return Err("shorter than its checksum".into());
+    };
+    if crc32fast::hash(body) != u32::from_le_bytes(*crc) {
+        return Err("checksum mismatch".into());
+    }
+    let mut r = Reader { bytes: body, at: 0 };
+    if r.take(4, "magic")? != MAGIC || r.u32("format")? != FORMAT {
+        return Err("not a table cache file of this format".into());
+    }
+    let n = usize::from(r.u16("tool")?);
+    if r.take(n, "tool")? != tool.as_bytes() {
+        return Err(OTHER_TOOL.into());
+    }
+    let n = usize::from(r.u16("build-id")?);
+    if r.take(n, "build-id")? != build_id {
+        return Err("another object's build-id".into());
+    }
+    let source = match (r.u8("source")?, r.u8("source version")?) {
+        (1, version) => Source::SFrame { version },
+        (2, _) => Source::EhFrame,
+        (3, _) => Source::DebugFrame,
+        (4, _) => Source::Synthesized,
+        (k, _) => return Err(format!("unknown source kind {k}")),
+    };
+    let table_rows = r.u64("table rows")?;
+    let unencodable_rows = r.u64("unencodable rows")?;
+    let unexpanded_pcmask = r.u64("unexpanded")?;
+    let base = r.u64("base")?;
+    let n = r.count(12, "rules")?;
+    let mut global = Vec::with_capacity(n);
+    for _ in 0..n {
+        let b = r.take(12, "rule")?;
+        let rule = RuleEntry {
+            cfa_offset: i32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+            ra_offset: i16::from_le_bytes([b[4], b[5]]),
+            fp_offset: i16::from_le_bytes([b[6], b[7]]),
+            cfa_base: b[8],
+            ra_kind: b[9],
+            fp_kind: b[10],
+            flags: b[11],
+        };
+        global.push(dict.intern(rule).map_err(|e| e.to_string())?);
+    }
+    let n = r.count(4, "pages")?;
+    let mut pages = Vec::with_capacity(n);
+    for _ in 0..n {
+        pages.push(r.u32("page")?);
+    }
+    let n = r.count(4, "rows")?;
+    let mut rows = Vec::with_capacity(n);
+    for _ in 0..n {
+        let addr_low = r.u16("row")?;
+        let local = usize::from(r.u16("row")?);
+        let rule = *global
+            .get(local)
+            .ok_or_else(|| format!("row refers to rule {local} of {}", global.len()))?;
+        rows.push(RowEntry { addr_low, rule });
+    }
+    if r.at != body.len() {
+        return Err(format!("{} bytes after the rows", body.len() - r.at));
+    }
+    // The kernel side relies on pages pointing into the rows, in order.
+    if pages.windows(2).any(|w| w[0] > w[1])
+        || pages.last().is_some_and(|&l| l as usize > rows.len())
+    {
+        return Err("page entries out of order or past the rows".into());
+    }
+    Ok((
+        FlatObject {
+            base,
+            pages,
+            rows,
+            unencodable_rows,
+            unexpanded_pcmask,
+        },
+        CachedMeta { source, table_rows },
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(dict: &mut RuleDict) -> FlatObject {
+        let a = dict
+            .intern(RuleEntry {
+                cfa_offset: 16,
+                ra_offset: -8,
+                cfa_base: 1,
+                ra_kind: 1,
+                ..RuleEntry::NONE
+            })
+            .unwrap();
+        let b = dict
+            .intern(RuleEntry {
+                cfa_offset: 8,
+                ra_offset: -8,
+                cfa_base: 1,
+                ra_kind: 1,
+                ..RuleEntry::NONE
+            })
+            .unwrap();
+        FlatObject {
+            base: 0x1000,
+            pages: vec![0, 3],
+            rows: vec![
+                RowEntry {
+                    addr_low: 0,
+                    rule: b,
+                },
+                RowEntry {
+                    addr_low: 4,
+                    rule: a,
+                },
+                RowEntry {
+                    addr_low: 40,
+                    rule: 0,
+                },
+            ],
+            unencodable_rows: 2,
+            unexpanded_pcmask: 0,
+        }
+    }
+
+    fn rules_of(flat: &FlatObject, dict: &RuleDict) -> Vec<(u16, RuleEntry)> {
+        flat.rows
+            .iter()
+            .map(|r| (r.addr_low, dict.rules()[usize::from(r.rule)]))
+            .collect()
+    }
+
+    #[test]
+    fn round_trip_into_another_dictionary() {
+        let mut d1 = RuleDict::default();
+        let flat = sample(&mut d1);
+        let meta = CachedMeta {
+            source: Source::EhFrame,
+            table_rows: 7,
+        };
+        let bytes = encode("t", b"\x01\x02", meta, &flat, &d1);
+        let mut d2 = RuleDict::default();
+        // A rule already in the new dictionary shifts the indices.
+        d2.intern(RuleEntry {
+            cfa_offset: 99,
+            ..RuleEntry::NONE
+        })
+        .unwrap();
+        let (back, m) = decode(&bytes, "t", b"\x01\x02", &mut d2).unwrap();
+        assert_eq!(m, meta);
+        assert_eq!(back.pages, flat.pages);
+        assert_eq!(back.base, flat.base);
+        assert_eq!(back.unencodable_rows, 2);
+        assert_eq!(rules_of(&back, &d2), rules_of(&flat, &d1));
+    }
+
+    #[test]
+    fn damaged_files_are_rejected() {
+        let mut d = RuleDict::default();
+        let flat = sample(&mut d);
+        let meta = CachedMeta {
+            source: Source::SFrame { version: 2 },
+            table_rows: 3,
+        };
+        let bytes = encode("t", b"id", meta, &flat, &d);
+        assert!(decode(&bytes, "t", b"id", &mut d).is_ok());
+        assert_eq!(decode(&bytes, "u", b"id", &mut d).unwrap_err(), OTHER_TOOL);
+        assert!(decode(&bytes, "t", b"other", &mut d).is_err());
+        // Every single-byte change and every truncation is caught.
+        for i in 0..bytes.len() {
+            let mut bad = bytes.clone();
+            bad[i] ^= 0x40;
+            assert!(decode(&bad, "t", b"id", &mut d).is_err(), "byte {i}");
+            assert!(
+                decode(&bytes[..i], "t", b"id", &mut d).is_err(),
+                "length {i}"
+            );
+        }
+    }
+
+    #[test]
+    fn huge_counts_with_a_valid_checksum_allocate_nothing() {
+        let mut d = RuleDict::default();
+        let mut body = Vec::new();
+        body.extend_from_slice(MAGIC);
+        body.extend_from_slice(&FORMAT.to_le_bytes());
+        body.extend_from_slice(&1u16.to_le_bytes());
+        body.push(b't');
+        body.extend_from_slice(&0u16.to_le_bytes());
+        body.extend_from_slice(&[2, 0]);
+        body.extend_from_slice(&[0u8; 32]);
+        body.extend_from_slice(&u32::MAX.to_le_bytes());
+        let crc = crc32fast::hash(&body);
+        body.extend_from_slice(&crc.to_le_bytes());
+        let err = decode(&body, "t", b"", &mut d).unwrap_err();
+        assert!(err.contains("do not fit"), "{err}");
+    }
+
+    #[test]
+    fn store_then_load_through_files() {
+        let dir = std::env::temp_dir().join(format!("sframe-cache-test-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let mut cache = TableCache::open(&dir).unwrap();
+        let mut d = RuleDict::default();
+        let flat = sample(&mut d);
+        let meta = CachedMeta {
+            source: Source::EhFrame,
+            table_rows: 3,
+        };
+        assert!(cache.load(b"\xab\xcd", &mut d).is_none());
+        cache.store(b"\xab\xcd", meta, &flat, &d).unwrap();
+        let path = dir.join("abcd.sftab");
+        assert_eq!(fs::metadata(&path).unwrap().mode() & 0o777, 0o644);
+        let (back, _) = cache.load(b"\xab\xcd", &mut d).unwrap();
+        assert_eq!(back.rows, flat.rows);
+        // A second store replaces the file (no temporary left behind).
+        cache.store(b"\xab\xcd", meta, &flat, &d).unwrap();
+        let names: Vec<_> = fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names.len(), 1, "{names:?}");
+        // A corrupted file is a counted rejection, not an error.
+        let mut bytes = fs::read(&path).unwrap();
+        let last = bytes.len() - 10;
+        bytes[last] ^= 1;
+        fs::write(&path, bytes).unwrap();
+        assert!(cache.load(b"\xab\xcd", &mut d).is_none());
+        assert_eq!(
+            (
+                cache.stats.hits,
+                cache.stats.misses,
+                cache.stats.rejected,
+                cache.stats.stores
+            ),
+            (1, 1, 1, 2)
+        );
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}
