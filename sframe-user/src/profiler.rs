@@ -530,6 +530,9 @@ impl Profiler {
             && p.exited_at.is_none()
         {
             p.exited_at = Some(Instant::now());
+            // Symbolization needs only the executable mappings.
+            p.info.maps.retain(|m| m.executable);
+            p.info.maps.shrink_to_fit();
             self.newly_exited.push(pid);
         }
         let exited = self
@@ -538,16 +541,22 @@ impl Profiler {
             .filter(|p| p.exited_at.is_some())
             .count();
         if exited > self.max_exited {
-            // Forget the oldest exited processes (their samples symbolize as unknown).
+            // Forget the oldest tenth of the exited processes with their samples, so
+            // memory stays bounded under endless churn.
             let mut old: Vec<(Instant, u32)> = self
                 .procs
                 .iter()
                 .filter_map(|(&pid, p)| p.exited_at.map(|t| (t, pid)))
                 .collect();
             old.sort_unstable();
-            for (_, pid) in old.iter().take(exited - self.max_exited) {
+            let n = exited - self.max_exited + self.max_exited / 10;
+            let gone: HashSet<u32> = old.iter().take(n).map(|&(_, pid)| pid).collect();
+            for pid in &gone {
                 self.procs.remove(pid);
             }
+            self.counts.retain(|k, _| !gone.contains(&k.pid));
+            let used: HashSet<u64> = self.counts.keys().map(|k| k.user_stack).collect();
+            self.stacks.retain(|id, _| used.contains(id));
         }
     }
 

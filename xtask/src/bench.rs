@@ -31,7 +31,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         "sframe-bench",
     ]);
     cmd::run(&mut build, "build sframe-bench")?;
-    let bin = root.join("target").join("release").join("sframe-bench");
+    let bin = cmd::target_dir().join("release").join("sframe-bench");
     let mut run = cmd::privileged(&bin.to_string_lossy());
     if args.quick {
         run.arg("--quick");
@@ -42,11 +42,13 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         .stderr(Stdio::inherit())
         .output()
         .with_context(|| format!("could not start {}", cmd::display(&run)))?;
-    let report = String::from_utf8_lossy(&out.stdout);
-    print!("{report}");
+    let mut report = String::from_utf8_lossy(&out.stdout).into_owned();
     if !out.status.success() {
+        print!("{report}");
         bail!("sframe-bench failed ({})", out.status);
     }
+    report += &crate::fleet::whole_system_table(args.quick)?;
+    print!("{report}");
     if !args.quick {
         let path = root.join("BENCHMARKS.md");
         fs::write(&path, report.as_bytes())

@@ -13,6 +13,14 @@ pub fn workspace_root() -> PathBuf {
     manifest.parent().map(PathBuf::from).unwrap_or(manifest)
 }
 
+/// Cargo's target directory: `CARGO_TARGET_DIR` when set, else `target/` of the
+/// workspace.
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"))
+}
+
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions. Avoid a libc dependency: read /proc instead.
     std::fs::read_to_string("/proc/self/status")

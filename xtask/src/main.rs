@@ -5,11 +5,14 @@
 //! - `run -- ARGS`: setup, build, run `sframe-user ARGS` (through `sudo -E` unless root).
 //! - `test`: setup, then everything CI checks, then every fuzz target for a bounded time.
 //! - `fuzz [--seconds N] [--target NAME]`: seed corpora and longer fuzzing runs.
-//! - `bench [--quick]`: BPF cost, kernel memory and table build time against baselines;
-//!   writes `BENCHMARKS.md`.
+//! - `bench [--quick]`: BPF cost, kernel memory and table build time against baselines,
+//!   the profiler's own cost when profiling the whole machine; writes `BENCHMARKS.md`.
+//! - `soak [--minutes N]`: whole-system profiling under churn; RSS and kernel table
+//!   memory must stay flat.
 
 mod bench;
 mod cmd;
+mod fleet;
 mod fuzz;
 mod run;
 mod setup;
@@ -37,6 +40,9 @@ enum Command {
     Fuzz(fuzz::FuzzArgs),
     /// Measure against baselines in one run (as root) and write BENCHMARKS.md.
     Bench(bench::BenchArgs),
+    /// Whole-system profiling under process churn for minutes: RSS and kernel table
+    /// memory must stay flat (not part of `test`).
+    Soak(fleet::SoakArgs),
 }
 
 fn main() -> Result<()> {
@@ -46,5 +52,6 @@ fn main() -> Result<()> {
         Command::Test(args) => test::test(args),
         Command::Fuzz(args) => fuzz::fuzz(args),
         Command::Bench(args) => bench::bench(args),
+        Command::Soak(args) => fleet::soak(args),
     }
 }

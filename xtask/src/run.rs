@@ -29,7 +29,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     }
     cmd::run(&mut build, "build sframe-user")?;
     let profile = if args.debug { "debug" } else { "release" };
-    let bin = root.join("target").join(profile).join("sframe-user");
+    let bin = cmd::target_dir().join(profile).join("sframe-user");
     let mut run = cmd::privileged(&bin.to_string_lossy());
     run.args(&args.args);
     let status = run.status()?;

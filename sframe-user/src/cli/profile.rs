@@ -53,6 +53,10 @@ pub struct ProfileArgs {
     /// Do not read or write the table cache.
     #[arg(long)]
     pub no_cache: bool,
+    /// Exited processes whose samples and mappings are kept for the report; beyond it
+    /// the oldest are forgotten (bounds memory under endless process churn).
+    #[arg(long, value_name = "N", default_value_t = 10_000)]
+    pub keep_exited: usize,
     /// Stop after this many seconds (default: run until Ctrl-C).
     #[arg(long, value_name = "SECS")]
     pub duration: Option<f64>,
@@ -123,7 +127,7 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
         frequency: args.frequency,
         targets,
         max_table_memory: Some(args.max_table_memory),
-        max_exited: 10_000,
+        max_exited: args.keep_exited,
         cache_dir: (!args.no_cache).then(|| args.cache_dir.clone()),
     };
     let whole_system = config.targets.all;
@@ -257,6 +261,15 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
     profiler.handle_events();
     let snap = profiler.collect();
     let targets = profiler.targets();
+    if let Some((ns, runs)) = profiler.program_stats()
+        && runs > 0
+    {
+        // Known while bpf_stats is enabled (the governor enables it).
+        eprintln!(
+            "sframe-user: profile program: {runs} runs, {:.1} ms",
+            ns as f64 / 1e6
+        );
+    }
     if let Some(e) = exporter.take() {
         e.server.abort();
     }
