@@ -702,3 +702,72 @@ fn a_restart_loads_tables_from_the_disk_cache() {
         "{good} of {total} complete from cached tables:\n{bad}"
     );
 }
+
+/// A program spinning in a function named `name` for `secs`.
+fn spinner_source(name: &str, secs: f64) -> String {
+    CONTAINER_SOURCE
+        .replace("boxed_work", name)
+        .replace("boxed_work(6)", &format!("{name}({secs})"))
+        .replace(&format!("{name}(6)"), &format!("{name}({secs})"))
+}
+
+#[test]
+fn a_reused_pid_never_gets_the_old_process_tables() {
+    if !bpf_or_skip("a_reused_pid_never_gets_the_old_process_tables") {
+        return;
+    }
+    let _serial = serial();
+    let a = compile_c(
+        "reuse_a",
+        &spinner_source("reuse_a_work", 30.0),
+        &["-O2", "-fomit-frame-pointer"],
+    );
+    // Another layout: B's code is where A had other code.
+    let b = compile_c(
+        "reuse_b",
+        &spinner_source("reuse_b_work", 30.0),
+        &["-O0", "-fomit-frame-pointer"],
+    );
+    let spec = TargetSpec {
+        all: true,
+        ..TargetSpec::default()
+    };
+    let mut profiler = Profiler::start_with(config(499, spec)).expect("start");
+    sframe_user::privileges::raise_event_loop_priority();
+    let first = KillOnDrop::spawn(&mut Command::new(&a));
+    let pid = first.pid();
+    pump(&mut profiler, Duration::from_secs(1));
+    drop(first);
+    pump(&mut profiler, Duration::from_millis(300));
+    // The next process gets the same pid: the kernel hands out ns_last_pid + 1.
+    let second = (0..50)
+        .find_map(|_| {
+            std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string()).ok()?;
+            let child = KillOnDrop::spawn(&mut Command::new(&b));
+            (child.pid() == pid).then_some(child)
+        })
+        .expect("could not get the same pid again");
+    pump(&mut profiler, Duration::from_millis(300));
+    let before = profiler.collect();
+    pump(&mut profiler, Duration::from_millis(1500));
+    let after = profiler.collect();
+    let delta = sframe_user::export::snapshot_delta(&after, &before);
+    let stacks = stacks_of(&profiler, &delta, &profiler.targets(), &[pid].into());
+    let (good, total, bad) = complete_through(&stacks, &["main", "reuse_b_work"]);
+    let stale: u64 = stacks
+        .iter()
+        .filter(|(names, _, _)| names.iter().any(|n| n.contains("reuse_a")))
+        .map(|s| s.2)
+        .sum();
+    eprintln!("pid {pid} reused: {good} of {total} complete through reuse_b_work, {stale} stale");
+    drop(second);
+    assert_eq!(
+        stale, 0,
+        "samples of the new process named after the old one:\n{bad}"
+    );
+    assert!(total >= 300, "too few samples: {total}");
+    assert!(
+        good as f64 >= 0.95 * total as f64,
+        "{good} of {total} samples of the new process complete:\n{bad}"
+    );
+}

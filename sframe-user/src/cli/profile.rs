@@ -327,7 +327,7 @@ fn write_interval(
 fn write_file(path: &Path, profile: &Profile, args: &ProfileArgs) -> Result<()> {
     let mut buf = Vec::new();
     export::write(profile, args.format, args.top, &mut buf)?;
-    std::fs::write(path, buf).with_context(|| format!("writing {}", path.display()))
+    export::write_file_safely(path, &buf).with_context(|| format!("writing {}", path.display()))
 }
 
 /// Parses a byte count with an optional K, M or G suffix (powers of 1024).

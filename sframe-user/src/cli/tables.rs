@@ -505,7 +505,7 @@ fn gen_cmd(a: &GenArgs) -> Res<i32> {
         WriteVersion::V2 => 2,
         WriteVersion::V3 => 3,
     };
-    std::fs::write(&a.output, &enc.bytes)
+    sframe_user::export::write_file_safely(&a.output, &enc.bytes)
         .map_err(|e| fail(&a.output, 1, format_args!("cannot write: {e}")))?;
     let mut report = format!(
         "{}: wrote {}: SFrame v{version} for address {addr:#x}, {} bytes, {} FDEs, {} FREs \
@@ -536,7 +536,7 @@ fn gen_cmd(a: &GenArgs) -> Res<i32> {
         if back.section_vaddr() != addr || back.data() != enc.bytes.as_slice() {
             return Err(fail(out_elf, 1, "internal: added .sframe differs"));
         }
-        std::fs::write(out_elf, &elf)
+        sframe_user::export::write_file_safely(out_elf, &elf)
             .map_err(|e| fail(out_elf, 1, format_args!("cannot write: {e}")))?;
         copy_permissions(&a.file, out_elf);
         report.push_str(&format!(

@@ -348,3 +348,69 @@ pub(crate) mod tests {
         );
     }
 }
+
+/// Writes `bytes` to `path` without following a symlink planted there: into a new file
+/// (`O_EXCL | O_NOFOLLOW`, mode 0600: profiles name processes and functions) in the same
+/// directory, renamed over `path` (a symlink at `path` is replaced, its target left
+/// alone). Readers never see a partial file.
+pub fn write_file_safely(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::{
+        io::Write as _,
+        os::unix::fs::OpenOptionsExt as _,
+        sync::atomic::{AtomicU64, Ordering},
+    };
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "no file name"))?;
+    let tmp = dir.join(format!(
+        ".{}.tmp-{}-{}",
+        name.to_string_lossy(),
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    ));
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&tmp)?;
+    let result = file
+        .write_all(bytes)
+        .and_then(|()| file.sync_data())
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+#[cfg(test)]
+mod safe_write_tests {
+    use std::os::unix::fs::{MetadataExt as _, symlink};
+
+    #[test]
+    fn a_planted_symlink_is_replaced_not_followed() {
+        let dir = std::env::temp_dir().join(format!("sframe-safe-write-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let victim = dir.join("victim");
+        std::fs::write(&victim, b"keep me").unwrap();
+        let out = dir.join("profile.svg");
+        symlink(&victim, &out).unwrap();
+        super::write_file_safely(&out, b"<svg/>").unwrap();
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep me");
+        let meta = std::fs::symlink_metadata(&out).unwrap();
+        assert!(meta.file_type().is_file());
+        assert_eq!(meta.mode() & 0o777, 0o600);
+        assert_eq!(std::fs::read(&out).unwrap(), b"<svg/>");
+        // Overwriting an existing file works too, and leaves no temporary behind.
+        super::write_file_safely(&out, b"<svg></svg>").unwrap();
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 2);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
