@@ -104,10 +104,16 @@ pub enum Counter {
     Ignored = 7,
     /// Lifecycle events lost because the `EVENTS` ring buffer was full.
     EventsLost = 8,
+    /// Samples without tables handed to user space with their stack (`DEFERRED`), to be
+    /// unwound there once the tables are loaded; their outcome is counted there.
+    Deferred = 9,
+    /// Samples that should have been deferred but found the ring buffer full (counted
+    /// with the kernel's outcome instead).
+    DeferredLost = 10,
 }
 
 impl Counter {
-    pub const COUNT: usize = 9;
+    pub const COUNT: usize = 11;
     pub const ALL: [Counter; Self::COUNT] = [
         Self::Samples,
         Self::SamplesInKernel,
@@ -118,6 +124,8 @@ impl Counter {
         Self::KernelStackFailed,
         Self::Ignored,
         Self::EventsLost,
+        Self::Deferred,
+        Self::DeferredLost,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -131,6 +139,8 @@ impl Counter {
             Self::KernelStackFailed => "kernel_stack_failed",
             Self::Ignored => "ignored",
             Self::EventsLost => "events_lost",
+            Self::Deferred => "deferred",
+            Self::DeferredLost => "deferred_lost",
         }
     }
 }

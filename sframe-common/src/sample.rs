@@ -36,3 +36,37 @@ pub struct RawSample {
 unsafe impl aya::Pod for RawSample {}
 
 const _: () = assert!(core::mem::size_of::<RawSample>() == 48);
+
+/// Stack bytes a deferred sample carries: whole pages from the page of the stack pointer
+/// up (pages are mapped or not as a whole, so a read never half-fails).
+pub const DEFERRED_PAGES: usize = 4;
+pub const DEFERRED_PAGE: usize = 4096;
+pub const DEFERRED_STACK_BYTES: usize = DEFERRED_PAGES * DEFERRED_PAGE;
+
+/// A sample the kernel side could not unwind for lack of tables (a process not loaded
+/// yet, or a PC in a mapping loaded since): its registers and the top of its stack, for
+/// user space to unwind with the same `walk_step` once the tables are there.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct DeferredSample {
+    pub pid: u32,
+    pub tid: u32,
+    /// Kernel stack id (`bpf_get_stackid`), or -1.
+    pub kernel_stack: i32,
+    /// Bytes of `stack` read, a multiple of `DEFERRED_PAGE`.
+    pub stack_len: u32,
+    /// Address of `stack[0]`: the page of the stack pointer.
+    pub stack_base: u64,
+    pub regs: crate::step::Regs,
+    pub top: [u64; crate::step::TOP_REGS],
+    pub stack: [u8; DEFERRED_STACK_BYTES],
+}
+
+#[cfg(feature = "user")]
+// SAFETY: repr(C), integers and byte arrays only, no implicit padding (asserted below).
+unsafe impl aya::Pod for DeferredSample {}
+
+const _: () = assert!(
+    core::mem::size_of::<DeferredSample>()
+        == 24 + 24 + 8 * crate::step::TOP_REGS + DEFERRED_STACK_BYTES
+);

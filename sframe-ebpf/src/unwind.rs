@@ -5,9 +5,12 @@ use core::ffi::c_void;
 
 use aya_ebpf::{
     bindings::{BPF_F_MMAPABLE, BPF_NOEXIST, pt_regs},
-    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user, generated::bpf_loop},
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_probe_read_user,
+        generated::{bpf_loop, bpf_probe_read_user as bpf_probe_read_user_raw},
+    },
     macros::map,
-    maps::{Array, HashMap, PerCpuArray, StackTrace},
+    maps::{Array, HashMap, PerCpuArray, RingBuf, StackTrace},
     programs::{PerfEventContext, tracing::StackIdContext},
 };
 use sframe_common::{
@@ -20,6 +23,7 @@ use sframe_common::{
         RowEntry, RuleEntry,
     },
     outcome::{Counter, WalkOutcome},
+    sample::{DEFERRED_PAGE, DEFERRED_PAGES, DeferredSample},
     stack::{CountKey, UserStack},
     step::{Tables, WalkState, walk_step},
 };
@@ -171,10 +175,76 @@ pub fn profile(ctx: &PerfEventContext) -> u32 {
     }
     if let Some((pt, _)) = user {
         key.outcome = walk(tgid, &pt, &mut key.user_stack);
+        if needs_tables(key.outcome) {
+            lifecycle::send_miss(tgid);
+            if defer(&key, &pt) {
+                count(Counter::Deferred, 1);
+                return 0;
+            }
+        }
     }
     count_outcome(key.outcome);
     bump(&key);
     0
+}
+
+/// Walks that stopped for lack of tables user space is about to load: no table for the
+/// process, or a PC outside its known mappings not reached through a frame-pointer guess
+/// (after one, an unknown PC is more likely garbage than a new mapping).
+#[inline(always)]
+fn needs_tables(outcome: u32) -> bool {
+    if outcome == WalkOutcome::UnknownProcess as u32 {
+        return true;
+    }
+    if outcome != WalkOutcome::NoMapping as u32 {
+        return false;
+    }
+    match SCRATCH.get_ptr(0) {
+        // SAFETY: per-CPU scratch of this program.
+        Some(st) => unsafe { (*st).frames_from_fp == 0 },
+        None => false,
+    }
+}
+
+/// Samples waiting in user space for their tables.
+#[map]
+static DEFERRED: RingBuf = RingBuf::with_byte_size(4 << 20, 0);
+
+/// Sends the sample's registers and the top of its stack to user space (`DEFERRED`);
+/// false when the ring buffer is full.
+#[inline(always)]
+fn defer(key: &CountKey, pt: &pt_regs) -> bool {
+    let Some(mut entry) = DEFERRED.reserve::<DeferredSample>(0) else {
+        count(Counter::DeferredLost, 1);
+        return false;
+    };
+    let rec = entry.as_mut_ptr();
+    let regs = regs::walk_regs(pt);
+    let base = regs.sp & !(DEFERRED_PAGE as u64 - 1);
+    // SAFETY: `rec` is the reserved record, written field by field before submit; the
+    // stack pages are read with bpf_probe_read_user, which checks the user addresses.
+    unsafe {
+        (*rec).pid = key.pid;
+        (*rec).tid = key.tid;
+        (*rec).kernel_stack = key.kernel_stack;
+        (*rec).stack_base = base;
+        (*rec).regs = regs;
+        regs::dwarf_regs(pt, &mut (*rec).top);
+        let mut len = 0u32;
+        let mut page = 0;
+        while page < DEFERRED_PAGES {
+            let dst = (*rec).stack.as_mut_ptr().add(page * DEFERRED_PAGE);
+            let src = (base + (page * DEFERRED_PAGE) as u64) as *const c_void;
+            if bpf_probe_read_user_raw(dst.cast(), DEFERRED_PAGE as u32, src) != 0 {
+                break;
+            }
+            len += DEFERRED_PAGE as u32;
+            page += 1;
+        }
+        (*rec).stack_len = len;
+    }
+    entry.submit(0);
+    true
 }
 
 /// Walks the user stack; stores it in STACKS and returns the outcome (and its key).
@@ -207,14 +277,6 @@ fn walk(tgid: u32, pt: &pt_regs, stack_key: &mut u64) -> u32 {
             st.hash = sframe_common::stack::mix(st.hash, st.regs.pc);
             st.outcome = WalkOutcome::UnknownProcess as u32;
         }
-    }
-    // Tables missing or stale (a new process, a library mapped since the last load):
-    // ask user space to load them. After a frame-pointer guess, an unknown PC is more
-    // likely garbage than a new mapping: no event then.
-    if st.outcome == WalkOutcome::UnknownProcess as u32
-        || (st.outcome == WalkOutcome::NoMapping as u32 && st.frames_from_fp == 0)
-    {
-        lifecycle::send_miss(tgid);
     }
     count(Counter::FramesFromTable, u64::from(st.frames_from_table));
     count(

@@ -176,6 +176,8 @@ impl RangeAlloc {
 pub struct KernelTables {
     processes: HashMap<MapData, u32, ProcessEntry>,
     objects: Array<MapData, ObjectEntry>,
+    /// What `objects` holds, by id (for walks in user space).
+    object_entries: Vec<ObjectEntry>,
     rules: Array<MapData, RuleEntry>,
     rows: MmapArray<RowBlock>,
     pages: MmapArray<PageBlock>,
@@ -210,6 +212,7 @@ impl KernelTables {
         Ok(Self {
             processes: take(ebpf, "PROCESSES")?,
             objects,
+            object_entries: Vec::new(),
             rules: take(ebpf, "RULES")?,
             row_alloc: RangeAlloc::new(rows.len as u32),
             page_alloc: RangeAlloc::new(pages.len as u32),
@@ -262,6 +265,9 @@ impl KernelTables {
                 map: "OBJECTS",
                 source,
             })?;
+        if let Some(e) = self.object_entries.get_mut(p.object as usize) {
+            *e = ObjectEntry::default();
+        }
         self.row_alloc.free(p.row_blocks.0, p.row_blocks.1);
         self.page_alloc.free(p.page_blocks.0, p.page_blocks.1);
         self.free_objects.push(p.object);
@@ -334,6 +340,11 @@ impl KernelTables {
                 source,
             });
         }
+        let slot = id as usize;
+        if self.object_entries.len() <= slot {
+            self.object_entries.resize(slot + 1, ObjectEntry::default());
+        }
+        self.object_entries[slot] = entry;
         if self.free_objects.last() == Some(&id) {
             self.free_objects.pop();
         } else {
@@ -395,6 +406,55 @@ impl KernelTables {
     /// added for children).
     pub fn process_ids(&self) -> Vec<u32> {
         self.processes.keys().filter_map(Result::ok).collect()
+    }
+}
+
+/// The kernel tables seen from user space, for one process's mappings: the same
+/// `Tables` the BPF program walks with (deferred samples are unwound with it).
+pub struct KernelView<'a> {
+    tables: &'a KernelTables,
+    mappings: &'a [MappingEntry],
+}
+
+impl KernelTables {
+    pub fn view<'a>(&'a self, mappings: &'a [MappingEntry]) -> KernelView<'a> {
+        KernelView {
+            tables: self,
+            mappings,
+        }
+    }
+
+    fn blocks<T>(array: &MmapArray<T>) -> &[T] {
+        // SAFETY: the mapping is `len` elements of T, valid while the map lives; the
+        // kernel side only reads it.
+        unsafe { std::slice::from_raw_parts(array.ptr.as_ptr(), array.len) }
+    }
+}
+
+impl sframe_common::step::Tables for KernelView<'_> {
+    fn mapping_count(&mut self) -> u32 {
+        self.mappings.len().min(MAX_MAPPINGS) as u32
+    }
+    fn mapping(&mut self, index: u32) -> Option<MappingEntry> {
+        self.mappings.get(index as usize).copied()
+    }
+    fn object(&mut self, id: u32) -> Option<ObjectEntry> {
+        self.tables.object_entries.get(id as usize).copied()
+    }
+    fn page_entry(&mut self, index: u32) -> Option<u32> {
+        let i = index as usize;
+        KernelTables::blocks(&self.tables.pages)
+            .get(i / PAGE_BLOCK)
+            .map(|b| b.0[i % PAGE_BLOCK])
+    }
+    fn row(&mut self, index: u32) -> Option<RowEntry> {
+        let i = index as usize;
+        KernelTables::blocks(&self.tables.rows)
+            .get(i / ROW_BLOCK)
+            .map(|b| b.0[i % ROW_BLOCK])
+    }
+    fn rule(&mut self, index: u16) -> Option<RuleEntry> {
+        self.tables.dict.rules().get(usize::from(index)).copied()
     }
 }
 

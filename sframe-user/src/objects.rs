@@ -135,6 +135,8 @@ pub struct ObjectStore {
     files: HashMap<(u32, u32, u64, String), ObjectKey>,
     /// The objects each process's kernel mapping table refers to.
     processes: HashMap<u32, Vec<ObjectKey>>,
+    /// Each process's mapping table as installed in the kernel (for user-space walks).
+    entries: HashMap<u32, Vec<MappingEntry>>,
     options: ObjTableOptions,
     /// Flattened tables on disk, by build-id (`--cache-dir`).
     pub cache: Option<crate::cache::TableCache>,
@@ -150,6 +152,7 @@ impl ObjectStore {
             objects: HashMap::new(),
             files: HashMap::new(),
             processes: HashMap::new(),
+            entries: HashMap::new(),
             options: ObjTableOptions::default(),
             cache: None,
             failed_objects: 0,
@@ -166,9 +169,15 @@ impl ObjectStore {
     /// when the process exits) and its objects lose a reference.
     pub fn forget_process(&mut self, pid: u32) {
         self.tables.remove_process(pid);
+        self.entries.remove(&pid);
         if let Some(keys) = self.processes.remove(&pid) {
             self.release(&keys);
         }
+    }
+
+    /// `pid`'s mapping table as installed in the kernel.
+    pub fn process_entries(&self, pid: u32) -> Option<&[MappingEntry]> {
+        self.entries.get(&pid).map(Vec::as_slice)
     }
 
     fn release(&mut self, keys: &[ObjectKey]) {
@@ -218,6 +227,23 @@ impl ObjectStore {
         let mut entries = Vec::new();
         // References are taken as objects are resolved, so that loading a later object
         // of this process cannot evict an earlier one; the old ones are released after.
+        // Objects of this process already loaded are pinned first, so that room for a new
+        // one is never made by evicting one it maps too.
+        let pinned: Vec<ObjectKey> = maps
+            .iter()
+            .filter(|m| m.executable)
+            .filter_map(|m| {
+                self.files
+                    .get(&(m.dev_major, m.dev_minor, m.inode, m.path.clone()))
+                    .cloned()
+            })
+            .filter(|k| self.objects.contains_key(k))
+            .collect();
+        for k in &pinned {
+            if let Some(info) = self.objects.get_mut(k) {
+                info.refs += 1;
+            }
+        }
         let mut keys = Vec::new();
         for m in maps.iter().filter(|m| m.executable) {
             report.executable_mappings += 1;
@@ -255,9 +281,12 @@ impl ObjectStore {
             Ok(dropped) => report.dropped_mappings = dropped,
             Err(err) => log::warn!("pid {pid}: {err}"),
         }
+        entries.truncate(sframe_common::budget::MAX_MAPPINGS);
+        self.entries.insert(pid, entries);
         if let Some(old) = self.processes.insert(pid, keys) {
             self.release(&old);
         }
+        self.release(&pinned);
         report.maps = maps;
         Ok(report)
     }

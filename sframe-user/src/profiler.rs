@@ -160,6 +160,10 @@ pub struct Profiler {
     kernel_stacks: StdHashMap<i32, Vec<u64>>,
     /// Lifecycle events from the kernel side.
     events: Option<RingBuf<MapData>>,
+    /// Samples the kernel side could not unwind for lack of tables.
+    deferred: Option<RingBuf<MapData>>,
+    /// Outcomes of deferred samples, unwound here (added to the kernel's in `collect`).
+    deferred_outcomes: [u64; WalkOutcome::COUNT],
     /// Counts accumulated in user space (the kernel map is drained on each collect).
     counts: StdHashMap<CountKey, u64>,
     /// User stacks by key, innermost first.
@@ -262,6 +266,8 @@ impl Profiler {
             kernel_stacks_map: take(&mut ebpf, "KERNEL_STACKS")?,
             kernel_stacks: StdHashMap::new(),
             events: None,
+            deferred: take(&mut ebpf, "DEFERRED").ok(),
+            deferred_outcomes: [0; WalkOutcome::COUNT],
             ebpf,
             counts: StdHashMap::new(),
             stacks: StdHashMap::new(),
@@ -373,17 +379,26 @@ impl Profiler {
                 }
             }
         }
-        // Exits free room; execs and forks of new processes are the most urgent loads
-        // (short-lived processes); misses of long-running processes can wait.
+        // Execs and forks of new processes are the most urgent loads (short-lived
+        // processes); exits come last, after the deferred samples of the exited
+        // processes were unwound with their tables.
         let priority = |e: &ProcEvent| match ProcEventKind::try_from(e.kind) {
-            Ok(ProcEventKind::Exit) => 0,
-            Ok(ProcEventKind::Exec | ProcEventKind::Fork) => 1,
-            Ok(ProcEventKind::Mmap) => 2,
-            _ => 3,
+            Ok(ProcEventKind::Exec | ProcEventKind::Fork) => 0,
+            Ok(ProcEventKind::Mmap) => 1,
+            Ok(ProcEventKind::Exit) => 3,
+            _ => 2,
         };
         batch.sort_by_key(priority);
         let mut added = Vec::new();
-        for e in batch {
+        let first_exit = batch
+            .iter()
+            .position(|e| e.kind == ProcEventKind::Exit as u32)
+            .unwrap_or(batch.len());
+        for (i, e) in batch.into_iter().enumerate() {
+            if i == first_exit {
+                self.load_pending(&mut added);
+                self.unwind_deferred();
+            }
             let Ok(kind) = ProcEventKind::try_from(e.kind) else {
                 continue;
             };
@@ -429,7 +444,80 @@ impl Profiler {
             }
         }
         self.load_pending(&mut added);
+        self.unwind_deferred();
         added
+    }
+
+    /// The deferred-sample ring buffer, for waiting on it (`AsyncFd`).
+    pub fn deferred_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd as _;
+        self.deferred.as_ref().map(|e| e.as_fd())
+    }
+
+    /// Unwinds the samples the kernel side deferred, with the same `walk_step` over the
+    /// same tables (read from the maps) and the stack bytes the sample carries, and counts
+    /// them like the kernel side would have.
+    fn unwind_deferred(&mut self) {
+        use sframe_common::sample::{DEFERRED_STACK_BYTES, DeferredSample};
+        let Some(ring) = self.deferred.as_mut() else {
+            return;
+        };
+        let mut records: Vec<Box<DeferredSample>> = Vec::new();
+        while let Some(item) = ring.next() {
+            if item.len() >= size_of::<DeferredSample>() {
+                // SAFETY: the kernel wrote a DeferredSample (integers and bytes only).
+                let rec = unsafe { (item.as_ptr() as *const DeferredSample).read_unaligned() };
+                records.push(Box::new(rec));
+            }
+        }
+        for rec in records {
+            let mut st = Box::<sframe_common::step::WalkState>::default();
+            st.top = rec.top;
+            let base = rec.stack_base;
+            let len = (rec.stack_len as usize).min(DEFERRED_STACK_BYTES) as u64;
+            let mut read = |addr: u64| {
+                let off = addr.checked_sub(base)?;
+                if off.checked_add(8)? > len {
+                    return None;
+                }
+                let o = off as usize;
+                let bytes: [u8; 8] = rec.stack[o..o + 8].try_into().ok()?;
+                Some(u64::from_le_bytes(bytes))
+            };
+            let outcome = match self.store.process_entries(rec.pid) {
+                Some(entries) => {
+                    let mut view = self.store.tables.view(entries);
+                    sframe_common::step::walk(&mut st, rec.regs, &mut view, &mut read)
+                }
+                None => {
+                    // Still no tables (the process exited before it could be read):
+                    // keep the PC, as the kernel side does.
+                    let mut view = self.store.tables.view(&[]);
+                    sframe_common::step::walk(&mut st, rec.regs, &mut view, &mut read);
+                    WalkOutcome::UnknownProcess
+                }
+            };
+            let len = (st.stack.len as usize).min(st.stack.frames.len());
+            let key = CountKey {
+                pid: rec.pid,
+                tid: rec.tid,
+                user_stack: st.stack_key(),
+                kernel_stack: rec.kernel_stack,
+                outcome: outcome as u32,
+            };
+            self.stacks
+                .entry(key.user_stack)
+                .or_insert_with(|| st.stack.frames[..len].to_vec());
+            *self.counts.entry(key).or_default() += 1;
+            self.deferred_outcomes[outcome as usize] += 1;
+            if key.kernel_stack >= 0
+                && !self.kernel_stacks.contains_key(&key.kernel_stack)
+                && let Ok(trace) = self.kernel_stacks_map.get(&(key.kernel_stack as u32), 0)
+            {
+                let frames = trace.frames().iter().map(|f| f.ip).collect();
+                self.kernel_stacks.insert(key.kernel_stack, frames);
+            }
+        }
     }
 
     /// Loads processes first seen through a miss, for at most `PENDING_BUDGET` per call
@@ -749,6 +837,7 @@ impl Profiler {
             if let Ok(v) = self.outcomes_map.get(&(i as u32), 0) {
                 *slot = v.iter().sum();
             }
+            *slot += self.deferred_outcomes[i];
         }
         for (i, slot) in snap.counters.iter_mut().enumerate() {
             if let Ok(v) = self.counters_map.get(&(i as u32), 0) {

@@ -204,7 +204,11 @@ fn whole_system_profiling_keeps_up_with_process_churn() {
     for c in snap.counts.iter().filter(|c| pids.contains(&c.key.pid)) {
         *outcomes.entry(c.key.outcome).or_insert(0u64) += c.count;
     }
-    eprintln!("outcomes of churn samples: {outcomes:?}");
+    eprintln!(
+        "outcomes of churn samples: {outcomes:?}; deferred {}, deferred lost {}",
+        snap.counters[sframe_common::Counter::Deferred as usize],
+        snap.counters[sframe_common::Counter::DeferredLost as usize]
+    );
     eprintln!(
         "{PROCESSES} processes in {elapsed:?}: {good} of {all} samples complete through \
          churn_work ({:.1}%), {total} symbolized; lifecycle {:?}; others:\n{bad}",
@@ -770,4 +774,53 @@ fn a_reused_pid_never_gets_the_old_process_tables() {
         good as f64 >= 0.95 * total as f64,
         "{good} of {total} samples of the new process complete:\n{bad}"
     );
+}
+
+#[test]
+fn samples_taken_before_the_tables_are_unwound_later_in_user_space() {
+    if !bpf_or_skip("samples_taken_before_the_tables_are_unwound_later_in_user_space") {
+        return;
+    }
+    let _serial = serial();
+    let exe = compile_c(
+        "deferred",
+        &spinner_source("deferred_work", 30.0),
+        &["-O2", "-fomit-frame-pointer"],
+    );
+    let spinner = KillOnDrop::spawn(&mut Command::new(&exe));
+    let pid = spinner.pid();
+    thread::sleep(Duration::from_millis(100));
+    // Whole system, loaded lazily: the spinner's first samples find no table.
+    let spec = TargetSpec {
+        all: true,
+        ..TargetSpec::default()
+    };
+    let mut profiler = Profiler::start_with(config(499, spec)).expect("start");
+    pump(&mut profiler, Duration::from_millis(1500));
+    let snap = profiler.collect();
+    let deferred = snap.counters[sframe_common::Counter::Deferred as usize];
+    let lost = snap.counters[sframe_common::Counter::DeferredLost as usize];
+    let stacks = stacks_of(&profiler, &snap, &profiler.targets(), &[pid].into());
+    let (good, total, bad) = complete_through(&stacks, &["main", "deferred_work"]);
+    let unknown: u64 = snap
+        .counts
+        .iter()
+        .filter(|c| {
+            c.key.pid == pid && c.key.outcome == sframe_common::WalkOutcome::UnknownProcess as u32
+        })
+        .map(|c| c.count)
+        .sum();
+    eprintln!(
+        "deferred {deferred} (lost {lost}); {good} of {total} complete; {unknown} unknown_process"
+    );
+    assert!(
+        deferred >= 1,
+        "the first sample had no table and must have been deferred"
+    );
+    assert_eq!(
+        unknown, 0,
+        "every sample of the spinner was unwound:\n{bad}"
+    );
+    assert_eq!(good, total, "{bad}");
+    assert!(total >= 300, "too few samples: {total}");
 }

@@ -168,6 +168,13 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
         }?),
         None => None,
     };
+    let deferred = match profiler.deferred_fd() {
+        // SAFETY: as above, for the deferred-sample ring buffer.
+        Some(fd) => Some(unsafe {
+            AsyncFd::register_with_interest(fd.try_clone_to_owned()?, Interest::READABLE)
+        }?),
+        None => None,
+    };
     let mut symbolizer = Symbolizer::new();
     let started = Instant::now();
     let started_at = SystemTime::now();
@@ -208,6 +215,14 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
                 for pid in profiler.handle_events() {
                     log::debug!("profiling process {pid}");
                 }
+                continue;
+            }
+            ready = async { deferred.as_ref().expect("guarded").readable().await }, if deferred.is_some() => {
+                // Samples that found no tables: unwound here once they are loaded.
+                if let Ok(mut guard) = ready {
+                    guard.clear_ready();
+                }
+                profiler.handle_events();
                 continue;
             }
             _ = tokio::task::yield_now(), if profiler.has_pending() => {
