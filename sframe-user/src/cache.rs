@@ -87,6 +87,11 @@ impl TableCache {
         self.dir.join(format!("{hex}.sftab"))
     }
 
+    /// Whether a file for `build_id` exists (it may still be rejected when read).
+    pub fn contains(&self, build_id: &[u8]) -> bool {
+        self.path(build_id).is_file()
+    }
+
     /// The cached table of `build_id`, its rules interned into `dict`; `None` when
     /// absent or unusable.
     pub fn load(

@@ -109,6 +109,60 @@ pub struct ProcessReport {
     pub maps: Vec<Mapping>,
 }
 
+/// Objects larger than this are derived on the worker thread (unless cached).
+pub const SYNC_BUILD_BYTES: usize = 8 << 20;
+
+/// The CFI/SFrame derivation of one object (no kernel state: runs on any thread).
+fn derive(data: &[u8], options: &ObjTableOptions) -> Result<crate::objtable::ObjectTable, String> {
+    table_for_elf(data, options).map_err(|e| e.to_string())
+}
+
+struct BuildJob {
+    key: ObjectKey,
+    path: String,
+    data: Vec<u8>,
+    options: ObjTableOptions,
+}
+
+struct BuildDone {
+    key: ObjectKey,
+    path: String,
+    data: Vec<u8>,
+    derived: Result<crate::objtable::ObjectTable, String>,
+}
+
+/// One thread deriving large objects' tables, in order.
+struct Worker {
+    jobs: std::sync::mpsc::Sender<BuildJob>,
+    done: std::sync::mpsc::Receiver<BuildDone>,
+}
+
+impl Worker {
+    fn spawn() -> Option<Self> {
+        let (jobs, job_rx) = std::sync::mpsc::channel::<BuildJob>();
+        let (done_tx, done) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("sframe-build".into())
+            .spawn(move || {
+                for job in job_rx {
+                    let derived = derive(&job.data, &job.options);
+                    let out = BuildDone {
+                        key: job.key,
+                        path: job.path,
+                        data: job.data,
+                        derived,
+                    };
+                    if done_tx.send(out).is_err() {
+                        break;
+                    }
+                }
+            })
+            .map_err(|e| log::warn!("no table build thread, large objects block the loop: {e}"))
+            .ok()?;
+        Some(Self { jobs, done })
+    }
+}
+
 /// How long an object whose table did not fit waits before it is tried again.
 const RETRY_FULL: Duration = Duration::from_secs(5);
 
@@ -121,6 +175,8 @@ pub struct StoreStats {
     pub evictions: u64,
     /// Objects that found no room even after evicting every unused object.
     pub full: u64,
+    /// Large objects derived on the worker thread.
+    pub background_builds: u64,
 }
 
 /// Objects loaded so far, and the kernel tables they live in.
@@ -140,6 +196,12 @@ pub struct ObjectStore {
     options: ObjTableOptions,
     /// Flattened tables on disk, by build-id (`--cache-dir`).
     pub cache: Option<crate::cache::TableCache>,
+    /// Derives the tables of large objects off the event loop.
+    worker: Option<Worker>,
+    /// Objects on the worker, and the processes to reload when they are done.
+    in_flight: HashMap<ObjectKey, std::collections::HashSet<u32>>,
+    /// Build every object before returning (explicit targets), even large ones.
+    blocking: bool,
     /// Objects whose table could not be built or loaded.
     pub failed_objects: u64,
     pub stats: StoreStats,
@@ -155,9 +217,37 @@ impl ObjectStore {
             entries: HashMap::new(),
             options: ObjTableOptions::default(),
             cache: None,
+            worker: Worker::spawn(),
+            in_flight: HashMap::new(),
+            blocking: false,
             failed_objects: 0,
             stats: StoreStats::default(),
         }
+    }
+
+    /// Loads the tables the worker finished; returns the processes to reload (they map
+    /// those objects).
+    pub fn poll_builds(&mut self) -> Vec<u32> {
+        let mut reload = Vec::new();
+        let finished: Vec<BuildDone> = match &self.worker {
+            Some(w) => w.done.try_iter().collect(),
+            None => return reload,
+        };
+        for done in finished {
+            let info = self.finish_build(&done.path, &done.data, done.derived);
+            self.objects.insert(done.key.clone(), info);
+            if let Some(pids) = self.in_flight.remove(&done.key) {
+                reload.extend(pids);
+            }
+        }
+        reload.sort_unstable();
+        reload.dedup();
+        reload
+    }
+
+    /// Objects being built on the worker.
+    pub fn builds_in_flight(&self) -> usize {
+        self.in_flight.len()
     }
 
     /// Processes with a mapping table installed by this store.
@@ -218,6 +308,18 @@ impl ObjectStore {
 
     pub fn objects(&self) -> impl Iterator<Item = &ObjectInfo> {
         self.objects.values()
+    }
+
+    /// `refresh_process`, building even large objects before returning (explicit
+    /// targets: their first samples must unwind).
+    pub fn refresh_process_blocking(
+        &mut self,
+        pid: u32,
+    ) -> Result<ProcessReport, procfs::MapsError> {
+        self.blocking = true;
+        let result = self.refresh_process(pid);
+        self.blocking = false;
+        result
     }
 
     /// Reads the process's maps and installs its mapping table in the kernel.
@@ -302,15 +404,42 @@ impl ObjectStore {
         }
         let file_id = (m.dev_major, m.dev_minor, m.inode, m.path.clone());
         let known = self.files.get(&file_id).cloned();
+        if let Some(k) = &known
+            && let Some(waiting) = self.in_flight.get_mut(k)
+        {
+            // Its table is being built on the worker: this process is reloaded then.
+            waiting.insert(pid);
+            return None;
+        }
         let key = match known.filter(|k| self.usable(k)) {
             Some(k) => k,
             None => {
                 let (key, data) = self.read_file(pid, m)?;
+                self.files.insert(file_id, key.clone());
                 if !self.usable(&key) {
-                    let info = self.build(&m.path, &data);
+                    if data.len() > SYNC_BUILD_BYTES
+                        && !self.blocking
+                        && !self.cached(&data)
+                        && let Some(worker) = &self.worker
+                    {
+                        // A large object takes long to derive: build it off the event
+                        // loop; meanwhile its PCs use the frame-pointer fallback.
+                        let job = BuildJob {
+                            key: key.clone(),
+                            path: m.path.clone(),
+                            data,
+                            options: self.options.clone(),
+                        };
+                        if worker.jobs.send(job).is_ok() {
+                            self.stats.background_builds += 1;
+                            self.in_flight.insert(key, [pid].into());
+                        }
+                        return None;
+                    }
+                    let derived = derive(&data, &self.options);
+                    let info = self.finish_build(&m.path, &data, derived);
                     self.objects.insert(key.clone(), info);
                 }
-                self.files.insert(file_id, key.clone());
                 key
             }
         };
@@ -378,7 +507,8 @@ impl ObjectStore {
                 std::os::unix::fs::FileExt::read_exact_at(&mem, &mut data, m.start).ok()?;
                 let key = ObjectKey::BuildId(build_id(&data).unwrap_or_else(|| data.clone()));
                 if !self.usable(&key) {
-                    let info = self.build("[vdso]", &data);
+                    let derived = derive(&data, &self.options);
+                    let info = self.finish_build("[vdso]", &data, derived);
                     self.objects.insert(key.clone(), info);
                 }
                 self.files.insert(vdso_file, key.clone());
@@ -396,7 +526,22 @@ impl ObjectStore {
         Some((key, id, m.start.wrapping_sub(vaddr0)))
     }
 
-    fn build(&mut self, path: &str, data: &[u8]) -> ObjectInfo {
+    /// Whether the disk cache holds this object's table (then loading it is quick).
+    fn cached(&self, data: &[u8]) -> bool {
+        match (&self.cache, build_id(data)) {
+            (Some(cache), Some(id)) => cache.contains(&id),
+            _ => false,
+        }
+    }
+
+    /// Builds the object's kernel table from the disk cache or from `derived` (the
+    /// result of `derive` on `data`, possibly computed on the worker).
+    fn finish_build(
+        &mut self,
+        path: &str,
+        data: &[u8],
+        derived: Result<crate::objtable::ObjectTable, String>,
+    ) -> ObjectInfo {
         let mut info = ObjectInfo {
             path: path.to_owned(),
             placement: None,
@@ -420,24 +565,21 @@ impl ObjectStore {
                 info.table_rows = usize::try_from(meta.table_rows).unwrap_or(usize::MAX);
                 Ok(flat)
             }
-            None => table_for_elf(data, &self.options)
-                .map_err(|e| e.to_string())
-                .and_then(|t| {
-                    info.source = Some(t.source);
-                    info.table_rows = t.table.row_count();
-                    let flat =
-                        flatten(&t.table, self.tables.rule_dict()).map_err(|e| e.to_string())?;
-                    if let (Some(cache), Some(id)) = (self.cache.as_mut(), id.as_deref()) {
-                        let meta = crate::cache::CachedMeta {
-                            source: t.source,
-                            table_rows: t.table.row_count() as u64,
-                        };
-                        if let Err(err) = cache.store(id, meta, &flat, self.tables.rule_dict()) {
-                            log::info!("table cache: {err}");
-                        }
+            None => derived.and_then(|t| {
+                info.source = Some(t.source);
+                info.table_rows = t.table.row_count();
+                let flat = flatten(&t.table, self.tables.rule_dict()).map_err(|e| e.to_string())?;
+                if let (Some(cache), Some(id)) = (self.cache.as_mut(), id.as_deref()) {
+                    let meta = crate::cache::CachedMeta {
+                        source: t.source,
+                        table_rows: t.table.row_count() as u64,
+                    };
+                    if let Err(err) = cache.store(id, meta, &flat, self.tables.rule_dict()) {
+                        log::info!("table cache: {err}");
                     }
-                    Ok(flat)
-                }),
+                }
+                Ok(flat)
+            }),
         };
         let result = flat.and_then(|flat| {
             info.unencodable_rows = flat.unencodable_rows;

@@ -445,6 +445,11 @@ impl Profiler {
         }
         self.load_pending(&mut added);
         self.unwind_deferred();
+        for pid in self.store.poll_builds() {
+            if self.procs.get(&pid).is_some_and(|p| p.exited_at.is_none()) {
+                self.load(pid, &mut added, true);
+            }
+        }
         added
     }
 
@@ -652,6 +657,11 @@ impl Profiler {
     /// liveness check that catches exits whose events were lost.
     pub fn maintain(&mut self) -> Vec<u32> {
         let mut added = Vec::new();
+        for pid in self.store.poll_builds() {
+            if self.procs.get(&pid).is_some_and(|p| p.exited_at.is_none()) {
+                self.load(pid, &mut added, true);
+            }
+        }
         if !self.cgroups_v1.is_empty() {
             let before: HashSet<u32> = self.procs.keys().copied().collect();
             self.scan_named_targets();
@@ -702,6 +712,7 @@ impl Profiler {
             ("table_load", t.loads),
             ("table_eviction", t.evictions),
             ("table_full", t.full),
+            ("table_background_build", t.background_builds),
             (
                 "cache_hit",
                 self.store.cache.as_ref().map_or(0, |c| c.stats.hits),
@@ -742,7 +753,7 @@ impl Profiler {
 
     /// Loads the tables of `pid`'s objects, then starts sampling it.
     pub fn add_target(&mut self, pid: u32) -> Result<ProcessReport, crate::procfs::MapsError> {
-        let report = self.store.refresh_process(pid)?;
+        let report = self.store.refresh_process_blocking(pid)?;
         self.lifecycle.process_loads += 1;
         if let Err(err) = self.targets.insert(pid, 1, 0) {
             log::warn!("pid {pid}: cannot add to targets: {err}");
@@ -765,7 +776,7 @@ impl Profiler {
 
     /// Re-reads `pid`'s mappings (new libraries, exec).
     pub fn refresh(&mut self, pid: u32) -> Result<ProcessReport, crate::procfs::MapsError> {
-        let report = self.store.refresh_process(pid)?;
+        let report = self.store.refresh_process_blocking(pid)?;
         if let Some(p) = self.procs.get_mut(&pid)
             && !report.maps.is_empty()
         {

@@ -824,3 +824,48 @@ fn samples_taken_before_the_tables_are_unwound_later_in_user_space() {
     assert_eq!(good, total, "{bad}");
     assert!(total >= 300, "too few samples: {total}");
 }
+
+#[test]
+fn large_objects_are_built_off_the_event_loop_and_then_used() {
+    if !bpf_or_skip("large_objects_are_built_off_the_event_loop_and_then_used") {
+        return;
+    }
+    let _serial = serial();
+    // 12 MiB of read-only data makes the file larger than SYNC_BUILD_BYTES.
+    let source = spinner_source("large_work", 30.0).replace(
+        "volatile unsigned long sink;",
+        "volatile unsigned long sink;\nconst unsigned char ballast[12 << 20] = {1};",
+    ) + "\nunsigned long touch(int i) { return ballast[i]; }\n";
+    let exe = compile_c("large", &source, &["-O2", "-fomit-frame-pointer"]);
+    let size = std::fs::metadata(&exe).unwrap().len();
+    assert!(
+        size > sframe_user::objects::SYNC_BUILD_BYTES as u64,
+        "fixture of {size} bytes"
+    );
+    let spec = TargetSpec {
+        all: true,
+        ..TargetSpec::default()
+    };
+    let mut profiler = Profiler::start_with(config(499, spec)).expect("start");
+    let spinner = KillOnDrop::spawn(&mut Command::new(&exe));
+    let pid = spinner.pid();
+    pump(&mut profiler, Duration::from_millis(1500));
+    assert_eq!(profiler.store.builds_in_flight(), 0, "the build finished");
+    assert!(
+        profiler.store.stats.background_builds >= 1,
+        "{:?}",
+        profiler.store.stats
+    );
+    let before = profiler.collect();
+    pump(&mut profiler, Duration::from_secs(1));
+    let after = profiler.collect();
+    let delta = sframe_user::export::snapshot_delta(&after, &before);
+    let stacks = stacks_of(&profiler, &delta, &profiler.targets(), &[pid].into());
+    let (good, total, bad) = complete_through(&stacks, &["main", "large_work"]);
+    eprintln!("{size} bytes: {good} of {total} complete after the background build");
+    assert!(total >= 200, "too few samples: {total}");
+    assert!(
+        good as f64 >= 0.95 * total as f64,
+        "{good} of {total}:\n{bad}"
+    );
+}
