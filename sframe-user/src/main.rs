@@ -28,14 +28,34 @@ enum Command {
     Tables(cli::tables::TablesCommand),
 }
 
-#[tokio::main]
-async fn main() {
+fn main() {
     sframe_user::privileges::init_logging();
     let cli = Cli::parse();
-    let result = match cli.command {
-        None => cli::profile::run(cli.profile).await,
-        Some(Command::Tables(cmd)) => std::process::exit(cli::tables::run(cmd)),
+    // With --drop-privileges everything runs on this one thread (capabilities are per
+    // thread and must be dropped before any other starts); otherwise tokio's workers
+    // serve the metrics beside the profiler's loop.
+    let runtime = if cli.command.is_none() && cli.profile.drop_privileges {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
     };
+    let runtime = match runtime {
+        Ok(r) => r,
+        Err(err) => {
+            eprintln!("sframe-user: error: starting the async runtime: {err}");
+            std::process::exit(1);
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            None => cli::profile::run(cli.profile).await,
+            Some(Command::Tables(cmd)) => std::process::exit(cli::tables::run(cmd)),
+        }
+    });
     if let Err(err) = result {
         eprintln!("sframe-user: error: {err:#}");
         std::process::exit(1);

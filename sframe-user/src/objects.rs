@@ -217,12 +217,21 @@ impl ObjectStore {
             entries: HashMap::new(),
             options: ObjTableOptions::default(),
             cache: None,
-            worker: Worker::spawn(),
+            worker: None,
             in_flight: HashMap::new(),
             blocking: false,
             failed_objects: 0,
             stats: StoreStats::default(),
         }
+    }
+
+    /// The build thread, started on first use (so that it inherits the privileges the
+    /// process has then, e.g. after `--drop-privileges`).
+    fn worker(&mut self) -> Option<&Worker> {
+        if self.worker.is_none() {
+            self.worker = Worker::spawn();
+        }
+        self.worker.as_ref()
     }
 
     /// Loads the tables the worker finished; returns the processes to reload (they map
@@ -417,10 +426,11 @@ impl ObjectStore {
                 let (key, data) = self.read_file(pid, m)?;
                 self.files.insert(file_id, key.clone());
                 if !self.usable(&key) {
+                    let options = self.options.clone();
                     if data.len() > SYNC_BUILD_BYTES
                         && !self.blocking
                         && !self.cached(&data)
-                        && let Some(worker) = &self.worker
+                        && let Some(worker) = self.worker()
                     {
                         // A large object takes long to derive: build it off the event
                         // loop; meanwhile its PCs use the frame-pointer fallback.
@@ -428,7 +438,7 @@ impl ObjectStore {
                             key: key.clone(),
                             path: m.path.clone(),
                             data,
-                            options: self.options.clone(),
+                            options,
                         };
                         if worker.jobs.send(job).is_ok() {
                             self.stats.background_builds += 1;

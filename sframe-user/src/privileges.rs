@@ -77,3 +77,114 @@ pub fn init_logging() {
         .with_writer(std::io::stderr)
         .try_init();
 }
+
+/// Capabilities the profiler keeps after `--drop-privileges`: what it needs once the BPF
+/// programs are loaded and attached and the maps are open.
+pub const KEPT_CAPABILITIES: &[(u32, &str)] = &[
+    // Re-attaching the perf events when the governor changes the frequency.
+    (CAP_PERFMON, "CAP_PERFMON"),
+    (CAP_BPF, "CAP_BPF"),
+    // Reading other processes' /proc/PID/mem (the vDSO) and maps.
+    (CAP_SYS_PTRACE, "CAP_SYS_PTRACE"),
+    // Reading files of any owner through /proc/PID/root.
+    (CAP_DAC_READ_SEARCH, "CAP_DAC_READ_SEARCH"),
+    // Opening /proc/PID/map_files/ entries.
+    (CAP_CHECKPOINT_RESTORE, "CAP_CHECKPOINT_RESTORE"),
+    // Kernel addresses in /proc/kallsyms for kernel frames.
+    (CAP_SYSLOG, "CAP_SYSLOG"),
+];
+
+const CAP_DAC_READ_SEARCH: u32 = 2;
+const CAP_SYS_PTRACE: u32 = 19;
+const CAP_SYSLOG: u32 = 34;
+const CAP_CHECKPOINT_RESTORE: u32 = 40;
+const CAP_LAST: u32 = 40;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DropError {
+    #[error(
+        "{0} threads run: capabilities are per thread, so they must be dropped before any other thread starts"
+    )]
+    Threads(usize),
+    #[error("{what}: {source}")]
+    Syscall {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Keeps only `KEPT_CAPABILITIES` (effective, permitted; inheritable and ambient
+/// cleared), removes every other capability from the bounding set, and sets
+/// `no_new_privs`. Must run while this is the only thread of the process.
+pub fn drop_privileges() -> Result<(), DropError> {
+    let threads = std::fs::read_dir("/proc/self/task").map_or(1, |d| d.count());
+    if threads != 1 {
+        return Err(DropError::Threads(threads));
+    }
+    let sys = |what: &'static str, ret: libc::c_long| {
+        if ret < 0 {
+            Err(DropError::Syscall {
+                what,
+                source: std::io::Error::last_os_error(),
+            })
+        } else {
+            Ok(())
+        }
+    };
+    let keep: u64 = KEPT_CAPABILITIES.iter().map(|&(c, _)| 1u64 << c).sum();
+    for cap in 0..=CAP_LAST {
+        if keep & (1 << cap) == 0 {
+            // SAFETY: prctl with integer arguments. EINVAL for caps unknown to an older
+            // kernel is fine.
+            unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) };
+        }
+    }
+    // SAFETY: prctl with integer arguments.
+    sys("clearing ambient capabilities", unsafe {
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL,
+            0,
+            0,
+            0,
+        ) as libc::c_long
+    })?;
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy, Default)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    let mut header = Header {
+        version: 0x2008_0522, // _LINUX_CAPABILITY_VERSION_3
+        pid: 0,
+    };
+    let data = [
+        Data {
+            effective: keep as u32,
+            permitted: keep as u32,
+            inheritable: 0,
+        },
+        Data {
+            effective: (keep >> 32) as u32,
+            permitted: (keep >> 32) as u32,
+            inheritable: 0,
+        },
+    ];
+    // SAFETY: capset with a valid header and two data structs (version 3).
+    sys("capset", unsafe {
+        libc::syscall(libc::SYS_capset, &mut header as *mut Header, data.as_ptr())
+    })?;
+    // SAFETY: prctl with integer arguments.
+    sys("no_new_privs", unsafe {
+        libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) as libc::c_long
+    })?;
+    Ok(())
+}

@@ -869,3 +869,59 @@ fn large_objects_are_built_off_the_event_loop_and_then_used() {
         "{good} of {total}:\n{bad}"
     );
 }
+
+#[test]
+fn drop_privileges_keeps_only_what_profiling_needs() {
+    if !bpf_or_skip("drop_privileges_keeps_only_what_profiling_needs") {
+        return;
+    }
+    let _serial = serial();
+    let exe = compile_c(
+        "unprivileged",
+        CONTAINER_SOURCE,
+        &["-O2", "-fomit-frame-pointer"],
+    );
+    let spinner = KillOnDrop::spawn(&mut Command::new(&exe));
+    let out = fixture_dir("unprivileged-out").join("profile.folded");
+    let mut profiler = KillOnDrop::spawn(
+        Command::new(env!("CARGO_BIN_EXE_sframe-user"))
+            .args(["--pid", &spinner.pid().to_string(), "--drop-privileges"])
+            .args(["--duration", "4", "--format", "folded", "--output"])
+            .arg(&out),
+    );
+    thread::sleep(Duration::from_secs(2));
+    let status = std::fs::read_to_string(format!("/proc/{}/status", profiler.pid()))
+        .expect("the profiler runs");
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(str::trim)
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let keep: u64 = sframe_user::privileges::KEPT_CAPABILITIES
+        .iter()
+        .map(|&(c, _)| 1u64 << c)
+        .sum();
+    let hex = |s: String| u64::from_str_radix(&s, 16).unwrap_or(u64::MAX);
+    assert_eq!(hex(field("CapEff:")), keep, "{status}");
+    assert_eq!(hex(field("CapPrm:")), keep, "{status}");
+    assert_eq!(hex(field("CapBnd:")), keep, "{status}");
+    assert_eq!(field("NoNewPrivs:"), "1", "{status}");
+    assert_eq!(field("Threads:"), "1", "{status}");
+    let done = profiler.0.wait().expect("wait");
+    assert!(done.success(), "{done:?}");
+    let folded = std::fs::read_to_string(&out).expect("the profile was written");
+    let total: u64 = folded
+        .lines()
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum();
+    let complete: u64 = folded
+        .lines()
+        .filter(|l| l.contains(";_start;") && l.contains("main;boxed_work"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum();
+    assert!(total >= 100, "{folded}");
+    assert!(complete as f64 >= 0.95 * total as f64, "{folded}");
+}

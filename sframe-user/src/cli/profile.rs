@@ -53,6 +53,12 @@ pub struct ProfileArgs {
     /// Do not read or write the table cache.
     #[arg(long)]
     pub no_cache: bool,
+    /// Once the BPF programs are loaded and attached, keep only the capabilities the
+    /// profiler still needs (CAP_PERFMON, CAP_BPF, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH,
+    /// CAP_CHECKPOINT_RESTORE, CAP_SYSLOG), drop the rest from the bounding set and set
+    /// no_new_privs. Everything then runs on one thread.
+    #[arg(long)]
+    pub drop_privileges: bool,
     /// Exited processes whose samples and mappings are kept for the report; beyond it
     /// the oldest are forgotten (bounds memory under endless process churn).
     #[arg(long, value_name = "N", default_value_t = 10_000)]
@@ -135,6 +141,10 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
     // The loop runs on this thread (current-thread runtime or not, events are handled
     // here): let it preempt the CPU-bound processes it must load tables for.
     sframe_user::privileges::raise_event_loop_priority();
+    if args.drop_privileges {
+        sframe_user::privileges::drop_privileges().context("--drop-privileges")?;
+        log::info!("capabilities dropped to what profiling still needs");
+    }
     if whole_system {
         eprintln!(
             "sframe-user: profiling every process (name targets with --pid, --comm, --cgroup)"
