@@ -141,6 +141,9 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
     // The loop runs on this thread (current-thread runtime or not, events are handled
     // here): let it preempt the CPU-bound processes it must load tables for.
     sframe_user::privileges::raise_event_loop_priority();
+    // Before any privilege drop: enabling bpf_stats needs CAP_SYS_ADMIN.
+    let mut governor = (args.max_overhead > 0.0)
+        .then(|| sframe_user::governor::Governor::new(args.max_overhead, args.frequency));
     if args.drop_privileges {
         sframe_user::privileges::drop_privileges().context("--drop-privileges")?;
         log::info!("capabilities dropped to what profiling still needs");
@@ -168,8 +171,6 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
         }
         None => None,
     };
-    let mut governor = (args.max_overhead > 0.0)
-        .then(|| sframe_user::governor::Governor::new(args.max_overhead, args.frequency));
     let events = match profiler.events_fd() {
         // SAFETY: a duplicate of the ring buffer's fd, owned by the AsyncFd; the ring
         // buffer map outlives the loop.
