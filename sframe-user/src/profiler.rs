@@ -144,6 +144,10 @@ struct Proc {
 /// Reloads of one process for misses are at least this far apart (a miss that persists
 /// comes back from the kernel side every `MISS_INTERVAL_NS`).
 const RELOAD_INTERVAL: Duration = Duration::from_millis(40);
+/// How long a deferred sample waits for its process's first load.
+const DEFERRED_PATIENCE: Duration = Duration::from_secs(2);
+/// Deferred samples kept waiting at most (16 KiB each).
+const MAX_DEFERRED_BACKLOG: usize = 1024;
 /// Time `handle_events` spends on first loads of processes seen through misses.
 const PENDING_BUDGET: Duration = Duration::from_millis(50);
 
@@ -164,6 +168,9 @@ pub struct Profiler {
     deferred: Option<RingBuf<MapData>>,
     /// Outcomes of deferred samples, unwound here (added to the kernel's in `collect`).
     deferred_outcomes: [u64; WalkOutcome::COUNT],
+    /// Deferred samples whose process is not loaded yet, with when they arrived.
+    deferred_backlog:
+        std::collections::VecDeque<(Instant, Box<sframe_common::sample::DeferredSample>)>,
     /// Counts accumulated in user space (the kernel map is drained on each collect).
     counts: StdHashMap<CountKey, u64>,
     /// User stacks by key, innermost first.
@@ -268,6 +275,7 @@ impl Profiler {
             events: None,
             deferred: take(&mut ebpf, "DEFERRED").ok(),
             deferred_outcomes: [0; WalkOutcome::COUNT],
+            deferred_backlog: Default::default(),
             ebpf,
             counts: StdHashMap::new(),
             stacks: StdHashMap::new(),
@@ -467,15 +475,34 @@ impl Profiler {
         let Some(ring) = self.deferred.as_mut() else {
             return;
         };
-        let mut records: Vec<Box<DeferredSample>> = Vec::new();
+        let now = Instant::now();
+        // Records still waiting for their process's first load come first.
+        let mut records: Vec<(Instant, Box<DeferredSample>)> =
+            std::mem::take(&mut self.deferred_backlog).into();
         while let Some(item) = ring.next() {
             if item.len() >= size_of::<DeferredSample>() {
                 // SAFETY: the kernel wrote a DeferredSample (integers and bytes only).
                 let rec = unsafe { (item.as_ptr() as *const DeferredSample).read_unaligned() };
-                records.push(Box::new(rec));
+                records.push((now, Box::new(rec)));
             }
         }
-        for rec in records {
+        for (seen, rec) in records {
+            let waiting = self.store.process_entries(rec.pid).is_none()
+                && procfs::exists(rec.pid)
+                && now.duration_since(seen) < DEFERRED_PATIENCE
+                && self.deferred_backlog.len() < MAX_DEFERRED_BACKLOG;
+            if waiting {
+                // Its tables are not loaded yet (queued behind other first loads): make
+                // sure it is queued, and try again next round.
+                if (self.kernel_filtered || self.is_listed(rec.pid))
+                    && !self.procs.contains_key(&rec.pid)
+                    && self.pending_set.insert(rec.pid)
+                {
+                    self.pending.push_back(rec.pid);
+                }
+                self.deferred_backlog.push_back((seen, rec));
+                continue;
+            }
             let mut st = Box::<sframe_common::step::WalkState>::default();
             st.top = rec.top;
             let base = rec.stack_base;
@@ -551,6 +578,11 @@ impl Profiler {
     /// Processes waiting for their first load (call `handle_events` again soon).
     pub fn has_pending(&self) -> bool {
         !self.pending.is_empty()
+    }
+
+    /// Deferred samples waiting for their process's tables.
+    pub fn deferred_waiting(&self) -> usize {
+        self.deferred_backlog.len()
     }
 
     fn is_listed(&self, pid: u32) -> bool {
