@@ -821,7 +821,10 @@ fn samples_taken_before_the_tables_are_unwound_later_in_user_space() {
         unknown, 0,
         "every sample of the spinner was unwound:\n{bad}"
     );
-    assert!(good as f64 >= 0.98 * total as f64, "{good} of {total}:\n{bad}");
+    assert!(
+        good as f64 >= 0.98 * total as f64,
+        "{good} of {total}:\n{bad}"
+    );
     assert!(total >= 300, "too few samples: {total}");
 }
 
