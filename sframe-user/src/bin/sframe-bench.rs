@@ -56,6 +56,9 @@ struct Args {
     /// Short runs (1 s per program, 3 repetitions): keeps the harness working in CI.
     #[arg(long)]
     quick: bool,
+    /// Only the table sections (memory, build time, SFrame reader): no BPF, no root.
+    #[arg(long)]
+    tables_only: bool,
 }
 
 impl Args {
@@ -74,39 +77,44 @@ fn main() -> Result<()> {
     let mut doc = String::new();
     header(&mut doc, &args);
 
-    progress("1/3 BPF cost per sample and per frame");
-    doc.push_str("\n## 1. BPF cost per sample and per frame\n\n");
-    match bpf_cost(&args) {
-        Ok((filter_only, rows)) => cost_section(&mut doc, &filter_only, &rows, &args),
-        Err(err) => {
-            let _ = writeln!(doc, "Not measured: {err:#}.");
+    if !args.tables_only {
+        progress("1/3 BPF cost per sample and per frame");
+        doc.push_str("\n## 1. BPF cost per sample and per frame\n\n");
+        match bpf_cost(&args) {
+            Ok((filter_only, rows)) => cost_section(&mut doc, &filter_only, &rows, &args),
+            Err(err) => {
+                let _ = writeln!(doc, "Not measured: {err:#}.");
+            }
         }
-    }
 
-    doc.push_str("\n### Verifier\n\n");
-    match Profiler::start(FREQUENCY) {
-        Ok(profiler) => {
-            let _ = writeln!(
-                doc,
-                "Instructions processed by the verifier when loading each program on this \
-                 kernel (limit 1,000,000; goal ≤ 50%):\n\n| program | instructions | share of limit |\n|---|---:|---:|"
-            );
-            let mut stats = profiler.verifier_stats();
-            stats.sort();
-            for (name, count) in stats {
-                match count {
-                    Some(n) => {
-                        let _ =
-                            writeln!(doc, "| `{name}` | {n} | {:.2} % |", f64::from(n) / 10_000.0);
-                    }
-                    None => {
-                        let _ = writeln!(doc, "| `{name}` | not loaded or not reported | |");
+        doc.push_str("\n### Verifier\n\n");
+        match Profiler::start(FREQUENCY) {
+            Ok(profiler) => {
+                let _ = writeln!(
+                    doc,
+                    "Instructions processed by the verifier when loading each program on this \
+                     kernel (limit 1,000,000; goal ≤ 50%):\n\n| program | instructions | share of limit |\n|---|---:|---:|"
+                );
+                let mut stats = profiler.verifier_stats();
+                stats.sort();
+                for (name, count) in stats {
+                    match count {
+                        Some(n) => {
+                            let _ = writeln!(
+                                doc,
+                                "| `{name}` | {n} | {:.2} % |",
+                                f64::from(n) / 10_000.0
+                            );
+                        }
+                        None => {
+                            let _ = writeln!(doc, "| `{name}` | not loaded or not reported | |");
+                        }
                     }
                 }
             }
-        }
-        Err(err) => {
-            let _ = writeln!(doc, "Not measured: {err:#}.");
+            Err(err) => {
+                let _ = writeln!(doc, "Not measured: {err:#}.");
+            }
         }
     }
 
