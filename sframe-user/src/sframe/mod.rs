@@ -11,6 +11,7 @@ pub mod error;
 pub mod header;
 pub mod lookup;
 pub mod read;
+mod scan;
 pub mod write;
 
 #[cfg(test)]

@@ -1,10 +1,14 @@
 //! Zero-copy reader: [`Section`] over the section bytes, validated once at open.
 //!
-//! `Section::parse` walks every FDE and FRE and checks the whole section (see
+//! `Section::parse` walks every FDE and FRE once and checks the whole section (see
 //! [`SFrameError`] for the list of checks); afterwards the iterators and lookups cannot
-//! fail. The only allocation is a private sort index, built only when the section does
-//! not carry `SFRAME_F_FDE_SORTED` (its size is bounded by the FDE count, which is
-//! checked against the section size first).
+//! fail. The hot loops live in [`super::scan`]; the careful decoders here name the
+//! failed check and are run only on the FDE that failed (and by
+//! [`Section::parse_reference`], the slow reference the tests compare against).
+//! Allocations, all at open and bounded by counts already checked against the section
+//! size: a private sort index, only when the section does not carry
+//! `SFRAME_F_FDE_SORTED`, and lookup checkpoints for functions with more than
+//! [`CHECKPOINT_STEP`] FREs (16 bytes per that many FREs). Iteration allocates nothing.
 
 use sframe_common::{CfaBase, CfaRule, RegRule, RuleFlags, UnwindRule};
 
@@ -13,6 +17,7 @@ use super::header::{
     Abi, Endian, FDE_ATTR_SIZE_V3, Header, S390X_CFA_OFFSET_ADJUSTMENT,
     S390X_CFA_OFFSET_ALIGNMENT_FACTOR, bytes,
 };
+use super::scan::{self, CHECKPOINT_STEP, Checkpoint, FdeFormat, FreChecks};
 use crate::table::{Arch, Function, PcType, Row, Source, UnwindTable};
 
 /// The maximum number of data words an FRE info byte can announce (4-bit field).
@@ -57,9 +62,10 @@ impl Fde {
     }
 }
 
-/// One frame row entry, decoded but not interpreted.
+/// One frame row entry, decoded but not interpreted. Its data words stay in the
+/// section's bytes (no copy) and are read on demand by [`Fre::uword`] / [`Fre::iword`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Fre {
+pub struct Fre<'a> {
     /// Index within its function.
     pub index: u32,
     /// Byte offset of the FRE in the section.
@@ -67,21 +73,46 @@ pub struct Fre {
     /// Start offset relative to the function start (a mask offset for PCMASK).
     pub start_offset: u32,
     pub info: u8,
-    /// Raw data words, zero-extended (`count()` of them are valid).
-    pub words: [u32; MAX_WORDS],
     /// Encoded length in bytes.
     pub len: usize,
+    /// The data words as stored: `count()` words of `word_size()` bytes.
+    words: &'a [u8],
+    big_endian: bool,
 }
 
-impl Fre {
+impl<'a> Fre<'a> {
+    /// An FRE whose `words` hold exactly `count()` words of `word_size()` bytes.
+    #[inline]
+    pub(super) fn new(
+        index: u32,
+        offset: usize,
+        start_offset: u32,
+        info: u8,
+        words: &'a [u8],
+        big_endian: bool,
+        len: usize,
+    ) -> Self {
+        Fre {
+            index,
+            offset,
+            start_offset,
+            info,
+            len,
+            words,
+            big_endian,
+        }
+    }
     /// Data word count (0 means "RA undefined": outermost frame).
+    #[inline]
     pub fn count(&self) -> usize {
         usize::from((self.info >> 1) & 0xf)
     }
     /// Data word size code (0/1/2 valid).
+    #[inline]
     pub fn size_code(&self) -> u8 {
         (self.info >> 5) & 0x3
     }
+    #[inline]
     pub fn word_size(&self) -> usize {
         match self.size_code() {
             0 => 1,
@@ -90,26 +121,52 @@ impl Fre {
         }
     }
     /// CFA base register bit: true for SP, false for FP.
+    #[inline]
     pub fn base_is_sp(&self) -> bool {
         self.info & 1 != 0
     }
+    #[inline]
     pub fn mangled_ra(&self) -> bool {
         self.info & 0x80 != 0
     }
+    /// The data words' bytes as stored in the section.
+    pub fn word_bytes(&self) -> &'a [u8] {
+        self.words
+    }
     /// Word `i` as unsigned (FLEX control words).
+    #[inline]
     pub fn uword(&self, i: usize) -> Option<u32> {
-        if i < self.count() {
-            self.words.get(i).copied()
-        } else {
-            None
+        if i >= self.count() {
+            return None;
         }
+        let be = self.big_endian;
+        Some(match self.size_code() {
+            0 => u32::from(*self.words.get(i)?),
+            1 => {
+                let b: [u8; 2] = self.words.get(2 * i..2 * i + 2)?.try_into().ok()?;
+                u32::from(if be {
+                    u16::from_be_bytes(b)
+                } else {
+                    u16::from_le_bytes(b)
+                })
+            }
+            _ => {
+                let b: [u8; 4] = self.words.get(4 * i..4 * i + 4)?.try_into().ok()?;
+                if be {
+                    u32::from_be_bytes(b)
+                } else {
+                    u32::from_le_bytes(b)
+                }
+            }
+        })
     }
     /// Word `i` sign-extended from its width (offsets).
+    #[inline]
     pub fn iword(&self, i: usize) -> Option<i32> {
         let w = self.uword(i)?;
-        Some(match self.word_size() {
-            1 => i32::from(w as u8 as i8),
-            2 => i32::from(w as u16 as i16),
+        Some(match self.size_code() {
+            0 => i32::from(w as u8 as i8),
+            1 => i32::from(w as u16 as i16),
             _ => w as i32,
         })
     }
@@ -124,8 +181,58 @@ pub struct Section<'a> {
     fdes_start: usize,
     fres_start: usize,
     fres_end: usize,
+    /// `data[..fres_end]`: every FRE read is bounded by it.
+    fre_area: &'a [u8],
+    fmt: FdeFormat,
+    big_endian: bool,
     /// FDE indices in address order, only when the section is not SORTED.
     sorted_index: Option<Vec<u32>>,
+    /// Lookup checkpoints of functions with many FREs, by (FDE index, FRE index).
+    checkpoints: Vec<Checkpoint>,
+    /// Every `FENCE_STEP`-th function start in address order, when the section is
+    /// simple (see [`Section::find_fde`]); empty otherwise.
+    fence: Vec<i64>,
+}
+
+/// One entry of [`Section`]'s `fence` per this many FDEs.
+pub(super) const FENCE_STEP: usize = 8;
+
+/// Tracks, over FDEs in address order, whether starts strictly increase and functions
+/// do not overlap, and samples the fence.
+#[derive(Default)]
+struct FenceBuilder {
+    fence: Vec<i64>,
+    /// Start and end of the previous function.
+    prev: Option<(i64, i128)>,
+    simple: bool,
+    count: usize,
+}
+
+impl FenceBuilder {
+    fn new() -> Self {
+        Self {
+            simple: true,
+            ..Self::default()
+        }
+    }
+    #[inline]
+    fn push(&mut self, rel_start: i64, size: u32) {
+        let start = i128::from(rel_start);
+        if self
+            .prev
+            .is_some_and(|(prev_start, prev_end)| rel_start <= prev_start || start < prev_end)
+        {
+            self.simple = false;
+        }
+        self.prev = Some((rel_start, start + i128::from(size)));
+        if self.count % FENCE_STEP == 0 {
+            self.fence.push(rel_start);
+        }
+        self.count += 1;
+    }
+    fn finish(self) -> Vec<i64> {
+        if self.simple { self.fence } else { Vec::new() }
+    }
 }
 
 fn read_start_addr(data: &[u8], off: usize, fre_type: u8, e: Endian) -> Option<u32> {
@@ -146,40 +253,33 @@ fn decode_fre(
     addr_size: usize,
     e: Endian,
     index: u32,
-) -> Result<Fre, bool> {
+) -> Result<Fre<'_>, bool> {
     let limit = data.get(..end).ok_or(true)?;
     let start_offset = read_start_addr(limit, off, fre_type, e).ok_or(true)?;
     let info_off = off.checked_add(addr_size).ok_or(true)?;
     let info = *limit.get(info_off).ok_or(true)?;
-    let mut fre = Fre {
-        index,
-        offset: off,
-        start_offset,
-        info,
-        words: [0; MAX_WORDS],
-        len: 0,
-    };
-    if fre.size_code() == 3 {
+    let code = (info >> 5) & 3;
+    if code == 3 {
         return Err(false);
     }
-    let ws = fre.word_size();
-    let count = fre.count();
-    let mut p = info_off + 1;
-    for slot in fre.words.iter_mut().take(count) {
-        *slot = match ws {
-            1 => u32::from(*limit.get(p).ok_or(true)?),
-            2 => u32::from(e.u16(bytes::<2>(limit, p).ok_or(true)?)),
-            _ => e.u32(bytes::<4>(limit, p).ok_or(true)?),
-        };
-        p += ws;
-    }
-    fre.len = p - off;
-    Ok(fre)
+    let ws = 1usize << code;
+    let count = usize::from((info >> 1) & 0xf);
+    let p = info_off + 1;
+    let words = limit.get(p..p + count * ws).ok_or(true)?;
+    Ok(Fre::new(
+        index,
+        off,
+        start_offset,
+        info,
+        words,
+        e == Endian::Big,
+        p + count * ws - off,
+    ))
 }
 
 impl<'a> Section<'a> {
-    /// Parse and fully validate the bytes of an `.sframe` section loaded at `section_vaddr`.
-    pub fn parse(data: &'a [u8], section_vaddr: u64) -> Result<Self, SFrameError> {
+    /// Header and sub-section checks; the FDEs and FREs are not looked at yet.
+    fn open(data: &'a [u8], section_vaddr: u64) -> Result<Self, SFrameError> {
         let header = Header::parse(data)?;
         let hsize = header.size();
         let len = data.len();
@@ -230,17 +330,93 @@ impl<'a> Section<'a> {
                 offset: fres_end + pos,
             });
         }
-        let mut section = Section {
+        let section = Section {
             data,
             vaddr: section_vaddr,
             header,
             fdes_start,
             fres_start,
             fres_end,
+            fre_area: data.get(..fres_end).unwrap_or_default(),
+            fmt: FdeFormat {
+                version: header.version,
+                pcrel: header.pcrel(),
+                aarch64: header.abi.is_aarch64(),
+                abi: header.abi.code(),
+                fdes_start,
+                fres_start,
+                vaddr: section_vaddr,
+            },
+            big_endian: header.endian == Endian::Big,
             sorted_index: None,
+            checkpoints: Vec::new(),
+            fence: Vec::new(),
         };
+        Ok(section)
+    }
+
+    /// Parse and fully validate the bytes of an `.sframe` section loaded at `section_vaddr`.
+    pub fn parse(data: &'a [u8], section_vaddr: u64) -> Result<Self, SFrameError> {
+        let mut section = Self::open(data, section_vaddr)?;
         section.validate()?;
         Ok(section)
+    }
+
+    /// [`Section::parse`] through the careful per-field decoders only, without the
+    /// specialized loops or lookup checkpoints: the reference that tests and fuzzing
+    /// compare the fast path with. Same result, same errors, slower.
+    #[doc(hidden)]
+    pub fn parse_reference(data: &'a [u8], section_vaddr: u64) -> Result<Self, SFrameError> {
+        let mut section = Self::open(data, section_vaddr)?;
+        section.validate_reference()?;
+        Ok(section)
+    }
+
+    /// The FDE of a validated section (fast decoder).
+    #[inline]
+    fn fde_valid(&self, index: u32) -> Option<Fde> {
+        scan::fde(&self.fmt, self.big_endian, self.data, self.fre_area, index)
+    }
+
+    /// FDE `index` through the careful decoder (tests compare it with [`Section::fde`]).
+    #[doc(hidden)]
+    pub fn fde_reference(&self, index: u32) -> Result<Fde, SFrameError> {
+        self.decode_fde(index)
+    }
+
+    /// The FREs of `fde` through the careful decoder (tests compare them with
+    /// [`Section::rows`]); stops at the first one that does not decode.
+    #[doc(hidden)]
+    pub fn rows_reference(&self, fde: &Fde) -> Vec<Fre<'a>> {
+        let mut out = Vec::new();
+        let mut off = fde.fres_offset;
+        for j in 0..fde.num_fres {
+            let Ok(fre) = decode_fre(
+                self.data,
+                off,
+                self.fres_end,
+                fde.fre_type,
+                fde.addr_size(),
+                self.header.endian,
+                j,
+            ) else {
+                break;
+            };
+            off += fre.len;
+            out.push(fre);
+        }
+        out
+    }
+
+    /// The fence used by the fast FDE search (empty: the libsframe search is used).
+    pub(super) fn fence(&self) -> &[i64] {
+        &self.fence
+    }
+
+    /// Lookup checkpoints (tests).
+    #[doc(hidden)]
+    pub fn checkpoint_count(&self) -> usize {
+        self.checkpoints.len()
     }
 
     /// Open the `.sframe` section of a parsed ELF file.
@@ -442,8 +618,160 @@ impl<'a> Section<'a> {
         })
     }
 
-    /// Walk every FDE and FRE once and apply all checks.
+    /// Walk every FDE and FRE once and apply all checks: the specialized decoders of
+    /// [`scan`], and the careful ones only where those fail, to name the error.
     fn validate(&mut self) -> Result<(), SFrameError> {
+        let h = self.header;
+        let (data, area, be) = (self.data, self.fre_area, self.big_endian);
+        let checks = FreChecks {
+            size: 0,
+            max_words: if h.cfa_fixed_ra_offset != 0 { 2 } else { 3 },
+            mangled_ok: h.abi.is_aarch64(),
+            empty_ok: h.version != 1,
+        };
+        let attr_size = if h.version == 3 { FDE_ATTR_SIZE_V3 } else { 0 };
+        let mut checkpoints = Vec::new();
+        let mut total_fres: u64 = 0;
+        let mut used: u64 = 0;
+        let mut prev_start = i64::MIN;
+        let mut fence = FenceBuilder::new();
+        let mut unsorted = false;
+        // FRE data ranges: checked for overlap on the fly while they are in order;
+        // otherwise checked after sorting them (see `check_overlaps`).
+        let mut prev_end = 0usize;
+        let mut ranges_out_of_order = false;
+        for i in 0..h.num_fdes {
+            let fde = match scan::fde(&self.fmt, be, data, area, i) {
+                Some(f) => f,
+                None => self.decode_fde(i)?,
+            };
+            if fde.rel_start < prev_start {
+                if h.sorted() {
+                    return Err(SFrameError::FdesNotSorted {
+                        fde: i,
+                        offset: fde.offset,
+                    });
+                }
+                unsorted = true;
+            }
+            prev_start = fde.rel_start;
+            fence.push(fde.rel_start, fde.size);
+            let data_start = fde.fres_offset - attr_size;
+            let n = fde.num_fres;
+            let mark = checkpoints.len();
+            let fast = if fde.flex {
+                None
+            } else {
+                let c = FreChecks {
+                    size: fde.size,
+                    ..checks
+                };
+                let cp = (n > CHECKPOINT_STEP).then_some((i, self.fres_start, &mut checkpoints));
+                scan::scan_fres(be, fde.fre_type, area, fde.fres_offset, n, &c, cp)
+            };
+            let off = match fast {
+                Some(off) => off,
+                None => {
+                    checkpoints.truncate(mark);
+                    let mut off = fde.fres_offset;
+                    let mut prev: Option<u32> = None;
+                    for j in 0..n {
+                        let fre = self.check_fre(&fde, j, off, prev)?;
+                        if n > CHECKPOINT_STEP && j % CHECKPOINT_STEP == 0 {
+                            checkpoints.push(Checkpoint {
+                                fde: i,
+                                fre: j,
+                                start: fre.start_offset,
+                                rel_offset: (off - self.fres_start) as u32,
+                            });
+                        }
+                        prev = Some(fre.start_offset);
+                        off += fre.len;
+                    }
+                    off
+                }
+            };
+            total_fres += u64::from(n);
+            used += (off - data_start) as u64;
+            if off > data_start && !ranges_out_of_order {
+                if data_start >= prev_end {
+                    prev_end = off;
+                } else {
+                    ranges_out_of_order = true;
+                }
+            }
+        }
+        if total_fres != u64::from(h.num_fres) {
+            return Err(SFrameError::FreCountMismatch {
+                header: h.num_fres,
+                found: total_fres,
+            });
+        }
+        if used != u64::from(h.fre_len) {
+            return Err(SFrameError::FreLenMismatch {
+                header: h.fre_len,
+                used,
+            });
+        }
+        if ranges_out_of_order {
+            self.check_overlaps()?;
+        }
+        if unsorted {
+            self.build_sorted_index();
+            fence = FenceBuilder::new();
+            for k in 0..h.num_fdes {
+                let (start, size) = self
+                    .sorted_to_disk(k)
+                    .and_then(|i| self.fde_start_size(i))
+                    .unwrap_or_default();
+                fence.push(start, size);
+            }
+        }
+        self.checkpoints = checkpoints;
+        self.fence = fence.finish();
+        Ok(())
+    }
+
+    /// FRE data ranges of all functions, sorted: no two may overlap.
+    fn check_overlaps(&self) -> Result<(), SFrameError> {
+        let attr_size = if self.header.version == 3 {
+            FDE_ATTR_SIZE_V3
+        } else {
+            0
+        };
+        let mut ranges = Vec::with_capacity(self.header.num_fdes as usize);
+        for fde in self.functions() {
+            let start = fde.fres_offset - attr_size;
+            let end = self
+                .rows(&fde)
+                .last()
+                .map_or(fde.fres_offset, |f| f.offset + f.len);
+            if end > start {
+                ranges.push((start, end, fde.index));
+            }
+        }
+        ranges.sort_unstable();
+        for w in ranges.windows(2) {
+            if let [a, b] = w
+                && b.0 < a.1
+            {
+                return Err(SFrameError::FreDataOverlap {
+                    fde: a.2.max(b.2),
+                    offset: b.0,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn build_sorted_index(&mut self) {
+        let mut idx: Vec<(i64, u32)> = self.functions().map(|f| (f.rel_start, f.index)).collect();
+        idx.sort_unstable();
+        self.sorted_index = Some(idx.into_iter().map(|(_, i)| i).collect());
+    }
+
+    /// The checks of [`Section::validate`] with the careful decoders only.
+    fn validate_reference(&mut self) -> Result<(), SFrameError> {
         let h = self.header;
         let mut total_fres: u64 = 0;
         let mut used: u64 = 0;
@@ -552,7 +880,7 @@ impl<'a> Section<'a> {
         j: u32,
         off: usize,
         prev: Option<u32>,
-    ) -> Result<Fre, SFrameError> {
+    ) -> Result<Fre<'a>, SFrameError> {
         let h = &self.header;
         let fre = decode_fre(
             self.data,
@@ -642,20 +970,59 @@ impl<'a> Section<'a> {
     }
 
     /// All FDEs in on-disk order.
+    #[inline]
     pub fn functions(&self) -> impl Iterator<Item = Fde> + '_ {
-        (0..self.header.num_fdes).filter_map(move |i| self.decode_fde(i).ok())
+        (0..self.header.num_fdes).filter_map(move |i| self.fde_valid(i))
     }
 
     /// FDE `index` in on-disk order.
+    #[inline]
     pub fn fde(&self, index: u32) -> Option<Fde> {
         if index < self.header.num_fdes {
-            self.decode_fde(index).ok()
+            self.fde_valid(index)
         } else {
             None
         }
     }
 
+    /// On-disk index of the `k`-th FDE in address order.
+    #[inline]
+    pub(super) fn sorted_to_disk(&self, k: u32) -> Option<u32> {
+        match &self.sorted_index {
+            Some(idx) => idx.get(k as usize).copied(),
+            None => Some(k),
+        }
+    }
+
+    /// Section-relative start and size of FDE `index` (on-disk order), for searches.
+    #[inline]
+    pub(super) fn fde_start_size(&self, index: u32) -> Option<(i64, u32)> {
+        scan::fde_start_size(&self.fmt, self.big_endian, self.data, index)
+    }
+
+    /// The lookup checkpoints of FDE `index` (on-disk order), in FRE order.
+    #[inline]
+    pub(super) fn checkpoints_of(&self, index: u32) -> &[Checkpoint] {
+        let cps = &self.checkpoints;
+        let lo = cps.partition_point(|c| c.fde < index);
+        let hi = cps.partition_point(|c| c.fde <= index);
+        cps.get(lo..hi).unwrap_or_default()
+    }
+
+    pub(super) fn fre_area(&self) -> &'a [u8] {
+        self.fre_area
+    }
+
+    pub(super) fn fres_start(&self) -> usize {
+        self.fres_start
+    }
+
+    pub(super) fn big_endian(&self) -> bool {
+        self.big_endian
+    }
+
     /// The `k`-th FDE in address order.
+    #[inline]
     pub fn fde_sorted(&self, k: u32) -> Option<Fde> {
         match &self.sorted_index {
             Some(idx) => self.fde(*idx.get(k as usize)?),
@@ -664,11 +1031,13 @@ impl<'a> Section<'a> {
     }
 
     /// All FDEs in address order.
+    #[inline]
     pub fn functions_sorted(&self) -> impl Iterator<Item = Fde> + '_ {
         (0..self.header.num_fdes).filter_map(move |k| self.fde_sorted(k))
     }
 
     /// The rows (FREs) of a function.
+    #[inline]
     pub fn rows<'s>(&'s self, fde: &Fde) -> FreIter<'s, 'a> {
         FreIter {
             section: self,
@@ -678,6 +1047,7 @@ impl<'a> Section<'a> {
         }
     }
 
+    #[inline]
     fn s390x_cfa(&self, off: i32) -> i32 {
         if self.header.abi == Abi::S390xBigEndian {
             off.wrapping_mul(S390X_CFA_OFFSET_ALIGNMENT_FACTOR)
@@ -700,7 +1070,11 @@ impl<'a> Section<'a> {
     }
 
     /// The normalized rule of a row. Infallible for rows of a validated section.
-    pub fn rule(&self, fde: &Fde, fre: &Fre) -> UnwindRule {
+    #[inline]
+    pub fn rule(&self, fde: &Fde, fre: &Fre<'_>) -> UnwindRule {
+        if !fde.flex && fre.count() != 0 {
+            return self.default_rule(fde, fre);
+        }
         self.try_rule(fde, fre).unwrap_or(UnwindRule {
             cfa: CfaRule::sp(0),
             ra: RegRule::Undefined,
@@ -709,8 +1083,8 @@ impl<'a> Section<'a> {
         })
     }
 
-    fn try_rule(&self, fde: &Fde, fre: &Fre) -> Result<UnwindRule, FlexProblem> {
-        let h = &self.header;
+    #[inline]
+    fn flags_and_base(fde: &Fde, fre: &Fre<'_>) -> (RuleFlags, CfaBase) {
         let mut flags = RuleFlags::default();
         if fde.signal {
             flags = flags.with(RuleFlags::SIGNAL);
@@ -726,6 +1100,49 @@ impl<'a> Section<'a> {
         } else {
             CfaBase::Fp
         };
+        (flags, base)
+    }
+
+    /// The rule of a row with data words in a DEFAULT (non-FLEX) function.
+    #[inline]
+    fn default_rule(&self, fde: &Fde, fre: &Fre<'_>) -> UnwindRule {
+        let h = &self.header;
+        let (flags, base) = Self::flags_and_base(fde, fre);
+        let cfa = CfaRule {
+            base,
+            offset: self.s390x_cfa(fre.iword(0).unwrap_or(0)),
+            deref: false,
+        };
+        // s390x v2 encodes "saved in register N" as an odd offset 2N+1.
+        let s390x_regs = h.abi == Abi::S390xBigEndian && h.version == 2;
+        let decode = |v: i32| {
+            if s390x_regs && v & 1 != 0 {
+                RegRule::InReg((v >> 1) as u16)
+            } else {
+                RegRule::AtCfa(v)
+            }
+        };
+        let (ra, fp_idx) = if h.cfa_fixed_ra_offset != 0 {
+            (RegRule::AtCfa(i32::from(h.cfa_fixed_ra_offset)), 1)
+        } else {
+            let ra = match fre.iword(1) {
+                // SFRAME_FRE_RA_OFFSET_INVALID: padding, RA not saved.
+                Some(0) | None => RegRule::Unchanged,
+                Some(v) => decode(v),
+            };
+            (ra, 2)
+        };
+        let fp = if h.cfa_fixed_fp_offset != 0 {
+            RegRule::AtCfa(i32::from(h.cfa_fixed_fp_offset))
+        } else {
+            fre.iword(fp_idx).map_or(RegRule::Unchanged, decode)
+        };
+        UnwindRule { cfa, ra, fp, flags }
+    }
+
+    fn try_rule(&self, fde: &Fde, fre: &Fre<'_>) -> Result<UnwindRule, FlexProblem> {
+        let h = &self.header;
+        let (flags, base) = Self::flags_and_base(fde, fre);
         let default_ra = if h.cfa_fixed_ra_offset != 0 {
             RegRule::AtCfa(i32::from(h.cfa_fixed_ra_offset))
         } else {
@@ -748,39 +1165,10 @@ impl<'a> Section<'a> {
                 flags,
             });
         }
-        let w = |i: usize| fre.iword(i).unwrap_or(0);
         if !fde.flex {
-            let cfa = CfaRule {
-                base,
-                offset: self.s390x_cfa(w(0)),
-                deref: false,
-            };
-            // s390x v2 encodes "saved in register N" as an odd offset 2N+1.
-            let s390x_regs = h.abi == Abi::S390xBigEndian && h.version == 2;
-            let decode = |v: i32| {
-                if s390x_regs && v & 1 != 0 {
-                    RegRule::InReg((v >> 1) as u16)
-                } else {
-                    RegRule::AtCfa(v)
-                }
-            };
-            let (ra, fp_idx) = if h.cfa_fixed_ra_offset != 0 {
-                (default_ra, 1)
-            } else {
-                let ra = match fre.iword(1) {
-                    // SFRAME_FRE_RA_OFFSET_INVALID: padding, RA not saved.
-                    Some(0) | None => RegRule::Unchanged,
-                    Some(v) => decode(v),
-                };
-                (ra, 2)
-            };
-            let fp = if h.cfa_fixed_fp_offset != 0 {
-                default_fp
-            } else {
-                fre.iword(fp_idx).map_or(RegRule::Unchanged, decode)
-            };
-            return Ok(UnwindRule { cfa, ra, fp, flags });
+            return Ok(self.default_rule(fde, fre));
         }
+        let w = |i: usize| fre.iword(i).unwrap_or(0);
         // FLEX: (control, offset) pairs for CFA, RA, FP; a 0 control word is padding.
         let count = fre.count();
         if count < 2 {
@@ -873,23 +1261,21 @@ pub struct FreIter<'s, 'a> {
     off: usize,
 }
 
-impl Iterator for FreIter<'_, '_> {
-    type Item = Fre;
-    fn next(&mut self) -> Option<Fre> {
+impl<'a> Iterator for FreIter<'_, 'a> {
+    type Item = Fre<'a>;
+    #[inline]
+    fn next(&mut self) -> Option<Fre<'a>> {
         if self.next >= self.fde.num_fres {
             return None;
         }
         let s = self.section;
-        let fre = decode_fre(
-            s.data,
-            self.off,
-            s.fres_end,
+        let fre = scan::fre(
+            s.big_endian,
             self.fde.fre_type,
-            self.fde.addr_size(),
-            s.header.endian,
+            s.fre_area,
+            self.off,
             self.next,
-        )
-        .ok()?;
+        )?;
         self.next += 1;
         self.off += fre.len;
         Some(fre)

@@ -1,0 +1,425 @@
+//! The reader's hot loops: FDE and FRE decoding specialized for byte order, format
+//! version and FRE start-address width, used by validation, iteration and lookup.
+//!
+//! Each function here does one bounds check per record (the record's bytes are taken
+//! as one sub-slice, or one fixed-size array, and read at constant offsets) and applies
+//! exactly the checks of the careful decoders in `read.rs`, but only says pass or fail:
+//! on failure validation re-runs the careful decoder on that one FDE to name the check,
+//! the index and the offset. Generic parameters: `BE` (big-endian section), `AW` (FRE
+//! start-address width in bytes: 1, 2 or 4).
+
+use super::header::{ABI_AMD64_LE, FDE_ATTR_SIZE_V3};
+use super::read::{Fde, Fre};
+use crate::table::PcType;
+
+/// Functions with more FREs than this get a search checkpoint every `CHECKPOINT_STEP`
+/// FREs, so that a lookup scans at most this many FREs after a binary search.
+pub const CHECKPOINT_STEP: u32 = 16;
+
+/// A lookup shortcut into the FREs of a function with many FREs (see
+/// [`CHECKPOINT_STEP`]): FRE `fre` of FDE `fde` (on-disk index) starts at `start` and is
+/// encoded at `rel_offset` bytes after the start of the FRE sub-section.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Checkpoint {
+    pub fde: u32,
+    pub fre: u32,
+    pub start: u32,
+    pub rel_offset: u32,
+}
+
+#[inline(always)]
+fn u16_of<const BE: bool>(b: [u8; 2]) -> u16 {
+    if BE {
+        u16::from_be_bytes(b)
+    } else {
+        u16::from_le_bytes(b)
+    }
+}
+
+#[inline(always)]
+fn u32_of<const BE: bool>(b: [u8; 4]) -> u32 {
+    if BE {
+        u32::from_be_bytes(b)
+    } else {
+        u32::from_le_bytes(b)
+    }
+}
+
+#[inline(always)]
+fn u64_of<const BE: bool>(b: [u8; 8]) -> u64 {
+    if BE {
+        u64::from_be_bytes(b)
+    } else {
+        u64::from_le_bytes(b)
+    }
+}
+
+/// Takes `N` bytes at `off` (one bounds check).
+#[inline(always)]
+fn arr<const N: usize>(d: &[u8], off: usize) -> Option<&[u8; N]> {
+    d.get(off..off.checked_add(N)?)?.try_into().ok()
+}
+
+/// Sub-array `[a, a + N)` of a fixed-size array: no runtime check once inlined.
+#[inline(always)]
+fn sub<const M: usize, const N: usize>(r: &[u8; M], a: usize) -> [u8; N] {
+    let mut out = [0u8; N];
+    out.copy_from_slice(&r[a..a + N]);
+    out
+}
+
+/// What FDE decoding needs from the header, resolved once at open.
+#[derive(Clone, Copy, Debug)]
+pub struct FdeFormat {
+    pub version: u8,
+    pub pcrel: bool,
+    pub aarch64: bool,
+    pub abi: u8,
+    pub fdes_start: usize,
+    pub fres_start: usize,
+    pub vaddr: u64,
+}
+
+/// Decodes and checks FDE `index` (on-disk order). `fre_area` is the section up to the
+/// end of the FRE sub-section. `None` when any check of `Section::decode_fde` fails.
+#[inline(always)]
+pub fn fde(fmt: &FdeFormat, be: bool, data: &[u8], fre_area: &[u8], index: u32) -> Option<Fde> {
+    match (fmt.version, be) {
+        (3, false) => fde_v3::<false>(fmt, data, fre_area, index),
+        (3, true) => fde_v3::<true>(fmt, data, fre_area, index),
+        (_, false) => fde_v12::<false>(fmt, data, fre_area, index),
+        (_, true) => fde_v12::<true>(fmt, data, fre_area, index),
+    }
+}
+
+#[inline(always)]
+fn fde_v3<const BE: bool>(
+    fmt: &FdeFormat,
+    data: &[u8],
+    fre_area: &[u8],
+    index: u32,
+) -> Option<Fde> {
+    let off = fmt
+        .fdes_start
+        .checked_add((index as usize).checked_mul(16)?)?;
+    let r = arr::<16>(data, off)?;
+    let raw_start = u64_of::<BE>(sub(r, 0)) as i64;
+    let size = u32_of::<BE>(sub(r, 8));
+    let fre_off = u32_of::<BE>(sub(r, 12));
+    let attr = fmt.fres_start.checked_add(fre_off as usize)?;
+    let a = arr::<FDE_ATTR_SIZE_V3>(fre_area, attr)?;
+    let (info, info2, rep_size) = (a[2], a[3], a[4]);
+    let rel_start = if fmt.pcrel {
+        raw_start.checked_add(off as i64)?
+    } else {
+        raw_start
+    };
+    let fre_type = info & 0xf;
+    let pauth = info & 0x20 != 0;
+    if fre_type > 2 || info & 0x40 != 0 || (pauth && !fmt.aarch64) || info2 & 0xe0 != 0 {
+        return None;
+    }
+    let flex = match info2 & 0x1f {
+        0 => false,
+        1 => true,
+        _ => return None,
+    };
+    let pc_type = if info & 0x10 != 0 {
+        if rep_size == 0 {
+            return None;
+        }
+        PcType::Mask { rep_size }
+    } else {
+        PcType::Inc
+    };
+    Some(Fde {
+        index,
+        offset: off,
+        rel_start,
+        start: fmt.vaddr.wrapping_add(rel_start as u64),
+        size,
+        num_fres: u32::from(u16_of::<BE>([a[0], a[1]])),
+        fre_type,
+        pc_type,
+        info,
+        info2,
+        rep_size,
+        pauth_key_b: pauth,
+        signal: info & 0x80 != 0,
+        flex,
+        fres_offset: attr + FDE_ATTR_SIZE_V3,
+    })
+}
+
+#[inline(always)]
+fn fde_v12<const BE: bool>(
+    fmt: &FdeFormat,
+    data: &[u8],
+    fre_area: &[u8],
+    index: u32,
+) -> Option<Fde> {
+    let v2 = fmt.version == 2;
+    let fde_size = if v2 { 20 } else { 17 };
+    let off = fmt
+        .fdes_start
+        .checked_add((index as usize).checked_mul(fde_size)?)?;
+    let r = arr::<17>(data, off)?;
+    let raw_start = i64::from(u32_of::<BE>(sub(r, 0)) as i32);
+    let size = u32_of::<BE>(sub(r, 4));
+    let fre_off = u32_of::<BE>(sub(r, 8));
+    let num_fres = u32_of::<BE>(sub(r, 12));
+    let info = r[16];
+    let rep_size = if v2 { *data.get(off + 17)? } else { 0 };
+    let fres_offset = fmt.fres_start.checked_add(fre_off as usize)?;
+    if fres_offset > fre_area.len() {
+        return None;
+    }
+    let rel_start = if fmt.pcrel {
+        raw_start.checked_add(off as i64)?
+    } else {
+        raw_start
+    };
+    let fre_type = info & 0xf;
+    let pauth = info & 0x20 != 0;
+    if fre_type > 2 || info & 0xc0 != 0 || (pauth && !fmt.aarch64) {
+        return None;
+    }
+    let pc_type = if info & 0x10 != 0 {
+        if !v2 {
+            if fmt.abi != ABI_AMD64_LE {
+                return None;
+            }
+            PcType::Mask { rep_size: 16 }
+        } else if rep_size == 0 {
+            return None;
+        } else {
+            PcType::Mask { rep_size }
+        }
+    } else {
+        PcType::Inc
+    };
+    Some(Fde {
+        index,
+        offset: off,
+        rel_start,
+        start: fmt.vaddr.wrapping_add(rel_start as u64),
+        size,
+        num_fres,
+        fre_type,
+        pc_type,
+        info,
+        info2: 0,
+        rep_size,
+        pauth_key_b: pauth,
+        signal: false,
+        flex: false,
+        fres_offset,
+    })
+}
+
+/// Function start (section-relative) and size of FDE `index`, for the binary search.
+/// Only valid on a validated section (PC-relative starts were checked not to overflow).
+#[inline(always)]
+pub fn fde_start_size(fmt: &FdeFormat, be: bool, data: &[u8], index: u32) -> Option<(i64, u32)> {
+    let (fde_size, v3) = match fmt.version {
+        3 => (16, true),
+        2 => (20, false),
+        _ => (17, false),
+    };
+    let off = fmt
+        .fdes_start
+        .checked_add((index as usize).checked_mul(fde_size)?)?;
+    let r = arr::<12>(data, off)?;
+    let (raw, size) = match (v3, be) {
+        (true, false) => (
+            u64_of::<false>(sub(r, 0)) as i64,
+            u32_of::<false>(sub(r, 8)),
+        ),
+        (true, true) => (u64_of::<true>(sub(r, 0)) as i64, u32_of::<true>(sub(r, 8))),
+        (false, false) => (
+            i64::from(u32_of::<false>(sub(r, 0)) as i32),
+            u32_of::<false>(sub(r, 4)),
+        ),
+        (false, true) => (
+            i64::from(u32_of::<true>(sub(r, 0)) as i32),
+            u32_of::<true>(sub(r, 4)),
+        ),
+    };
+    let start = if fmt.pcrel {
+        raw.wrapping_add(off as i64)
+    } else {
+        raw
+    };
+    Some((start, size))
+}
+
+/// The per-function constants of the FRE checks.
+#[derive(Clone, Copy, Debug)]
+pub struct FreChecks {
+    /// Function size: row starts must not exceed it.
+    pub size: u32,
+    /// Most data words a (non-FLEX) row may carry: 2 with a fixed RA offset, else 3.
+    pub max_words: u32,
+    /// The mangled-RA bit is allowed (AArch64).
+    pub mangled_ok: bool,
+    /// Zero-data-word rows are allowed (versions 2 and 3).
+    pub empty_ok: bool,
+}
+
+/// Checks the `n` FREs of a non-FLEX function starting at `off`: in bounds of
+/// `fre_area`, valid word-size code, starts strictly increasing and within the
+/// function, reserved bits clear, data word count allowed. Appends a checkpoint every
+/// [`CHECKPOINT_STEP`] FREs to `checkpoints` when `n` exceeds that step. Returns the
+/// offset after the last FRE, `None` when a check fails.
+#[inline(always)]
+pub fn scan_fres(
+    be: bool,
+    fre_type: u8,
+    fre_area: &[u8],
+    off: usize,
+    n: u32,
+    c: &FreChecks,
+    cp: Option<(u32, usize, &mut Vec<Checkpoint>)>,
+) -> Option<usize> {
+    match (be, fre_type) {
+        (false, 0) => scan::<false, 1>(fre_area, off, n, c, cp),
+        (false, 1) => scan::<false, 2>(fre_area, off, n, c, cp),
+        (false, _) => scan::<false, 4>(fre_area, off, n, c, cp),
+        (true, 0) => scan::<true, 1>(fre_area, off, n, c, cp),
+        (true, 1) => scan::<true, 2>(fre_area, off, n, c, cp),
+        (true, _) => scan::<true, 4>(fre_area, off, n, c, cp),
+    }
+}
+
+#[inline(always)]
+fn start_of<const BE: bool, const AW: usize>(h: &[u8]) -> Option<u32> {
+    Some(match AW {
+        1 => u32::from(*h.first()?),
+        2 => u32::from(u16_of::<BE>(*arr::<2>(h, 0)?)),
+        _ => u32_of::<BE>(*arr::<4>(h, 0)?),
+    })
+}
+
+/// Bytes of the data words announced by an info byte; `None` for size code 3.
+#[inline(always)]
+fn words_len(info: u8) -> Option<usize> {
+    let code = (info >> 5) & 3;
+    if code == 3 {
+        return None;
+    }
+    Some(usize::from((info >> 1) & 0xf) << code)
+}
+
+fn scan<const BE: bool, const AW: usize>(
+    area: &[u8],
+    mut off: usize,
+    n: u32,
+    c: &FreChecks,
+    mut cp: Option<(u32, usize, &mut Vec<Checkpoint>)>,
+) -> Option<usize> {
+    let mut prev: i64 = -1;
+    for j in 0..n {
+        let h = arr::<AW>(area, off)?;
+        let start = start_of::<BE, AW>(h)?;
+        let info = *area.get(off + AW)?;
+        let len = AW + 1 + words_len(info)?;
+        let end = off.checked_add(len)?;
+        let count = u32::from((info >> 1) & 0xf);
+        let bad = end > area.len()
+            || i64::from(start) <= prev
+            || start > c.size
+            || (info & 0x80 != 0 && !c.mangled_ok)
+            || (count == 0 && !c.empty_ok)
+            || count > c.max_words;
+        if bad {
+            return None;
+        }
+        if let Some((fde, base, v)) = cp.as_mut()
+            && j % CHECKPOINT_STEP == 0
+        {
+            v.push(Checkpoint {
+                fde: *fde,
+                fre: j,
+                start,
+                rel_offset: u32::try_from(off - *base).ok()?,
+            });
+        }
+        prev = i64::from(start);
+        off = end;
+    }
+    Some(off)
+}
+
+/// Decodes the FRE at `off` of a validated section (`None` only on a malformed one).
+#[inline(always)]
+pub fn fre(be: bool, fre_type: u8, area: &[u8], off: usize, index: u32) -> Option<Fre<'_>> {
+    match (be, fre_type) {
+        (false, 0) => fre_w::<false, 1>(area, off, index),
+        (false, 1) => fre_w::<false, 2>(area, off, index),
+        (false, _) => fre_w::<false, 4>(area, off, index),
+        (true, 0) => fre_w::<true, 1>(area, off, index),
+        (true, 1) => fre_w::<true, 2>(area, off, index),
+        (true, _) => fre_w::<true, 4>(area, off, index),
+    }
+}
+
+#[inline(always)]
+fn fre_w<const BE: bool, const AW: usize>(area: &[u8], off: usize, index: u32) -> Option<Fre<'_>> {
+    let rest = area.get(off..)?;
+    let start_offset = start_of::<BE, AW>(rest)?;
+    let info = *rest.get(AW)?;
+    let len = AW + 1 + words_len(info)?;
+    let words = rest.get(AW + 1..len)?;
+    Some(Fre::new(index, off, start_offset, info, words, BE, len))
+}
+
+/// Start offset and encoded length of the FRE at `off` (lookup's skip step).
+#[inline(always)]
+fn start_len<const BE: bool, const AW: usize>(area: &[u8], off: usize) -> Option<(u32, usize)> {
+    let rest = area.get(off..)?;
+    let start = start_of::<BE, AW>(rest)?;
+    let info = *rest.get(AW)?;
+    Some((start, AW + 1 + words_len(info)?))
+}
+
+/// The last FRE of a function, among the `n` starting at `off` (index `first`), whose
+/// start is ≤ `target`: its index and offset. `None` when the first start is above.
+#[inline(always)]
+pub fn last_at_or_before(
+    be: bool,
+    fre_type: u8,
+    area: &[u8],
+    off: usize,
+    first: u32,
+    n: u32,
+    target: u32,
+) -> Option<(u32, usize)> {
+    match (be, fre_type) {
+        (false, 0) => last_le::<false, 1>(area, off, first, n, target),
+        (false, 1) => last_le::<false, 2>(area, off, first, n, target),
+        (false, _) => last_le::<false, 4>(area, off, first, n, target),
+        (true, 0) => last_le::<true, 1>(area, off, first, n, target),
+        (true, 1) => last_le::<true, 2>(area, off, first, n, target),
+        (true, _) => last_le::<true, 4>(area, off, first, n, target),
+    }
+}
+
+#[inline(always)]
+fn last_le<const BE: bool, const AW: usize>(
+    area: &[u8],
+    mut off: usize,
+    first: u32,
+    n: u32,
+    target: u32,
+) -> Option<(u32, usize)> {
+    let mut found = None;
+    for j in first..n {
+        let (start, len) = start_len::<BE, AW>(area, off)?;
+        if start > target {
+            break;
+        }
+        found = Some((j, off));
+        off = off.checked_add(len)?;
+    }
+    found
+}
