@@ -160,6 +160,31 @@ impl<'a> Fre<'a> {
             }
         })
     }
+    /// Words 0, 1 and 2 sign-extended from their width, `None` past `count()`.
+    #[inline]
+    pub fn first_words(&self) -> [Option<i32>; 3] {
+        let w = self.words;
+        let be = self.big_endian;
+        match self.size_code() {
+            0 => [0, 1, 2].map(|i| w.get(i).map(|&b| i32::from(b as i8))),
+            1 => [0, 2, 4].map(|i| {
+                let b = [*w.get(i)?, *w.get(i + 1)?];
+                Some(i32::from(if be {
+                    i16::from_be_bytes(b)
+                } else {
+                    i16::from_le_bytes(b)
+                }))
+            }),
+            _ => [0, 4, 8].map(|i| {
+                let b: [u8; 4] = w.get(i..i + 4)?.try_into().ok()?;
+                Some(if be {
+                    i32::from_be_bytes(b)
+                } else {
+                    i32::from_le_bytes(b)
+                })
+            }),
+        }
+    }
     /// Word `i` sign-extended from its width (offsets).
     #[inline]
     pub fn iword(&self, i: usize) -> Option<i32> {
@@ -232,6 +257,48 @@ impl FenceBuilder {
     }
     fn finish(self) -> Vec<i64> {
         if self.simple { self.fence } else { Vec::new() }
+    }
+}
+
+/// The section-wide state of the fast validation pass.
+#[derive(Default)]
+struct Walk {
+    sorted: bool,
+    attr_size: usize,
+    total_fres: u64,
+    used: u64,
+    prev_start: i64,
+    unsorted: bool,
+    fence: FenceBuilder,
+    /// End of the last FRE data range, while the ranges come in order.
+    prev_end: usize,
+    out_of_order: bool,
+}
+
+impl Walk {
+    /// Bookkeeping of one function (in on-disk order) whose FREs end at `end`; false
+    /// when the FDEs are out of order in a SORTED section.
+    #[inline(always)]
+    fn function(&mut self, fde: &Fde, end: usize) -> bool {
+        if fde.rel_start < self.prev_start {
+            if self.sorted {
+                return false;
+            }
+            self.unsorted = true;
+        }
+        self.prev_start = fde.rel_start;
+        self.fence.push(fde.rel_start, fde.size);
+        let data_start = fde.fres_offset - self.attr_size;
+        self.total_fres += u64::from(fde.num_fres);
+        self.used += (end - data_start) as u64;
+        if end > data_start && !self.out_of_order {
+            if data_start >= self.prev_end {
+                self.prev_end = end;
+            } else {
+                self.out_of_order = true;
+            }
+        }
+        true
     }
 }
 
@@ -373,7 +440,7 @@ impl<'a> Section<'a> {
     }
 
     /// The FDE of a validated section (fast decoder).
-    #[inline]
+    #[inline(always)]
     fn fde_valid(&self, index: u32) -> Option<Fde> {
         scan::fde(&self.fmt, self.big_endian, self.data, self.fre_area, index)
     }
@@ -618,108 +685,118 @@ impl<'a> Section<'a> {
         })
     }
 
-    /// Walk every FDE and FRE once and apply all checks: the specialized decoders of
-    /// [`scan`], and the careful ones only where those fail, to name the error.
+    /// Walk every FDE and FRE once and apply all checks with the specialized decoders
+    /// of [`scan`], which only say pass or fail. When they fail (malformed input), the
+    /// careful pass runs from the start and names the first failed check, FDE, FRE and
+    /// offset, exactly as it always has.
     fn validate(&mut self) -> Result<(), SFrameError> {
+        let ok = match (self.header.version == 3, self.big_endian) {
+            (true, false) => self.validate_fast::<true, false>(),
+            (true, true) => self.validate_fast::<true, true>(),
+            (false, false) => self.validate_fast::<false, false>(),
+            (false, true) => self.validate_fast::<false, true>(),
+        };
+        if ok {
+            return Ok(());
+        }
+        self.sorted_index = None;
+        self.checkpoints = Vec::new();
+        self.fence = Vec::new();
+        self.validate_reference()
+    }
+
+    /// The checks of [`Section::validate_reference`], pass or fail, in one pass over
+    /// the FDEs; FREs of pairs of small functions are checked together (two independent
+    /// chains of FRE lengths, which the CPU overlaps). Also builds the lookup fence and
+    /// checkpoints, and the sort index of an unsorted section.
+    fn validate_fast<const V3: bool, const BE: bool>(&mut self) -> bool {
         let h = self.header;
-        let (data, area, be) = (self.data, self.fre_area, self.big_endian);
-        let checks = FreChecks {
+        let (data, area) = (self.data, self.fre_area);
+        let base_checks = FreChecks {
             size: 0,
             max_words: if h.cfa_fixed_ra_offset != 0 { 2 } else { 3 },
             mangled_ok: h.abi.is_aarch64(),
             empty_ok: h.version != 1,
         };
-        let attr_size = if h.version == 3 { FDE_ATTR_SIZE_V3 } else { 0 };
+        let checks = |f: &Fde| FreChecks {
+            size: f.size,
+            ..base_checks
+        };
+        let attr_size = if V3 { FDE_ATTR_SIZE_V3 } else { 0 };
+        let mut w = Walk {
+            sorted: h.sorted(),
+            attr_size,
+            prev_start: i64::MIN,
+            fence: FenceBuilder::new(),
+            ..Walk::default()
+        };
         let mut checkpoints = Vec::new();
-        let mut total_fres: u64 = 0;
-        let mut used: u64 = 0;
-        let mut prev_start = i64::MIN;
-        let mut fence = FenceBuilder::new();
-        let mut unsorted = false;
-        // FRE data ranges: checked for overlap on the fly while they are in order;
-        // otherwise checked after sorting them (see `check_overlaps`).
-        let mut prev_end = 0usize;
-        let mut ranges_out_of_order = false;
-        for i in 0..h.num_fdes {
-            let fde = match scan::fde(&self.fmt, be, data, area, i) {
-                Some(f) => f,
-                None => self.decode_fde(i)?,
+        // Functions whose FREs can be checked in a pair: no checkpoints, not FLEX.
+        let pairable = |f: &Fde| !f.flex && f.num_fres <= CHECKPOINT_STEP;
+        let n = h.num_fdes;
+        let mut i = 0;
+        while i < n {
+            let Some(a) = scan::fde_g::<V3, BE>(&self.fmt, data, area, i) else {
+                return false;
             };
-            if fde.rel_start < prev_start {
-                if h.sorted() {
-                    return Err(SFrameError::FdesNotSorted {
-                        fde: i,
-                        offset: fde.offset,
-                    });
-                }
-                unsorted = true;
-            }
-            prev_start = fde.rel_start;
-            fence.push(fde.rel_start, fde.size);
-            let data_start = fde.fres_offset - attr_size;
-            let n = fde.num_fres;
-            let mark = checkpoints.len();
-            let fast = if fde.flex {
-                None
-            } else {
-                let c = FreChecks {
-                    size: fde.size,
-                    ..checks
+            if pairable(&a) && i + 1 < n {
+                let Some(b) = scan::fde_g::<V3, BE>(&self.fmt, data, area, i + 1) else {
+                    return false;
                 };
-                let cp = (n > CHECKPOINT_STEP).then_some((i, self.fres_start, &mut checkpoints));
-                scan::scan_fres(be, fde.fre_type, area, fde.fres_offset, n, &c, cp)
-            };
-            let off = match fast {
-                Some(off) => off,
-                None => {
-                    checkpoints.truncate(mark);
-                    let mut off = fde.fres_offset;
-                    let mut prev: Option<u32> = None;
-                    for j in 0..n {
-                        let fre = self.check_fre(&fde, j, off, prev)?;
-                        if n > CHECKPOINT_STEP && j % CHECKPOINT_STEP == 0 {
-                            checkpoints.push(Checkpoint {
-                                fde: i,
-                                fre: j,
-                                start: fre.start_offset,
-                                rel_offset: (off - self.fres_start) as u32,
-                            });
-                        }
-                        prev = Some(fre.start_offset);
-                        off += fre.len;
+                if pairable(&b) {
+                    let (ca, cb) = (checks(&a), checks(&b));
+                    let Some((ea, eb)) = scan::scan_pair(
+                        BE,
+                        area,
+                        (a.fres_offset, a.num_fres, &ca, a.fre_type),
+                        (b.fres_offset, b.num_fres, &cb, b.fre_type),
+                    ) else {
+                        return false;
+                    };
+                    if !w.function(&a, ea) || !w.function(&b, eb) {
+                        return false;
                     }
-                    off
-                }
-            };
-            total_fres += u64::from(n);
-            used += (off - data_start) as u64;
-            if off > data_start && !ranges_out_of_order {
-                if data_start >= prev_end {
-                    prev_end = off;
-                } else {
-                    ranges_out_of_order = true;
+                    i += 2;
+                    continue;
                 }
             }
+            let end = if a.flex {
+                self.check_fres_careful(&a, &mut checkpoints).ok()
+            } else {
+                let cp = (a.num_fres > CHECKPOINT_STEP).then_some((
+                    i,
+                    self.fres_start,
+                    &mut checkpoints,
+                ));
+                scan::scan_fres(
+                    BE,
+                    a.fre_type,
+                    area,
+                    a.fres_offset,
+                    a.num_fres,
+                    &checks(&a),
+                    cp,
+                )
+            };
+            let Some(end) = end else {
+                return false;
+            };
+            if !w.function(&a, end) {
+                return false;
+            }
+            i += 1;
         }
-        if total_fres != u64::from(h.num_fres) {
-            return Err(SFrameError::FreCountMismatch {
-                header: h.num_fres,
-                found: total_fres,
-            });
+        if w.total_fres != u64::from(h.num_fres) || w.used != u64::from(h.fre_len) {
+            return false;
         }
-        if used != u64::from(h.fre_len) {
-            return Err(SFrameError::FreLenMismatch {
-                header: h.fre_len,
-                used,
-            });
+        if w.out_of_order && self.check_overlaps().is_err() {
+            return false;
         }
-        if ranges_out_of_order {
-            self.check_overlaps()?;
-        }
-        if unsorted {
+        let mut fence = w.fence;
+        if w.unsorted {
             self.build_sorted_index();
             fence = FenceBuilder::new();
-            for k in 0..h.num_fdes {
+            for k in 0..n {
                 let (start, size) = self
                     .sorted_to_disk(k)
                     .and_then(|i| self.fde_start_size(i))
@@ -729,7 +806,33 @@ impl<'a> Section<'a> {
         }
         self.checkpoints = checkpoints;
         self.fence = fence.finish();
-        Ok(())
+        true
+    }
+
+    /// The FREs of one function through the careful decoder (FLEX functions), with
+    /// their checkpoints; the offset after the last one.
+    fn check_fres_careful(
+        &self,
+        fde: &Fde,
+        checkpoints: &mut Vec<Checkpoint>,
+    ) -> Result<usize, SFrameError> {
+        let n = fde.num_fres;
+        let mut off = fde.fres_offset;
+        let mut prev: Option<u32> = None;
+        for j in 0..n {
+            let fre = self.check_fre(fde, j, off, prev)?;
+            if n > CHECKPOINT_STEP && j % CHECKPOINT_STEP == 0 {
+                checkpoints.push(Checkpoint {
+                    fde: fde.index,
+                    fre: j,
+                    start: fre.start_offset,
+                    rel_offset: u32::try_from(off - self.fres_start).unwrap_or(u32::MAX),
+                });
+            }
+            prev = Some(fre.start_offset);
+            off += fre.len;
+        }
+        Ok(off)
     }
 
     /// FRE data ranges of all functions, sorted: no two may overlap.
@@ -971,8 +1074,11 @@ impl<'a> Section<'a> {
 
     /// All FDEs in on-disk order.
     #[inline]
-    pub fn functions(&self) -> impl Iterator<Item = Fde> + '_ {
-        (0..self.header.num_fdes).filter_map(move |i| self.fde_valid(i))
+    pub fn functions(&self) -> FdeIter<'_, 'a> {
+        FdeIter {
+            section: self,
+            next: 0,
+        }
     }
 
     /// FDE `index` in on-disk order.
@@ -1040,10 +1146,13 @@ impl<'a> Section<'a> {
     #[inline]
     pub fn rows<'s>(&'s self, fde: &Fde) -> FreIter<'s, 'a> {
         FreIter {
-            section: self,
-            fde: *fde,
-            next: 0,
+            area: self.fre_area,
             off: fde.fres_offset,
+            next: 0,
+            num_fres: fde.num_fres,
+            fre_type: fde.fre_type,
+            big_endian: self.big_endian,
+            _section: core::marker::PhantomData,
         }
     }
 
@@ -1075,6 +1184,12 @@ impl<'a> Section<'a> {
         if !fde.flex && fre.count() != 0 {
             return self.default_rule(fde, fre);
         }
+        self.other_rule(fde, fre)
+    }
+
+    /// [`Section::rule`] for FLEX and zero-word rows (kept out of line).
+    #[inline(never)]
+    fn other_rule(&self, fde: &Fde, fre: &Fre<'_>) -> UnwindRule {
         self.try_rule(fde, fre).unwrap_or(UnwindRule {
             cfa: CfaRule::sp(0),
             ra: RegRule::Undefined,
@@ -1108,9 +1223,11 @@ impl<'a> Section<'a> {
     fn default_rule(&self, fde: &Fde, fre: &Fre<'_>) -> UnwindRule {
         let h = &self.header;
         let (flags, base) = Self::flags_and_base(fde, fre);
+        // Up to three signed words (CFA offset, then RA and/or FP offsets).
+        let [w0, w1, w2] = fre.first_words();
         let cfa = CfaRule {
             base,
-            offset: self.s390x_cfa(fre.iword(0).unwrap_or(0)),
+            offset: self.s390x_cfa(w0.unwrap_or(0)),
             deref: false,
         };
         // s390x v2 encodes "saved in register N" as an odd offset 2N+1.
@@ -1122,20 +1239,20 @@ impl<'a> Section<'a> {
                 RegRule::AtCfa(v)
             }
         };
-        let (ra, fp_idx) = if h.cfa_fixed_ra_offset != 0 {
-            (RegRule::AtCfa(i32::from(h.cfa_fixed_ra_offset)), 1)
+        let (ra, fp_word) = if h.cfa_fixed_ra_offset != 0 {
+            (RegRule::AtCfa(i32::from(h.cfa_fixed_ra_offset)), w1)
         } else {
-            let ra = match fre.iword(1) {
+            let ra = match w1 {
                 // SFRAME_FRE_RA_OFFSET_INVALID: padding, RA not saved.
                 Some(0) | None => RegRule::Unchanged,
                 Some(v) => decode(v),
             };
-            (ra, 2)
+            (ra, w2)
         };
         let fp = if h.cfa_fixed_fp_offset != 0 {
             RegRule::AtCfa(i32::from(h.cfa_fixed_fp_offset))
         } else {
-            fre.iword(fp_idx).map_or(RegRule::Unchanged, decode)
+            fp_word.map_or(RegRule::Unchanged, decode)
         };
         UnwindRule { cfa, ra, fp, flags }
     }
@@ -1252,36 +1369,93 @@ impl<'a> Section<'a> {
     }
 }
 
+/// Iterator over the FDEs of a section in on-disk order ([`Section::functions`]).
+#[derive(Clone, Debug)]
+pub struct FdeIter<'s, 'a> {
+    section: &'s Section<'a>,
+    next: u32,
+}
+
+impl Iterator for FdeIter<'_, '_> {
+    type Item = Fde;
+    // Inlined into the caller's loop so that the `Fde` is built in place.
+    #[inline(always)]
+    fn next(&mut self) -> Option<Fde> {
+        while self.next < self.section.header.num_fdes {
+            let i = self.next;
+            self.next += 1;
+            // Every FDE of a validated section decodes.
+            if let Some(f) = self.section.fde_valid(i) {
+                return Some(f);
+            }
+        }
+        None
+    }
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let n = self.section.header.num_fdes.saturating_sub(self.next) as usize;
+        (0, Some(n))
+    }
+}
+
 /// Iterator over the FREs of one function.
 #[derive(Clone, Debug)]
 pub struct FreIter<'s, 'a> {
-    section: &'s Section<'a>,
-    fde: Fde,
-    next: u32,
+    area: &'a [u8],
     off: usize,
+    next: u32,
+    num_fres: u32,
+    fre_type: u8,
+    big_endian: bool,
+    _section: core::marker::PhantomData<&'s Section<'a>>,
 }
 
 impl<'a> Iterator for FreIter<'_, 'a> {
     type Item = Fre<'a>;
-    #[inline]
+    // Small enough to inline into the caller's loop (the width and byte order are
+    // tested per row, predictably): a returned `Fre` then stays in registers.
+    #[inline(always)]
     fn next(&mut self) -> Option<Fre<'a>> {
-        if self.next >= self.fde.num_fres {
+        if self.next >= self.num_fres {
             return None;
         }
-        let s = self.section;
-        let fre = scan::fre(
-            s.big_endian,
-            self.fde.fre_type,
-            s.fre_area,
-            self.off,
-            self.next,
-        )?;
+        let off = self.off;
+        let rest = self.area.get(off..)?;
+        let be = self.big_endian;
+        let (start, aw) = match self.fre_type {
+            0 => (u32::from(*rest.first()?), 1),
+            1 => {
+                let b = [*rest.first()?, *rest.get(1)?];
+                let v = if be {
+                    u16::from_be_bytes(b)
+                } else {
+                    u16::from_le_bytes(b)
+                };
+                (u32::from(v), 2)
+            }
+            _ => {
+                let b: [u8; 4] = rest.get(..4)?.try_into().ok()?;
+                let v = if be {
+                    u32::from_be_bytes(b)
+                } else {
+                    u32::from_le_bytes(b)
+                };
+                (v, 4)
+            }
+        };
+        let info = *rest.get(aw)?;
+        let code = (info >> 5) & 3;
+        if code == 3 {
+            return None;
+        }
+        let len = aw + 1 + (usize::from((info >> 1) & 0xf) << code);
+        let words = rest.get(aw + 1..len)?;
+        let fre = Fre::new(self.next, off, start, info, words, be, len);
         self.next += 1;
-        self.off += fre.len;
+        self.off = off + len;
         Some(fre)
     }
     fn size_hint(&self) -> (usize, Option<usize>) {
-        let n = (self.fde.num_fres - self.next.min(self.fde.num_fres)) as usize;
+        let n = (self.num_fres - self.next.min(self.num_fres)) as usize;
         (0, Some(n))
     }
 }

@@ -92,6 +92,21 @@ pub fn fde(fmt: &FdeFormat, be: bool, data: &[u8], fre_area: &[u8], index: u32) 
     }
 }
 
+/// [`fde`] for a version (3, else 1 or 2) and byte order known at compile time.
+#[inline(always)]
+pub fn fde_g<const V3: bool, const BE: bool>(
+    fmt: &FdeFormat,
+    data: &[u8],
+    fre_area: &[u8],
+    index: u32,
+) -> Option<Fde> {
+    if V3 {
+        fde_v3::<BE>(fmt, data, fre_area, index)
+    } else {
+        fde_v12::<BE>(fmt, data, fre_area, index)
+    }
+}
+
 #[inline(always)]
 fn fde_v3<const BE: bool>(
     fmt: &FdeFormat,
@@ -116,18 +131,19 @@ fn fde_v3<const BE: bool>(
     };
     let fre_type = info & 0xf;
     let pauth = info & 0x20 != 0;
-    if fre_type > 2 || info & 0x40 != 0 || (pauth && !fmt.aarch64) || info2 & 0xe0 != 0 {
+    let mask = info & 0x10 != 0;
+    // All checks folded into one test (non-short-circuit `|`: no branch per check).
+    let bad = (fre_type > 2)
+        | (info & 0x40 != 0)
+        | (pauth & !fmt.aarch64)
+        | (info2 & 0xe0 != 0)
+        | (info2 & 0x1f > 1)
+        | (mask & (rep_size == 0));
+    if bad {
         return None;
     }
-    let flex = match info2 & 0x1f {
-        0 => false,
-        1 => true,
-        _ => return None,
-    };
-    let pc_type = if info & 0x10 != 0 {
-        if rep_size == 0 {
-            return None;
-        }
+    let flex = info2 & 0x1f == 1;
+    let pc_type = if mask {
         PcType::Mask { rep_size }
     } else {
         PcType::Inc
@@ -181,22 +197,20 @@ fn fde_v12<const BE: bool>(
     };
     let fre_type = info & 0xf;
     let pauth = info & 0x20 != 0;
-    if fre_type > 2 || info & 0xc0 != 0 || (pauth && !fmt.aarch64) {
+    let mask = info & 0x10 != 0;
+    // v1 PCMASK FDEs carry no rep_size: AMD64's 16-byte PLT entries only.
+    let bad = (fre_type > 2)
+        | (info & 0xc0 != 0)
+        | (pauth & !fmt.aarch64)
+        | (mask & !v2 & (fmt.abi != ABI_AMD64_LE))
+        | (mask & v2 & (rep_size == 0));
+    if bad {
         return None;
     }
-    let pc_type = if info & 0x10 != 0 {
-        if !v2 {
-            if fmt.abi != ABI_AMD64_LE {
-                return None;
-            }
-            PcType::Mask { rep_size: 16 }
-        } else if rep_size == 0 {
-            return None;
-        } else {
-            PcType::Mask { rep_size }
-        }
-    } else {
-        PcType::Inc
+    let pc_type = match (mask, v2) {
+        (false, _) => PcType::Inc,
+        (true, false) => PcType::Mask { rep_size: 16 },
+        (true, true) => PcType::Mask { rep_size },
     };
     Some(Fde {
         index,
@@ -281,13 +295,34 @@ pub fn scan_fres(
     c: &FreChecks,
     cp: Option<(u32, usize, &mut Vec<Checkpoint>)>,
 ) -> Option<usize> {
+    match (be, fre_type, cp) {
+        (false, 0, None) => scan::<false, 1>(fre_area, off, n, c, None),
+        (false, 1, None) => scan::<false, 2>(fre_area, off, n, c, None),
+        (false, _, None) => scan::<false, 4>(fre_area, off, n, c, None),
+        (true, 0, None) => scan::<true, 1>(fre_area, off, n, c, None),
+        (true, 1, None) => scan::<true, 2>(fre_area, off, n, c, None),
+        (true, _, None) => scan::<true, 4>(fre_area, off, n, c, None),
+        (be, t, Some(cp)) => scan_checkpoints(be, t, fre_area, off, n, c, cp),
+    }
+}
+
+#[inline(never)]
+fn scan_checkpoints(
+    be: bool,
+    fre_type: u8,
+    area: &[u8],
+    off: usize,
+    n: u32,
+    c: &FreChecks,
+    cp: (u32, usize, &mut Vec<Checkpoint>),
+) -> Option<usize> {
     match (be, fre_type) {
-        (false, 0) => scan::<false, 1>(fre_area, off, n, c, cp),
-        (false, 1) => scan::<false, 2>(fre_area, off, n, c, cp),
-        (false, _) => scan::<false, 4>(fre_area, off, n, c, cp),
-        (true, 0) => scan::<true, 1>(fre_area, off, n, c, cp),
-        (true, 1) => scan::<true, 2>(fre_area, off, n, c, cp),
-        (true, _) => scan::<true, 4>(fre_area, off, n, c, cp),
+        (false, 0) => scan::<false, 1>(area, off, n, c, Some(cp)),
+        (false, 1) => scan::<false, 2>(area, off, n, c, Some(cp)),
+        (false, _) => scan::<false, 4>(area, off, n, c, Some(cp)),
+        (true, 0) => scan::<true, 1>(area, off, n, c, Some(cp)),
+        (true, 1) => scan::<true, 2>(area, off, n, c, Some(cp)),
+        (true, _) => scan::<true, 4>(area, off, n, c, Some(cp)),
     }
 }
 
@@ -310,6 +345,39 @@ fn words_len(info: u8) -> Option<usize> {
     Some(usize::from((info >> 1) & 0xf) << code)
 }
 
+/// One FRE of the checks below: reads its header (bounds-checked: `None` when it is
+/// outside the section), advances `off` past its data words (their bounds are
+/// checked by the caller, once, on the last end) and returns whether a check fails.
+#[inline(always)]
+fn step<const BE: bool, const AW: usize>(
+    area: &[u8],
+    off: &mut usize,
+    prev: &mut i64,
+    c: &FreChecks,
+) -> Option<(bool, u32)> {
+    let h = area.get(*off..*off + AW + 1)?;
+    let start = start_of::<BE, AW>(h)?;
+    let info = *h.get(AW)?;
+    let code = (info >> 5) & 3;
+    let count = u32::from((info >> 1) & 0xf);
+    let mangled_bad = if c.mangled_ok { 0 } else { 0x80 };
+    // Non-short-circuit `|`: one flag, no branch per check.
+    let bad = (code == 3)
+        | (i64::from(start) <= *prev)
+        | (start > c.size)
+        | (info & mangled_bad != 0)
+        | ((count == 0) & !c.empty_ok)
+        | (count > c.max_words);
+    *prev = i64::from(start);
+    // At most 1 + 4 + 15 * 8 bytes past a position inside the section.
+    *off += AW + 1 + ((count as usize) << code);
+    Some((bad, start))
+}
+
+/// The FRE checks of one function. The loop only follows the chain of FRE lengths
+/// (each header read is bounds-checked, so it stops within the section whatever `n`
+/// says) and folds every check into one flag, tested once at the end.
+#[inline(always)]
 fn scan<const BE: bool, const AW: usize>(
     area: &[u8],
     mut off: usize,
@@ -318,22 +386,11 @@ fn scan<const BE: bool, const AW: usize>(
     mut cp: Option<(u32, usize, &mut Vec<Checkpoint>)>,
 ) -> Option<usize> {
     let mut prev: i64 = -1;
+    let mut bad = false;
     for j in 0..n {
-        let h = arr::<AW>(area, off)?;
-        let start = start_of::<BE, AW>(h)?;
-        let info = *area.get(off + AW)?;
-        let len = AW + 1 + words_len(info)?;
-        let end = off.checked_add(len)?;
-        let count = u32::from((info >> 1) & 0xf);
-        let bad = end > area.len()
-            || i64::from(start) <= prev
-            || start > c.size
-            || (info & 0x80 != 0 && !c.mangled_ok)
-            || (count == 0 && !c.empty_ok)
-            || count > c.max_words;
-        if bad {
-            return None;
-        }
+        let at = off;
+        let (b, start) = step::<BE, AW>(area, &mut off, &mut prev, c)?;
+        bad |= b;
         if let Some((fde, base, v)) = cp.as_mut()
             && j % CHECKPOINT_STEP == 0
         {
@@ -341,13 +398,82 @@ fn scan<const BE: bool, const AW: usize>(
                 fde: *fde,
                 fre: j,
                 start,
-                rel_offset: u32::try_from(off - *base).ok()?,
+                rel_offset: u32::try_from(at - *base).ok()?,
             });
         }
-        prev = i64::from(start);
-        off = end;
+    }
+    // Ends increase, so the last one bounds them all.
+    if bad || off > area.len() {
+        return None;
     }
     Some(off)
+}
+
+/// The FRE checks of two functions at once (offset, count, checks and FRE type of
+/// each): the two length chains are independent, so the CPU overlaps them. Returns
+/// the end of each function's FREs, `None` when a check fails in either.
+#[inline(always)]
+pub fn scan_pair(
+    be: bool,
+    area: &[u8],
+    a: (usize, u32, &FreChecks, u8),
+    b: (usize, u32, &FreChecks, u8),
+) -> Option<(usize, usize)> {
+    if be {
+        pair_dispatch::<true>(area, a, b)
+    } else {
+        pair_dispatch::<false>(area, a, b)
+    }
+}
+
+#[inline(always)]
+fn pair_dispatch<const BE: bool>(
+    area: &[u8],
+    a: (usize, u32, &FreChecks, u8),
+    b: (usize, u32, &FreChecks, u8),
+) -> Option<(usize, usize)> {
+    let (oa, na, ca, ta) = a;
+    let (ob, nb, cb, tb) = b;
+    match (ta, tb) {
+        (0, 0) => pair::<BE, 1, 1>(area, oa, na, ca, ob, nb, cb),
+        (0, 1) => pair::<BE, 1, 2>(area, oa, na, ca, ob, nb, cb),
+        (0, _) => pair::<BE, 1, 4>(area, oa, na, ca, ob, nb, cb),
+        (1, 0) => pair::<BE, 2, 1>(area, oa, na, ca, ob, nb, cb),
+        (1, 1) => pair::<BE, 2, 2>(area, oa, na, ca, ob, nb, cb),
+        (1, _) => pair::<BE, 2, 4>(area, oa, na, ca, ob, nb, cb),
+        (_, 0) => pair::<BE, 4, 1>(area, oa, na, ca, ob, nb, cb),
+        (_, 1) => pair::<BE, 4, 2>(area, oa, na, ca, ob, nb, cb),
+        (_, _) => pair::<BE, 4, 4>(area, oa, na, ca, ob, nb, cb),
+    }
+}
+
+#[inline(always)]
+fn pair<const BE: bool, const A1: usize, const A2: usize>(
+    area: &[u8],
+    mut oa: usize,
+    na: u32,
+    ca: &FreChecks,
+    mut ob: usize,
+    nb: u32,
+    cb: &FreChecks,
+) -> Option<(usize, usize)> {
+    let (mut pa, mut pb) = (-1i64, -1i64);
+    let mut bad = false;
+    let both = na.min(nb);
+    for _ in 0..both {
+        bad |= step::<BE, A1>(area, &mut oa, &mut pa, ca)?.0;
+        bad |= step::<BE, A2>(area, &mut ob, &mut pb, cb)?.0;
+    }
+    for _ in both..na {
+        bad |= step::<BE, A1>(area, &mut oa, &mut pa, ca)?.0;
+    }
+    for _ in both..nb {
+        bad |= step::<BE, A2>(area, &mut ob, &mut pb, cb)?.0;
+    }
+    if bad || oa > area.len() || ob > area.len() {
+        return None;
+    }
+    Some((oa, ob))
 }
 
 /// Decodes the FRE at `off` of a validated section (`None` only on a malformed one).
