@@ -18,7 +18,7 @@ use super::header::{
     S390X_CFA_OFFSET_ALIGNMENT_FACTOR, bytes,
 };
 use super::scan::{self, CHECKPOINT_STEP, Checkpoint, FdeFormat, FreChecks};
-use crate::table::{Arch, Function, PcType, Row, Source, UnwindTable};
+use crate::table::{Arch, PcType, Row, Source, TableBuilder, UnwindTable};
 
 /// The maximum number of data words an FRE info byte can announce (4-bit field).
 pub const MAX_WORDS: usize = 15;
@@ -161,7 +161,7 @@ impl<'a> Fre<'a> {
         })
     }
     /// Words 0, 1 and 2 sign-extended from their width, `None` past `count()`.
-    #[inline]
+    #[inline(always)]
     pub fn first_words(&self) -> [Option<i32>; 3] {
         let w = self.words;
         let be = self.big_endian;
@@ -1156,7 +1156,7 @@ impl<'a> Section<'a> {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn s390x_cfa(&self, off: i32) -> i32 {
         if self.header.abi == Abi::S390xBigEndian {
             off.wrapping_mul(S390X_CFA_OFFSET_ALIGNMENT_FACTOR)
@@ -1179,7 +1179,7 @@ impl<'a> Section<'a> {
     }
 
     /// The normalized rule of a row. Infallible for rows of a validated section.
-    #[inline]
+    #[inline(always)]
     pub fn rule(&self, fde: &Fde, fre: &Fre<'_>) -> UnwindRule {
         if !fde.flex && fre.count() != 0 {
             return self.default_rule(fde, fre);
@@ -1198,7 +1198,7 @@ impl<'a> Section<'a> {
         })
     }
 
-    #[inline]
+    #[inline(always)]
     fn flags_and_base(fde: &Fde, fre: &Fre<'_>) -> (RuleFlags, CfaBase) {
         let mut flags = RuleFlags::default();
         if fde.signal {
@@ -1218,8 +1218,9 @@ impl<'a> Section<'a> {
         (flags, base)
     }
 
-    /// The rule of a row with data words in a DEFAULT (non-FLEX) function.
-    #[inline]
+    /// The rule of a row with data words in a DEFAULT (non-FLEX) function. Inlined into
+    /// the caller: a returned rule then stays in registers.
+    #[inline(always)]
     fn default_rule(&self, fde: &Fde, fre: &Fre<'_>) -> UnwindRule {
         let h = &self.header;
         let (flags, base) = Self::flags_and_base(fde, fre);
@@ -1343,29 +1344,22 @@ impl<'a> Section<'a> {
 
     /// Convert the whole section to the shared table type (functions in address order).
     pub fn to_table(&self) -> Result<UnwindTable, SFrameError> {
-        let mut functions = Vec::with_capacity(self.header.num_fdes as usize);
-        for fde in self.functions_sorted() {
-            let rows = self
-                .rows(&fde)
-                .map(|fre| Row {
-                    start_offset: fre.start_offset,
-                    rule: Some(self.rule(&fde, &fre)),
-                })
-                .collect();
-            functions.push(Function {
-                start: fde.start,
-                size: fde.size,
-                pc_type: fde.pc_type,
-                rows,
-            });
-        }
-        Ok(UnwindTable {
-            arch: self.arch(),
-            source: Source::SFrame {
+        let mut b = TableBuilder::new(
+            self.arch(),
+            Source::SFrame {
                 version: self.header.version,
             },
-            functions,
-        })
+        );
+        // Counts checked against the section size at open.
+        b.reserve(self.header.num_fdes as usize, self.header.num_fres as usize);
+        for fde in self.functions_sorted() {
+            let rows = self.rows(&fde).map(|fre| Row {
+                start_offset: fre.start_offset,
+                rule: Some(self.rule(&fde, &fre)),
+            });
+            b.push(fde.start, fde.size, fde.pc_type, rows);
+        }
+        Ok(b.finish())
     }
 }
 

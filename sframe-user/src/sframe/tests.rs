@@ -6,7 +6,7 @@ use sframe_common::{CfaBase, CfaRule, RegRule, RuleFlags, UnwindRule};
 use super::error::{FlexProblem, SFrameError, Subsection};
 use super::read::Section;
 use super::write::{WriteOptions, WriteVersion, write_section};
-use crate::table::{Arch, Function, PcType, Row, Source, UnwindTable};
+use crate::table::{Arch, FunctionRows, PcType, Row, Source, UnwindTable};
 
 const VADDR: u64 = 0x2000;
 
@@ -29,24 +29,24 @@ fn row(start: u32, r: UnwindRule) -> Row {
 /// v2 AMD64: header 28 bytes, FDE0 at 28, FDE1 at 48, FREs at 68 (3 bytes each:
 /// f0 rows at 68 and 71, f1 row at 74), 77 bytes in all.
 fn table() -> UnwindTable {
-    UnwindTable {
-        arch: Arch::Amd64,
-        source: Source::Synthesized,
-        functions: vec![
-            Function {
+    UnwindTable::from_functions(
+        Arch::Amd64,
+        Source::Synthesized,
+        vec![
+            FunctionRows {
                 start: 0x1000,
                 size: 0x20,
                 pc_type: PcType::Inc,
                 rows: vec![row(0, rule(8)), row(4, rule(16))],
             },
-            Function {
+            FunctionRows {
                 start: 0x1020,
                 size: 0x10,
                 pc_type: PcType::Inc,
                 rows: vec![row(0, rule(8))],
             },
         ],
-    }
+    )
 }
 
 fn v2() -> Vec<u8> {
@@ -84,7 +84,10 @@ fn valid_section_parses_and_looks_up() {
     assert_eq!(s.find_fre(0x1020).map(|r| r.0), Some(1));
     assert_eq!(s.find_fre(0x1030), None);
     assert_eq!(s.find_fre(0xfff), None);
-    assert_eq!(s.to_table().unwrap().functions, table().functions);
+    assert_eq!(
+        s.to_table().unwrap().to_function_rows(),
+        table().to_function_rows()
+    );
 }
 
 #[test]
@@ -364,7 +367,10 @@ fn to_v1(v2: &[u8]) -> Vec<u8> {
 fn v1_sections() {
     let v1 = to_v1(&v2());
     let s = Section::parse(&v1, VADDR).unwrap();
-    assert_eq!(s.to_table().unwrap().functions, table().functions);
+    assert_eq!(
+        s.to_table().unwrap().to_function_rows(),
+        table().to_function_rows()
+    );
     // v1 PCMASK: understood on AMD64 (16-byte PLT entries) only.
     let mut m = v1.clone();
     m[28 + 16] |= 0x10;
@@ -388,16 +394,16 @@ fn flex_table() -> UnwindTable {
         fp: RegRule::AtReg { reg: 6, offset: 0 },
         flags: RuleFlags::default(),
     };
-    UnwindTable {
-        arch: Arch::Amd64,
-        source: Source::Synthesized,
-        functions: vec![Function {
+    UnwindTable::from_functions(
+        Arch::Amd64,
+        Source::Synthesized,
+        vec![FunctionRows {
             start: 0x1000,
             size: 0x20,
             pc_type: PcType::Inc,
             rows: vec![row(0, rule(8)), row(9, drap)],
         }],
-    }
+    )
 }
 
 #[test]
@@ -413,7 +419,10 @@ fn v3_checks() {
     .unwrap();
     let s = Section::parse(&b, VADDR).unwrap();
     assert!(s.fde(0).unwrap().flex);
-    assert_eq!(s.to_table().unwrap().functions, t.functions);
+    assert_eq!(
+        s.to_table().unwrap().to_function_rows(),
+        t.to_function_rows()
+    );
     // Layout: header 28, FDE index 28..44, attr 44..49, FRE0 at 49 (sp+8 FLEX: 1+1+2 words).
     let mut m = b.clone();
     m[47] = 5;
@@ -468,14 +477,15 @@ fn writer_reports_unrepresentable_in_v2() {
 
 #[test]
 fn writer_splits_at_none_rows() {
-    let mut t = table();
-    t.functions[0].rows.insert(
+    let mut fns = table().to_function_rows();
+    fns[0].rows.insert(
         1,
         Row {
             start_offset: 2,
             rule: None,
         },
     );
+    let t = UnwindTable::from_functions(Arch::Amd64, Source::Synthesized, fns);
     let (b, stats) = write_section(
         &t,
         &WriteOptions {
@@ -563,7 +573,7 @@ fn generated_table(rng: &mut Rng, arch: Arch, overlap: bool) -> UnwindTable {
         } else {
             PcType::Inc
         };
-        functions.push(Function {
+        functions.push(FunctionRows {
             start: pc,
             size,
             pc_type,
@@ -574,7 +584,7 @@ fn generated_table(rng: &mut Rng, arch: Arch, overlap: bool) -> UnwindTable {
             pc -= u64::from(size / 2); // the next function starts inside this one
         }
         if overlap && i % 11 == 4 {
-            functions.push(Function {
+            functions.push(FunctionRows {
                 start: pc,
                 size: 0,
                 pc_type: PcType::Inc,
@@ -582,11 +592,7 @@ fn generated_table(rng: &mut Rng, arch: Arch, overlap: bool) -> UnwindTable {
             });
         }
     }
-    UnwindTable {
-        arch,
-        source: Source::Synthesized,
-        functions,
-    }
+    UnwindTable::from_functions(arch, Source::Synthesized, functions)
 }
 
 /// Lookups agree with libsframe's search and scan (the reference versions) at every
@@ -617,7 +623,7 @@ fn fast_lookup_matches_libsframe_on_generated_sections() {
                 assert!(s.checkpoint_count() > 0);
                 assert_eq!(s.fence().is_empty(), overlap, "fence only when simple");
                 let mut pcs = vec![0, u64::MAX, VADDR];
-                for f in &t.functions {
+                for f in &t.to_function_rows() {
                     for x in [f.start.wrapping_sub(1), f.start, f.end(), f.end() - 1] {
                         pcs.push(x);
                     }
