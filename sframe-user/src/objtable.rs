@@ -315,10 +315,10 @@ mod tests {
             [f(0x10, 0x10), f(0x30, 0x10)],
         );
         let fns = t.functions();
-        assert!(!touches(&fns, 0, 0x10));
-        assert!(touches(&fns, 0, 0x11));
-        assert!(!touches(&fns, 0x20, 0x30));
-        assert!(touches(&fns, 0x3f, 0x50));
-        assert!(!touches(&fns, 0x40, 0x50));
+        assert!(!touches(fns, 0, 0x10));
+        assert!(touches(fns, 0, 0x11));
+        assert!(!touches(fns, 0x20, 0x30));
+        assert!(touches(fns, 0x3f, 0x50));
+        assert!(!touches(fns, 0x40, 0x50));
     }
 }

@@ -250,7 +250,7 @@ impl FenceBuilder {
             self.simple = false;
         }
         self.prev = Some((rel_start, start + i128::from(size)));
-        if self.count % FENCE_STEP == 0 {
+        if self.count.is_multiple_of(FENCE_STEP) {
             self.fence.push(rel_start);
         }
         self.count += 1;
