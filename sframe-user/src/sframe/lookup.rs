@@ -11,9 +11,9 @@
 //!    `rep_size` before the range test (but not for the early stop, exactly as libsframe).
 //!
 //! The implementation gives exactly these answers with less work: step 1 becomes a
-//! search over a cached fence of function starts when the section's functions are
-//! strictly ordered and disjoint (the only case where it is equivalent; otherwise
-//! libsframe's search runs as written), and step 2 a binary search over per-function
+//! look-up in an index of function starts by address bucket when the section's
+//! functions are strictly ordered and disjoint (the only case where it is equivalent;
+//! otherwise libsframe's search runs as written), and step 2 a binary search over per-function
 //! checkpoints plus a scan of at most 16 FREs (see [`Section::find_fre_raw`]). Both
 //! reference versions stay here (`find_fde_libsframe`, `find_fre_raw_linear`), and the
 //! tests and the fuzz target compare them with the fast ones.
@@ -26,8 +26,8 @@
 
 use sframe_common::{CfaBase, RegRule, RuleFlags, UnwindRule};
 
-use super::read::{FENCE_STEP, Fde, Fre, Section};
-use super::scan::{self, CHECKPOINT_STEP};
+use super::read::{Fde, Fre, Section};
+use super::scan::CHECKPOINT_STEP;
 use crate::table::PcType;
 
 impl<'a> Section<'a> {
@@ -37,35 +37,49 @@ impl<'a> Section<'a> {
     /// order, functions not overlapping; checked at open), at most one function
     /// contains `pc` and libsframe's search always reaches it (every probe left of it
     /// starts below `pc`, every probe right of it starts past its end), so any search
-    /// gives the same answer: here a branch-free search over the fence (every
-    /// [`FENCE_STEP`]-th start, a small array that stays in cache) and then over the
-    /// at most `FENCE_STEP` FDEs of one block. Otherwise libsframe's own search runs.
+    /// gives the same answer: here the address bucket of `pc` (see `AddrIndex`) bounds
+    /// the number of functions starting at or before it to a range of about one, which
+    /// a few reads of FDE starts settle. Otherwise libsframe's own search runs.
     #[inline]
     pub fn find_fde(&self, pc: u64) -> Option<Fde> {
-        let fence = self.fence();
-        if fence.is_empty() {
+        let Some(idx) = self.addr_index() else {
             return self.find_fde_libsframe(pc);
-        }
+        };
         let pc_rel = pc.wrapping_sub(self.section_vaddr()) as i64;
-        // Fence entries are sorted, and each is the start of FDE FENCE_STEP * i. (The
-        // standard library's binary search steps are selects, not branches.)
-        let block = fence.partition_point(|&s| s <= pc_rel).checked_sub(1)?;
-        let first = block * FENCE_STEP;
-        let end = (first + FENCE_STEP).min(self.num_fdes() as usize);
-        // Starts strictly increase: those <= pc_rel are a prefix of the block (the
-        // first one is, by the fence). Count them without branching on each.
-        let mut below = 0usize;
-        for k in first + 1..end {
-            let start = self.sorted_start_size(k as u32).map_or(i64::MAX, |s| s.0);
-            below += usize::from(start <= pc_rel);
+        let d = i128::from(pc_rel) - i128::from(idx.base);
+        if d < 0 {
+            return None;
         }
-        let k = first + below;
-        let (start, size) = self.sorted_start_size(k as u32)?;
+        let n = self.num_fdes();
+        let b = usize::try_from((d as u128) >> idx.shift).unwrap_or(usize::MAX);
+        let (mut lo, mut hi) = match (idx.counts.get(b), idx.counts.get(b.wrapping_add(1))) {
+            (Some(&lo), Some(&hi)) => (lo, hi),
+            // Past the last bucket: every function starts before `pc`.
+            _ => (n, n),
+        };
+        // The number of functions starting at or before pc_rel is in [lo, hi].
+        let starts_at_or_before = |k: u32| {
+            self.sorted_start_size(k)
+                .is_some_and(|(start, _)| start <= pc_rel)
+        };
+        while hi - lo > 4 {
+            let mid = lo + (hi - lo) / 2;
+            if starts_at_or_before(mid) {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        while lo < hi && starts_at_or_before(lo) {
+            lo += 1;
+        }
+        let k = lo.checked_sub(1)?;
+        let (start, size) = self.sorted_start_size(k)?;
         let off = i128::from(pc_rel) - i128::from(start);
         if off < 0 || off >= i128::from(size) {
             return None;
         }
-        self.fde(self.sorted_to_disk(k as u32)?)
+        self.fde(self.sorted_to_disk(k)?)
     }
 
     #[inline]
@@ -118,7 +132,6 @@ impl<'a> Section<'a> {
             PcType::Mask { rep_size } if rep_size != 0 => pc_off % u32::from(rep_size),
             _ => pc_off,
         };
-        let (be, area) = (self.big_endian(), self.fre_area());
         let (mut first, mut off) = (0u32, fde.fres_offset);
         if fde.num_fres > CHECKPOINT_STEP {
             let cps = self.checkpoints_of(fde.index);
@@ -131,10 +144,14 @@ impl<'a> Section<'a> {
                 return None;
             }
         }
-        let (j, at) =
-            scan::last_at_or_before(be, fde.fre_type, area, off, first, fde.num_fres, target)?;
-        let fre = scan::fre(be, fde.fre_type, area, at, j)?;
-        Some((fde, fre))
+        let mut found = None;
+        for fre in self.rows_from(&fde, first, off) {
+            if fre.start_offset > target {
+                break;
+            }
+            found = Some(fre);
+        }
+        Some((fde, found?))
     }
 
     /// `find_fre_raw` as libsframe writes it: a linear scan of the FDE's FREs with its

@@ -214,26 +214,34 @@ pub struct Section<'a> {
     sorted_index: Option<Vec<u32>>,
     /// Lookup checkpoints of functions with many FREs, by (FDE index, FRE index).
     checkpoints: Vec<Checkpoint>,
-    /// Every `FENCE_STEP`-th function start in address order, when the section is
-    /// simple (see [`Section::find_fde`]); empty otherwise.
-    fence: Vec<i64>,
+    /// The fast FDE search's index, when the section is simple (see
+    /// [`Section::find_fde`]).
+    addr_index: Option<AddrIndex>,
 }
 
-/// One entry of [`Section`]'s `fence` per this many FDEs.
-pub(super) const FENCE_STEP: usize = 8;
+/// Function starts in address order, bucketed by address: `counts[b]` is the number of
+/// functions that start before `base + (b << shift)`, so the functions starting at or
+/// before an address in bucket `b` number between `counts[b]` and `counts[b + 1]`.
+/// There are at most twice as many buckets as functions (`shift` is chosen so): 8
+/// bytes per function at most, and about one function per bucket.
+#[derive(Clone, Debug)]
+pub(super) struct AddrIndex {
+    pub base: i64,
+    pub shift: u32,
+    pub counts: Vec<u32>,
+}
 
 /// Tracks, over FDEs in address order, whether starts strictly increase and functions
-/// do not overlap, and samples the fence.
+/// do not overlap ("simple"), and the address range they span.
 #[derive(Default)]
-struct FenceBuilder {
-    fence: Vec<i64>,
+struct OrderCheck {
     /// Start and end of the previous function.
     prev: Option<(i64, i128)>,
+    first: Option<i64>,
     simple: bool,
-    count: usize,
 }
 
-impl FenceBuilder {
+impl OrderCheck {
     fn new() -> Self {
         Self {
             simple: true,
@@ -249,14 +257,8 @@ impl FenceBuilder {
         {
             self.simple = false;
         }
+        self.first.get_or_insert(rel_start);
         self.prev = Some((rel_start, start + i128::from(size)));
-        if self.count.is_multiple_of(FENCE_STEP) {
-            self.fence.push(rel_start);
-        }
-        self.count += 1;
-    }
-    fn finish(self) -> Vec<i64> {
-        if self.simple { self.fence } else { Vec::new() }
     }
 }
 
@@ -269,7 +271,7 @@ struct Walk {
     used: u64,
     prev_start: i64,
     unsorted: bool,
-    fence: FenceBuilder,
+    order: OrderCheck,
     /// End of the last FRE data range, while the ranges come in order.
     prev_end: usize,
     out_of_order: bool,
@@ -287,7 +289,7 @@ impl Walk {
             self.unsorted = true;
         }
         self.prev_start = fde.rel_start;
-        self.fence.push(fde.rel_start, fde.size);
+        self.order.push(fde.rel_start, fde.size);
         let data_start = fde.fres_offset - self.attr_size;
         self.total_fres += u64::from(fde.num_fres);
         self.used += (end - data_start) as u64;
@@ -417,7 +419,7 @@ impl<'a> Section<'a> {
             big_endian: header.endian == Endian::Big,
             sorted_index: None,
             checkpoints: Vec::new(),
-            fence: Vec::new(),
+            addr_index: None,
         };
         Ok(section)
     }
@@ -475,9 +477,9 @@ impl<'a> Section<'a> {
         out
     }
 
-    /// The fence used by the fast FDE search (empty: the libsframe search is used).
-    pub(super) fn fence(&self) -> &[i64] {
-        &self.fence
+    /// The index of the fast FDE search (`None`: the libsframe search is used).
+    pub(super) fn addr_index(&self) -> Option<&AddrIndex> {
+        self.addr_index.as_ref()
     }
 
     /// Lookup checkpoints (tests).
@@ -701,13 +703,13 @@ impl<'a> Section<'a> {
         }
         self.sorted_index = None;
         self.checkpoints = Vec::new();
-        self.fence = Vec::new();
+        self.addr_index = None;
         self.validate_reference()
     }
 
     /// The checks of [`Section::validate_reference`], pass or fail, in one pass over
     /// the FDEs; FREs of pairs of small functions are checked together (two independent
-    /// chains of FRE lengths, which the CPU overlaps). Also builds the lookup fence and
+    /// chains of FRE lengths, which the CPU overlaps). Also builds the lookup index and
     /// checkpoints, and the sort index of an unsorted section.
     fn validate_fast<const V3: bool, const BE: bool>(&mut self) -> bool {
         let h = self.header;
@@ -727,7 +729,7 @@ impl<'a> Section<'a> {
             sorted: h.sorted(),
             attr_size,
             prev_start: i64::MIN,
-            fence: FenceBuilder::new(),
+            order: OrderCheck::new(),
             ..Walk::default()
         };
         let mut checkpoints = Vec::new();
@@ -792,21 +794,55 @@ impl<'a> Section<'a> {
         if w.out_of_order && self.check_overlaps().is_err() {
             return false;
         }
-        let mut fence = w.fence;
+        let mut order = w.order;
         if w.unsorted {
             self.build_sorted_index();
-            fence = FenceBuilder::new();
-            for k in 0..n {
-                let (start, size) = self
-                    .sorted_to_disk(k)
-                    .and_then(|i| self.fde_start_size(i))
-                    .unwrap_or_default();
-                fence.push(start, size);
+            order = OrderCheck::new();
+            for (start, size) in self.starts_sorted() {
+                order.push(start, size);
             }
         }
         self.checkpoints = checkpoints;
-        self.fence = fence.finish();
+        if let (true, Some(base), Some((_, end))) = (order.simple, order.first, order.prev) {
+            self.addr_index = Some(self.build_addr_index(base, end));
+        }
         true
+    }
+
+    /// Start and size of every function in address order.
+    fn starts_sorted(&self) -> impl Iterator<Item = (i64, u32)> + '_ {
+        (0..self.header.num_fdes).map(|k| {
+            self.sorted_to_disk(k)
+                .and_then(|i| self.fde_start_size(i))
+                .unwrap_or_default()
+        })
+    }
+
+    /// The [`AddrIndex`] of a simple section whose functions span `[base, end)`.
+    fn build_addr_index(&self, base: i64, end: i128) -> AddrIndex {
+        let n = self.header.num_fdes as usize;
+        let span = (end - i128::from(base)).max(0) as u128;
+        // Smallest shift giving at most 2n buckets (n >= 1 here).
+        let mut shift = 0u32;
+        while shift < 127 && (span >> shift) >= 2 * n as u128 {
+            shift += 1;
+        }
+        let buckets = (span >> shift) as usize + 1;
+        let mut counts = vec![0u32; buckets + 1];
+        for (start, _) in self.starts_sorted() {
+            let b = ((i128::from(start) - i128::from(base)) as u128 >> shift) as usize;
+            if let Some(c) = counts.get_mut(b + 1) {
+                *c += 1;
+            }
+        }
+        for b in 1..counts.len() {
+            counts[b] += counts[b - 1];
+        }
+        AddrIndex {
+            base,
+            shift,
+            counts,
+        }
     }
 
     /// The FREs of one function through the careful decoder (FLEX functions), with
@@ -1115,16 +1151,8 @@ impl<'a> Section<'a> {
         cps.get(lo..hi).unwrap_or_default()
     }
 
-    pub(super) fn fre_area(&self) -> &'a [u8] {
-        self.fre_area
-    }
-
     pub(super) fn fres_start(&self) -> usize {
         self.fres_start
-    }
-
-    pub(super) fn big_endian(&self) -> bool {
-        self.big_endian
     }
 
     /// The `k`-th FDE in address order.
@@ -1145,10 +1173,16 @@ impl<'a> Section<'a> {
     /// The rows (FREs) of a function.
     #[inline]
     pub fn rows<'s>(&'s self, fde: &Fde) -> FreIter<'s, 'a> {
+        self.rows_from(fde, 0, fde.fres_offset)
+    }
+
+    /// The rows of a function from FRE `first`, encoded at byte `off`.
+    #[inline]
+    pub(super) fn rows_from<'s>(&'s self, fde: &Fde, first: u32, off: usize) -> FreIter<'s, 'a> {
         FreIter {
             area: self.fre_area,
-            off: fde.fres_offset,
-            next: 0,
+            off,
+            next: first,
             num_fres: fde.num_fres,
             fre_type: fde.fre_type,
             big_endian: self.big_endian,

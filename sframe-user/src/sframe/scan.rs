@@ -9,7 +9,7 @@
 //! start-address width in bytes: 1, 2 or 4).
 
 use super::header::{ABI_AMD64_LE, FDE_ATTR_SIZE_V3};
-use super::read::{Fde, Fre};
+use super::read::Fde;
 use crate::table::PcType;
 
 /// Functions with more FREs than this get a search checkpoint every `CHECKPOINT_STEP`
@@ -335,16 +335,6 @@ fn start_of<const BE: bool, const AW: usize>(h: &[u8]) -> Option<u32> {
     })
 }
 
-/// Bytes of the data words announced by an info byte; `None` for size code 3.
-#[inline(always)]
-fn words_len(info: u8) -> Option<usize> {
-    let code = (info >> 5) & 3;
-    if code == 3 {
-        return None;
-    }
-    Some(usize::from((info >> 1) & 0xf) << code)
-}
-
 /// One FRE of the checks below: reads its header (bounds-checked: `None` when it is
 /// outside the section), advances `off` past its data words (their bounds are
 /// checked by the caller, once, on the last end) and returns whether a check fails.
@@ -474,78 +464,4 @@ fn pair<const BE: bool, const A1: usize, const A2: usize>(
         return None;
     }
     Some((oa, ob))
-}
-
-/// Decodes the FRE at `off` of a validated section (`None` only on a malformed one).
-#[inline(always)]
-pub fn fre(be: bool, fre_type: u8, area: &[u8], off: usize, index: u32) -> Option<Fre<'_>> {
-    match (be, fre_type) {
-        (false, 0) => fre_w::<false, 1>(area, off, index),
-        (false, 1) => fre_w::<false, 2>(area, off, index),
-        (false, _) => fre_w::<false, 4>(area, off, index),
-        (true, 0) => fre_w::<true, 1>(area, off, index),
-        (true, 1) => fre_w::<true, 2>(area, off, index),
-        (true, _) => fre_w::<true, 4>(area, off, index),
-    }
-}
-
-#[inline(always)]
-fn fre_w<const BE: bool, const AW: usize>(area: &[u8], off: usize, index: u32) -> Option<Fre<'_>> {
-    let rest = area.get(off..)?;
-    let start_offset = start_of::<BE, AW>(rest)?;
-    let info = *rest.get(AW)?;
-    let len = AW + 1 + words_len(info)?;
-    let words = rest.get(AW + 1..len)?;
-    Some(Fre::new(index, off, start_offset, info, words, BE, len))
-}
-
-/// Start offset and encoded length of the FRE at `off` (lookup's skip step).
-#[inline(always)]
-fn start_len<const BE: bool, const AW: usize>(area: &[u8], off: usize) -> Option<(u32, usize)> {
-    let rest = area.get(off..)?;
-    let start = start_of::<BE, AW>(rest)?;
-    let info = *rest.get(AW)?;
-    Some((start, AW + 1 + words_len(info)?))
-}
-
-/// The last FRE of a function, among the `n` starting at `off` (index `first`), whose
-/// start is ≤ `target`: its index and offset. `None` when the first start is above.
-#[inline(always)]
-pub fn last_at_or_before(
-    be: bool,
-    fre_type: u8,
-    area: &[u8],
-    off: usize,
-    first: u32,
-    n: u32,
-    target: u32,
-) -> Option<(u32, usize)> {
-    match (be, fre_type) {
-        (false, 0) => last_le::<false, 1>(area, off, first, n, target),
-        (false, 1) => last_le::<false, 2>(area, off, first, n, target),
-        (false, _) => last_le::<false, 4>(area, off, first, n, target),
-        (true, 0) => last_le::<true, 1>(area, off, first, n, target),
-        (true, 1) => last_le::<true, 2>(area, off, first, n, target),
-        (true, _) => last_le::<true, 4>(area, off, first, n, target),
-    }
-}
-
-#[inline(always)]
-fn last_le<const BE: bool, const AW: usize>(
-    area: &[u8],
-    mut off: usize,
-    first: u32,
-    n: u32,
-    target: u32,
-) -> Option<(u32, usize)> {
-    let mut found = None;
-    for j in first..n {
-        let (start, len) = start_len::<BE, AW>(area, off)?;
-        if start > target {
-            break;
-        }
-        found = Some((j, off));
-        off = off.checked_add(len)?;
-    }
-    found
 }
