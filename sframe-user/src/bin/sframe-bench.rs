@@ -1304,13 +1304,13 @@ fn reader_section(doc: &mut String, r: &ReaderBench) {
          {} FDEs and {} rows. Each figure is the median (min–max) of {} runs of wall-clock\n\
          time; MB/s are section bytes per second.\n\n\
          - *open + validate + iterate*: `Section::parse` (every check of the reader, one\n\
-           pass), then `functions()`, `rows()` and `rule()` on every FDE and FRE (nothing\n\
-           allocated per FDE or FRE).\n\
+         \x20 pass), then `functions()`, `rows()` and `rule()` on every FDE and FRE (nothing\n\
+         \x20 allocated per FDE or FRE).\n\
          - *reference validation*: `Section::parse_reference`, the careful decoders that\n\
-           name the failed check, and that the fast pass falls back to on malformed input.\n\
+         \x20 name the failed check, and that the fast pass falls back to on malformed input.\n\
          - *find_fre*: {LOOKUPS} pseudo-random PCs inside the functions; beside it, the same\n\
-           PCs through libsframe's algorithm as written (`find_fde_libsframe`, then the\n\
-           linear FRE scan of `find_fre_raw_linear`) on the same section.\n\n\
+         \x20 PCs through libsframe's algorithm as written (`find_fde_libsframe`, then the\n\
+         \x20 linear FRE scan of `find_fre_raw_linear`) on the same section.\n\n\
          Goals (issue 3): open + validate + iterate ≥ {GOAL_READER_MBPS} MB/s; `find_fre`\n\
          < {GOAL_LOOKUP_NS} ns per PC on libc-sized sections (O(log n), no allocation).\n",
         r.origin,

@@ -727,7 +727,10 @@ fn unsorted_sections_match_reference() {
         assert_eq!(fast.as_ref().err(), slow.as_ref().err(), "{version:?}");
         let s = fast.expect("swapped entries still describe a valid section");
         let starts: Vec<i64> = s.functions().map(|f| f.rel_start).collect();
-        assert!(starts.windows(2).any(|w| w[0] > w[1]), "out of order on disk");
+        assert!(
+            starts.windows(2).any(|w| w[0] > w[1]),
+            "out of order on disk"
+        );
         let mut pcs = vec![0, VADDR, u64::MAX];
         for f in s.functions() {
             pcs.extend([
