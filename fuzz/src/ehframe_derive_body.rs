@@ -9,17 +9,18 @@ use sframe_user::objtable::{ObjTableOptions, table_for_elf};
 use sframe_user::table::UnwindTable;
 
 fn check(table: &UnwindTable, what: &str) {
-    for w in table.functions.windows(2) {
+    for w in table.functions().windows(2) {
         assert!(w[0].end() <= w[1].start, "{what}: functions overlap");
     }
-    for f in &table.functions {
-        for w in f.rows.windows(2) {
-            assert!(
-                w[0].start_offset < w[1].start_offset,
-                "{what}: rows out of order"
-            );
+    let mut rows = 0;
+    for f in table.functions() {
+        let starts: Vec<u32> = table.rows(f).map(|r| r.start_offset).collect();
+        for w in starts.windows(2) {
+            assert!(w[0] < w[1], "{what}: rows out of order");
         }
+        rows += starts.len();
     }
+    assert_eq!(rows, table.row_count(), "{what}: every row in one function");
 }
 
 pub fn run(data: &[u8]) {

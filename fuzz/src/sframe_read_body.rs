@@ -2,8 +2,10 @@
 //! (`tests/sframe_fuzz_body.rs`) so it is compiled and exercised on stable too.
 //!
 //! Input: 8 bytes of section virtual address (little endian), then the section bytes.
-//! Properties: nothing panics; a section that opens can be fully iterated, dumped and
-//! looked up; lookups agree with the row iteration; whatever the writer accepts reads
+//! Properties: nothing panics; the fast validation accepts exactly what the careful
+//! reference accepts, with the same error, and its decoders give the same FDEs and FREs;
+//! a section that opens can be fully iterated, dumped and looked up; lookups agree with
+//! libsframe's linear scan and with the row iteration; whatever the writer accepts reads
 //! back, and without splits reads back as the same functions and rows.
 
 use sframe_user::sframe::{
@@ -17,9 +19,31 @@ pub fn run(data: &[u8]) {
         None => (0, data),
     };
     let _ = Section::from_elf_bytes(data);
-    let Ok(section) = Section::parse(bytes, addr) else {
+    let parsed = Section::parse(bytes, addr);
+    let reference = Section::parse_reference(bytes, addr);
+    assert_eq!(
+        parsed.as_ref().err(),
+        reference.as_ref().err(),
+        "fast and reference validation agree"
+    );
+    let (Ok(section), Ok(reference)) = (parsed, reference) else {
         return;
     };
+    for fde in section.functions() {
+        assert_eq!(
+            Ok(fde),
+            section.fde_reference(fde.index),
+            "FDE decoders agree"
+        );
+        let rows: Vec<_> = section.rows(&fde).collect();
+        assert_eq!(rows, section.rows_reference(&fde), "FRE decoders agree");
+        assert_eq!(rows.len(), fde.num_fres as usize, "every row decodes");
+    }
+    assert_eq!(
+        section.functions().count(),
+        section.num_fdes() as usize,
+        "every FDE decodes"
+    );
     let mut probes = vec![0, u64::MAX, addr];
     for fde in section.functions() {
         probes.extend([
@@ -41,6 +65,21 @@ pub fn run(data: &[u8]) {
     }
     for &pc in probes.iter().take(4096) {
         let raw = section.find_fre_raw(pc);
+        assert_eq!(
+            section.find_fde(pc),
+            section.find_fde_libsframe(pc),
+            "FDE search = libsframe's"
+        );
+        assert_eq!(
+            raw,
+            section.find_fre_raw_linear(pc),
+            "lookup = libsframe's scan"
+        );
+        assert_eq!(
+            raw,
+            reference.find_fre_raw(pc),
+            "lookup without checkpoints"
+        );
         if let Some((fde, fre)) = raw {
             let off = pc.wrapping_sub(fde.start);
             assert!(off < u64::from(fde.size), "lookup inside its function");
@@ -67,7 +106,11 @@ pub fn run(data: &[u8]) {
             let back = Section::parse(&out, addr).expect("writer output must parse");
             if stats.splits == 0 && stats.none_rows == 0 {
                 let back = back.to_table().expect("table");
-                assert_eq!(back.functions, table.functions, "round trip");
+                assert_eq!(
+                    back.to_function_rows(),
+                    table.to_function_rows(),
+                    "round trip"
+                );
             }
         }
     }

@@ -14,7 +14,7 @@ use sframe_common::{
     step::Tables,
 };
 
-use crate::table::{Arch, PcType, UnwindTable};
+use crate::table::{Arch, CompactRow, PcType, UnwindTable};
 
 /// Rows a PCMASK function may expand to before it is left without rules.
 const MAX_PCMASK_EXPANSION: u64 = 1 << 16;
@@ -160,7 +160,8 @@ impl FlatObject {
 }
 
 pub fn flatten(table: &UnwindTable, dict: &mut RuleDict) -> Result<FlatObject, FlattenError> {
-    let mut events: Vec<(u64, u16)> = Vec::with_capacity(table.row_count() + table.functions.len());
+    let functions = table.functions();
+    let mut events: Vec<(u64, u16)> = Vec::with_capacity(table.row_count() + functions.len());
     let mut unencodable = 0u64;
     let mut unexpanded = 0u64;
     let push = |events: &mut Vec<(u64, u16)>, addr: u64, rule: u16| {
@@ -179,32 +180,51 @@ pub fn flatten(table: &UnwindTable, dict: &mut RuleDict) -> Result<FlatObject, F
         }
         events.push((addr, rule));
     };
+    // Each distinct rule of the table is encoded and interned once, when first used:
+    // `None` not yet, `Some(None)` unencodable.
+    let mut ids: Vec<Option<Option<u16>>> = vec![None; table.rules().len()];
     let mut last_end = 0u64;
-    for (i, f) in table.functions.iter().enumerate() {
+    for (i, f) in functions.iter().enumerate() {
         if f.size == 0 || f.start < last_end {
             continue; // empty or overlapping the previous function
         }
         let end = f.end();
-        let mut intern = |rule: &Option<UnwindRule>| -> Result<u16, FlattenError> {
-            match rule.as_ref().and_then(|r| encode_rule(r, table.arch)) {
-                Some(e) => dict.intern(e),
+        let mut intern = |row: &CompactRow| -> Result<u16, FlattenError> {
+            let Some(k) = row.rule_index() else {
+                return Ok(0);
+            };
+            let id = match ids.get(k).copied().flatten() {
+                Some(id) => id,
                 None => {
-                    if rule.is_some() {
-                        unencodable += 1;
+                    let id = match table
+                        .rules()
+                        .get(k)
+                        .and_then(|r| encode_rule(r, table.arch))
+                    {
+                        Some(e) => Some(dict.intern(e)?),
+                        None => None,
+                    };
+                    if let Some(slot) = ids.get_mut(k) {
+                        *slot = Some(id);
                     }
-                    Ok(0)
+                    id
                 }
-            }
+            };
+            Ok(id.unwrap_or_else(|| {
+                unencodable += 1;
+                0
+            }))
         };
+        let rows = table.compact_rows(f);
         match f.pc_type {
             PcType::Inc => {
-                if f.rows.first().is_none_or(|r| r.start_offset != 0) {
+                if rows.first().is_none_or(|r| r.start_offset() != 0) {
                     push(&mut events, f.start, 0);
                 }
-                for r in &f.rows {
-                    let addr = f.start + u64::from(r.start_offset);
+                for r in rows {
+                    let addr = f.start + u64::from(r.start_offset());
                     if addr < end {
-                        let rule = intern(&r.rule)?;
+                        let rule = intern(r)?;
                         push(&mut events, addr, rule);
                     }
                 }
@@ -216,14 +236,13 @@ pub fn flatten(table: &UnwindTable, dict: &mut RuleDict) -> Result<FlatObject, F
                 } else {
                     u64::from(f.size).div_ceil(rep)
                 };
-                if rep == 0 || reps * (f.rows.len() as u64) > MAX_PCMASK_EXPANSION {
+                if rep == 0 || reps * (rows.len() as u64) > MAX_PCMASK_EXPANSION {
                     unexpanded += 1;
                     push(&mut events, f.start, 0);
                 } else {
-                    let rules: Vec<(u64, u16)> = f
-                        .rows
+                    let rules: Vec<(u64, u16)> = rows
                         .iter()
-                        .map(|r| Ok((u64::from(r.start_offset), intern(&r.rule)?)))
+                        .map(|r| Ok((u64::from(r.start_offset()), intern(r)?)))
                         .collect::<Result<_, FlattenError>>()?;
                     for k in 0..reps {
                         let block = f.start + k * rep;
@@ -240,7 +259,7 @@ pub fn flatten(table: &UnwindTable, dict: &mut RuleDict) -> Result<FlatObject, F
             }
         }
         last_end = end;
-        let next_start = table.functions.get(i + 1).map(|n| n.start);
+        let next_start = functions.get(i + 1).map(|n| n.start);
         if next_start != Some(end) {
             push(&mut events, end, 0);
         }
@@ -354,7 +373,7 @@ mod tests {
     };
 
     use super::*;
-    use crate::table::{Function, Row, Source};
+    use crate::table::{FunctionRows, Row, Source};
 
     fn rule(cfa_sp: i32) -> UnwindRule {
         UnwindRule {
@@ -365,8 +384,8 @@ mod tests {
         }
     }
 
-    fn func(start: u64, size: u32, rows: &[(u32, Option<UnwindRule>)]) -> Function {
-        Function {
+    fn func(start: u64, size: u32, rows: &[(u32, Option<UnwindRule>)]) -> FunctionRows {
+        FunctionRows {
             start,
             size,
             pc_type: PcType::Inc,
@@ -377,29 +396,21 @@ mod tests {
         }
     }
 
-    fn table(functions: Vec<Function>) -> UnwindTable {
-        UnwindTable {
-            arch: Arch::Amd64,
-            source: Source::EhFrame,
-            functions,
-        }
+    fn table(functions: Vec<FunctionRows>) -> UnwindTable {
+        UnwindTable::from_functions(Arch::Amd64, Source::EhFrame, functions)
     }
 
     /// What the table says for `addr` (the model the kernel layout must reproduce).
     fn model(t: &UnwindTable, addr: u64) -> Option<RuleEntry> {
         let f = t
-            .functions
+            .functions()
             .iter()
             .find(|f| f.start <= addr && addr < f.end())?;
         let off = match f.pc_type {
             PcType::Inc => addr - f.start,
             PcType::Mask { rep_size } => (addr - f.start) % u64::from(rep_size),
         };
-        let row = f
-            .rows
-            .iter()
-            .rev()
-            .find(|r| u64::from(r.start_offset) <= off)?;
+        let row = t.rows(f).rev().find(|r| u64::from(r.start_offset) <= off)?;
         row.rule.and_then(|r| encode_rule(&r, t.arch))
     }
 

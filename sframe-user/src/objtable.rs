@@ -169,22 +169,18 @@ fn fill_gaps_from_cfi(
     let Ok(derived) = ehframe::derive_from_elf_with(data, derive) else {
         return 0;
     };
-    let existing: Vec<(u64, u64)> = table.functions.iter().map(|f| (f.start, f.end())).collect();
+    let existing = table.functions();
     let overlaps = |start: u64, end: u64| {
         // First existing function ending after `start`.
-        let i = existing.partition_point(|&(_, e)| e <= start);
-        existing.get(i).is_some_and(|&(s, _)| s < end)
+        let i = existing.partition_point(|f| f.end() <= start);
+        existing.get(i).is_some_and(|f| f.start < end)
     };
-    let before = table.functions.len();
-    table.functions.extend(
-        derived
-            .table
-            .functions
-            .into_iter()
-            .filter(|f| f.size > 0 && !overlaps(f.start, f.end())),
-    );
-    table.functions.sort_by_key(|f| f.start);
-    table.functions.len() - before
+    let before = existing.len();
+    let merged = table.merged_with(&derived.table, |f| {
+        f.size > 0 && !overlaps(f.start, f.end())
+    });
+    *table = merged;
+    table.functions().len() - before
 }
 
 fn elf_arch(file: &object::File<'_>) -> Option<Arch> {
@@ -217,11 +213,11 @@ fn sframe_table(
         });
     }
     let table = section.to_table().map_err(SFrameRejection::Invalid)?;
-    if table.functions.is_empty() {
+    if table.functions().is_empty() {
         return Err(SFrameRejection::NoFunctions);
     }
     // to_table returns functions in address order; the unwinder needs them disjoint.
-    for (i, w) in table.functions.windows(2).enumerate() {
+    for (i, w) in table.functions().windows(2).enumerate() {
         if w[0].end() > w[1].start {
             return Err(SFrameRejection::Overlap {
                 first: i,
@@ -250,7 +246,7 @@ fn add_plt_rows(file: &object::File<'_>, table: &mut UnwindTable) -> usize {
             };
             let size = s.size();
             let end = s.address().checked_add(size)?;
-            if size == 0 || touches(&table.functions, s.address(), end) {
+            if size == 0 || touches(table.functions(), s.address(), end) {
                 return None;
             }
             // NOBITS or unreadable data: nothing to recognize, no code to unwind.
@@ -278,16 +274,12 @@ fn add_plt_rows(file: &object::File<'_>, table: &mut UnwindTable) -> usize {
     let Ok(derived) = ehframe::derive_from_sections(&sections) else {
         return 0;
     };
-    let added: Vec<Function> = derived
-        .table
-        .functions
-        .into_iter()
-        .filter(|f| !touches(&table.functions, f.start, f.end()))
-        .collect();
-    let n = added.len();
+    let before = table.functions().len();
+    let existing = table.functions();
+    let merged = table.merged_with(&derived.table, |f| !touches(existing, f.start, f.end()));
+    let n = merged.functions().len() - before;
     if n > 0 {
-        table.functions.extend(added);
-        table.functions.sort_by_key(|f| f.start);
+        *table = merged;
     }
     n
 }
@@ -311,17 +303,22 @@ mod tests {
 
     #[test]
     fn touches_is_half_open() {
-        let f = |start, size| Function {
+        let f = |start, size| crate::table::FunctionRows {
             start,
             size,
             pc_type: crate::table::PcType::Inc,
             rows: Vec::new(),
         };
-        let fns = [f(0x10, 0x10), f(0x30, 0x10)];
-        assert!(!touches(&fns, 0, 0x10));
-        assert!(touches(&fns, 0, 0x11));
-        assert!(!touches(&fns, 0x20, 0x30));
-        assert!(touches(&fns, 0x3f, 0x50));
-        assert!(!touches(&fns, 0x40, 0x50));
+        let t = UnwindTable::from_functions(
+            Arch::Amd64,
+            Source::Synthesized,
+            [f(0x10, 0x10), f(0x30, 0x10)],
+        );
+        let fns = t.functions();
+        assert!(!touches(fns, 0, 0x10));
+        assert!(touches(fns, 0, 0x11));
+        assert!(!touches(fns, 0x20, 0x30));
+        assert!(touches(fns, 0x3f, 0x50));
+        assert!(!touches(fns, 0x40, 0x50));
     }
 }

@@ -1,6 +1,16 @@
 //! The in-memory unwind table of one object: functions and their rows, in the normalized
 //! rule type. The SFrame reader, the `.eh_frame` deriver and the PLT synthesizer produce
 //! it; the SFrame writer and the BPF map flattener consume it.
+//!
+//! Layout, chosen for memory (issue 4: a table should cost at most twice the size of its
+//! rows encoded as SFrame, about 7.5 bytes per row): a function is a 24-byte record
+//! pointing into one array of 8-byte rows (start offset, rule index), and the rules are
+//! kept once per table (an object has a few hundred distinct rules for tens of
+//! thousands of rows). A row that held its [`UnwindRule`] would take 36 bytes, plus a
+//! vector per function. [`Row`] and [`FunctionRows`] are the owned value forms, for
+//! building and comparing tables.
+
+use std::collections::HashMap;
 
 use sframe_common::UnwindRule;
 
@@ -31,19 +41,63 @@ pub struct Row {
     pub rule: Option<UnwindRule>,
 }
 
-/// A function: its absolute start address (virtual address in the object, before any
-/// load bias), its size in bytes, and its rows sorted by `start_offset`.
+/// A function with its rows, owned: what tables are built from
+/// ([`UnwindTable::from_functions`], [`TableBuilder::push_function`]) and compared as
+/// ([`UnwindTable::to_function_rows`]).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Function {
+pub struct FunctionRows {
     pub start: u64,
     pub size: u32,
     pub pc_type: PcType,
     pub rows: Vec<Row>,
 }
 
+impl FunctionRows {
+    pub fn end(&self) -> u64 {
+        self.start.saturating_add(u64::from(self.size))
+    }
+}
+
+/// A function of a table: its absolute start address (virtual address in the object,
+/// before any load bias), its size in bytes and its PC type. Its rows, sorted by
+/// `start_offset`, are [`UnwindTable::rows`].
+#[derive(Clone, Copy, Debug)]
+pub struct Function {
+    pub start: u64,
+    pub size: u32,
+    pub pc_type: PcType,
+    first_row: u32,
+    row_count: u32,
+}
+
 impl Function {
     pub fn end(&self) -> u64 {
         self.start.saturating_add(u64::from(self.size))
+    }
+    pub fn row_count(&self) -> usize {
+        self.row_count as usize
+    }
+    /// The same address range and PC type.
+    pub fn same_range(&self, other: &Function) -> bool {
+        (self.start, self.size, self.pc_type) == (other.start, other.size, other.pc_type)
+    }
+}
+
+/// A row as stored: start offset and rule index (0: no rule; `i + 1`: the table's
+/// rule `i`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CompactRow {
+    start_offset: u32,
+    rule: u32,
+}
+
+impl CompactRow {
+    pub fn start_offset(&self) -> u32 {
+        self.start_offset
+    }
+    /// Index of the row's rule in [`UnwindTable::rules`]; `None` for "no rule here".
+    pub fn rule_index(&self) -> Option<usize> {
+        (self.rule as usize).checked_sub(1)
     }
 }
 
@@ -56,16 +110,421 @@ pub enum Source {
     Synthesized,
 }
 
-/// All functions of one object, sorted by start address, non-overlapping.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// All functions of one object, sorted by start address, non-overlapping (the producers'
+/// contract; the table does not reorder what it is given).
+#[derive(Clone, Debug)]
 pub struct UnwindTable {
     pub arch: Arch,
     pub source: Source,
-    pub functions: Vec<Function>,
+    functions: Vec<Function>,
+    rows: Vec<CompactRow>,
+    rules: Vec<UnwindRule>,
 }
 
 impl UnwindTable {
+    /// An empty table.
+    pub fn new(arch: Arch, source: Source) -> Self {
+        Self {
+            arch,
+            source,
+            functions: Vec::new(),
+            rows: Vec::new(),
+            rules: Vec::new(),
+        }
+    }
+
+    /// A table of these functions, in the given order.
+    pub fn from_functions(
+        arch: Arch,
+        source: Source,
+        functions: impl IntoIterator<Item = FunctionRows>,
+    ) -> Self {
+        let mut b = TableBuilder::new(arch, source);
+        for f in functions {
+            b.push_function(&f);
+        }
+        b.finish()
+    }
+
+    pub fn functions(&self) -> &[Function] {
+        &self.functions
+    }
+
+    /// The rows of `f`, a function of this table.
+    pub fn rows(&self, f: &Function) -> Rows<'_> {
+        Rows {
+            rows: self.compact_rows(f),
+            rules: &self.rules,
+        }
+    }
+
+    /// The rows of `f` as stored (rule indices into [`UnwindTable::rules`]).
+    pub fn compact_rows(&self, f: &Function) -> &[CompactRow] {
+        let first = f.first_row as usize;
+        self.rows
+            .get(first..first + f.row_count as usize)
+            .unwrap_or_default()
+    }
+
+    /// The distinct rules the rows refer to.
+    pub fn rules(&self) -> &[UnwindRule] {
+        &self.rules
+    }
+
     pub fn row_count(&self) -> usize {
-        self.functions.iter().map(|f| f.rows.len()).sum()
+        self.rows.len()
+    }
+
+    /// `f` with its rows, owned.
+    pub fn function_rows(&self, f: &Function) -> FunctionRows {
+        FunctionRows {
+            start: f.start,
+            size: f.size,
+            pc_type: f.pc_type,
+            rows: self.rows(f).collect(),
+        }
+    }
+
+    /// Every function with its rows, owned (to compare or edit a table).
+    pub fn to_function_rows(&self) -> Vec<FunctionRows> {
+        self.functions
+            .iter()
+            .map(|f| self.function_rows(f))
+            .collect()
+    }
+
+    /// Heap bytes the table holds (vector capacities; allocator overhead aside).
+    pub fn heap_bytes(&self) -> usize {
+        self.functions.capacity() * size_of::<Function>()
+            + self.rows.capacity() * size_of::<CompactRow>()
+            + self.rules.capacity() * size_of::<UnwindRule>()
+    }
+
+    /// A table of the functions of `self` and of `other` for which `keep` says true,
+    /// merged in start-address order (`self`'s first on equal starts).
+    pub fn merged_with(
+        &self,
+        other: &UnwindTable,
+        mut keep: impl FnMut(&Function) -> bool,
+    ) -> UnwindTable {
+        let mut b = TableBuilder::new(self.arch, self.source);
+        b.reserve(
+            self.functions.len() + other.functions.len(),
+            self.rows.len() + other.rows.len(),
+        );
+        let mut theirs = other.functions.iter().filter(|f| keep(f)).peekable();
+        for f in &self.functions {
+            while let Some(o) = theirs.next_if(|o| o.start < f.start) {
+                b.push_from(other, o);
+            }
+            b.push_from(self, f);
+        }
+        for o in theirs {
+            b.push_from(other, o);
+        }
+        b.finish()
+    }
+
+    /// The table without the functions for which `keep` says false.
+    pub fn retain(&mut self, mut keep: impl FnMut(&Function) -> bool) {
+        let mut b = TableBuilder::new(self.arch, self.source);
+        for f in &self.functions {
+            if keep(f) {
+                b.push_from(self, f);
+            }
+        }
+        *self = b.finish();
+    }
+}
+
+/// Tables are equal when they have the same architecture, source and functions with the
+/// same rows (however the rules are numbered).
+impl PartialEq for UnwindTable {
+    fn eq(&self, other: &Self) -> bool {
+        self.arch == other.arch
+            && self.source == other.source
+            && self.functions.len() == other.functions.len()
+            && self
+                .functions
+                .iter()
+                .zip(&other.functions)
+                .all(|(a, b)| a.same_range(b) && self.rows(a).eq(other.rows(b)))
+    }
+}
+
+impl Eq for UnwindTable {}
+
+/// The rows of one function, as [`Row`] values.
+#[derive(Clone, Debug)]
+pub struct Rows<'a> {
+    rows: &'a [CompactRow],
+    rules: &'a [UnwindRule],
+}
+
+impl<'a> Rows<'a> {
+    fn resolve(&self, r: &CompactRow) -> Row {
+        Row {
+            start_offset: r.start_offset,
+            rule: r.rule_index().and_then(|i| self.rules.get(i).copied()),
+        }
+    }
+    /// Row `i` (of those not yet iterated).
+    pub fn get(&self, i: usize) -> Option<Row> {
+        self.rows.get(i).map(|r| self.resolve(r))
+    }
+    /// Rows `lo..hi` (of those not yet iterated), `None` when out of range.
+    pub fn sub(&self, lo: usize, hi: usize) -> Option<Rows<'a>> {
+        Some(Rows {
+            rows: self.rows.get(lo..hi)?,
+            rules: self.rules,
+        })
+    }
+}
+
+impl Iterator for Rows<'_> {
+    type Item = Row;
+    #[inline]
+    fn next(&mut self) -> Option<Row> {
+        let (first, rest) = self.rows.split_first()?;
+        self.rows = rest;
+        Some(self.resolve(first))
+    }
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.rows.len(), Some(self.rows.len()))
+    }
+}
+
+impl DoubleEndedIterator for Rows<'_> {
+    fn next_back(&mut self) -> Option<Row> {
+        let (last, rest) = self.rows.split_last()?;
+        self.rows = rest;
+        Some(self.resolve(last))
+    }
+}
+
+impl ExactSizeIterator for Rows<'_> {}
+
+/// Slots of [`TableBuilder`]'s rule cache (a power of two).
+const CACHE_SLOTS: usize = 1024;
+
+/// Builds an [`UnwindTable`] function by function, keeping each distinct rule once.
+#[derive(Debug)]
+pub struct TableBuilder {
+    table: UnwindTable,
+    index: HashMap<UnwindRule, u32>,
+    /// A direct-mapped cache in front of `index` (an object has a few hundred distinct
+    /// rules, so nearly every row hits it): slot → (rule, stored index).
+    cache: Vec<Option<(UnwindRule, u32)>>,
+}
+
+/// A cheap hash of a rule, for the cache slot.
+#[inline(always)]
+fn quick_hash(r: &UnwindRule) -> usize {
+    use sframe_common::{CfaBase, RegRule};
+    let reg = |x: &RegRule| -> u64 {
+        match *x {
+            RegRule::Unchanged => 0,
+            RegRule::AtCfa(o) => 1 | u64::from(o as u32) << 8,
+            RegRule::ValCfa(o) => 2 | u64::from(o as u32) << 8,
+            RegRule::InReg(n) => 3 | u64::from(n) << 8,
+            RegRule::AtReg { reg, offset } => {
+                4 | u64::from(reg) << 8 | u64::from(offset as u32) << 24
+            }
+            RegRule::Undefined => 5,
+        }
+    };
+    let base = match r.cfa.base {
+        CfaBase::Sp => 0,
+        CfaBase::Fp => 1,
+        CfaBase::Reg(n) => 2 + u64::from(n),
+    };
+    let h = base
+        ^ u64::from(r.cfa.offset as u32) << 20
+        ^ u64::from(r.cfa.deref) << 19
+        ^ reg(&r.ra).rotate_left(13)
+        ^ reg(&r.fp).rotate_left(37)
+        ^ u64::from(r.flags.0) << 58;
+    (h.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 54) as usize & (CACHE_SLOTS - 1)
+}
+
+impl TableBuilder {
+    pub fn new(arch: Arch, source: Source) -> Self {
+        Self {
+            table: UnwindTable::new(arch, source),
+            index: HashMap::new(),
+            cache: vec![None; CACHE_SLOTS],
+        }
+    }
+
+    /// Reserves room for this many more functions and rows.
+    pub fn reserve(&mut self, functions: usize, rows: usize) {
+        self.table.functions.reserve(functions);
+        self.table.rows.reserve(rows);
+    }
+
+    #[inline(always)]
+    fn intern(&mut self, rule: Option<UnwindRule>) -> u32 {
+        let Some(rule) = rule else {
+            return 0;
+        };
+        let slot = quick_hash(&rule);
+        if let Some(Some((r, i))) = self.cache.get(slot)
+            && *r == rule
+        {
+            return *i;
+        }
+        self.intern_miss(rule, slot)
+    }
+
+    #[inline(never)]
+    fn intern_miss(&mut self, rule: UnwindRule, slot: usize) -> u32 {
+        let rules = &mut self.table.rules;
+        let i = *self.index.entry(rule).or_insert_with(|| {
+            rules.push(rule);
+            // Rules are at most one per row, and rows are counted in u32 below.
+            u32::try_from(rules.len()).unwrap_or(u32::MAX)
+        });
+        if let Some(c) = self.cache.get_mut(slot) {
+            *c = Some((rule, i));
+        }
+        i
+    }
+
+    /// Appends a function with these rows (sorted by start offset).
+    #[inline]
+    pub fn push(
+        &mut self,
+        start: u64,
+        size: u32,
+        pc_type: PcType,
+        rows: impl IntoIterator<Item = Row>,
+    ) {
+        let first = self.table.rows.len();
+        for r in rows {
+            let rule = self.intern(r.rule);
+            self.table.rows.push(CompactRow {
+                start_offset: r.start_offset,
+                rule,
+            });
+        }
+        let count = self.table.rows.len() - first;
+        self.table.functions.push(Function {
+            start,
+            size,
+            pc_type,
+            // A table's rows are bounded by the bytes they were read from, far below
+            // 2^32; saturate rather than wrap if that ever breaks.
+            first_row: u32::try_from(first).unwrap_or(u32::MAX),
+            row_count: u32::try_from(count).unwrap_or(u32::MAX),
+        });
+    }
+
+    pub fn push_function(&mut self, f: &FunctionRows) {
+        self.push(f.start, f.size, f.pc_type, f.rows.iter().copied());
+    }
+
+    /// Appends function `f` of table `from`.
+    pub fn push_from(&mut self, from: &UnwindTable, f: &Function) {
+        self.push(f.start, f.size, f.pc_type, from.rows(f));
+    }
+
+    pub fn function_count(&self) -> usize {
+        self.table.functions.len()
+    }
+
+    /// The table, its vectors trimmed to their length.
+    pub fn finish(mut self) -> UnwindTable {
+        self.table.functions.shrink_to_fit();
+        self.table.rows.shrink_to_fit();
+        self.table.rules.shrink_to_fit();
+        self.table
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use sframe_common::{CfaRule, RegRule, RuleFlags};
+
+    use super::*;
+
+    fn rule(cfa: i32) -> Option<UnwindRule> {
+        Some(UnwindRule {
+            cfa: CfaRule::sp(cfa),
+            ra: RegRule::AtCfa(-8),
+            fp: RegRule::Unchanged,
+            flags: RuleFlags::default(),
+        })
+    }
+
+    fn f(start: u64, rows: &[(u32, Option<UnwindRule>)]) -> FunctionRows {
+        FunctionRows {
+            start,
+            size: 16,
+            pc_type: PcType::Inc,
+            rows: rows
+                .iter()
+                .map(|&(start_offset, rule)| Row { start_offset, rule })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn rules_are_stored_once_and_rows_read_back() {
+        let fns = vec![
+            f(
+                0x1000,
+                &[(0, rule(8)), (1, rule(16)), (4, None), (8, rule(8))],
+            ),
+            f(0x1010, &[(0, rule(16)), (2, rule(8))]),
+        ];
+        let t = UnwindTable::from_functions(Arch::Amd64, Source::Synthesized, fns.clone());
+        assert_eq!(t.rules().len(), 2);
+        assert_eq!(t.row_count(), 6);
+        assert_eq!(t.to_function_rows(), fns);
+        let g = &t.functions()[0];
+        assert_eq!(t.rows(g).len(), 4);
+        assert_eq!(
+            t.rows(g).get(2),
+            Some(Row {
+                start_offset: 4,
+                rule: None
+            })
+        );
+        assert_eq!(t.rows(g).next_back().map(|r| r.start_offset), Some(8));
+        assert!(t.heap_bytes() >= 6 * 8 + 2 * size_of::<Function>());
+    }
+
+    #[test]
+    fn equality_ignores_rule_numbering_and_merge_keeps_order() {
+        let a = UnwindTable::from_functions(
+            Arch::Amd64,
+            Source::EhFrame,
+            [f(0x1000, &[(0, rule(8)), (1, rule(16))])],
+        );
+        let b = UnwindTable::from_functions(
+            Arch::Amd64,
+            Source::EhFrame,
+            [f(0x2000, &[(0, rule(16))]), f(0x3000, &[(0, rule(24))])],
+        );
+        let m = a.merged_with(&b, |g| g.start != 0x3000);
+        let starts: Vec<u64> = m.functions().iter().map(|g| g.start).collect();
+        assert_eq!(starts, vec![0x1000, 0x2000]);
+        // Same rows, rules interned in another order.
+        let c = UnwindTable::from_functions(
+            Arch::Amd64,
+            Source::EhFrame,
+            [
+                f(0x1000, &[(0, rule(8)), (1, rule(16))]),
+                f(0x2000, &[(0, rule(16))]),
+            ],
+        );
+        assert_eq!(m, c);
+        let d = b.merged_with(&a, |_| true);
+        let starts: Vec<u64> = d.functions().iter().map(|g| g.start).collect();
+        assert_eq!(starts, vec![0x1000, 0x2000, 0x3000]);
+        assert_ne!(d, c);
+        let mut e = m.clone();
+        e.retain(|g| g.start == 0x2000);
+        assert_eq!(e.to_function_rows(), vec![f(0x2000, &[(0, rule(16))])]);
     }
 }

@@ -9,7 +9,7 @@ use std::process::Command;
 use object::{Object, ObjectSection, ObjectSymbol};
 use sframe_common::{CfaBase, CfaRule, RegRule, UnwindRule};
 use sframe_user::ehframe::{Derived, RowCategory, derive_from_elf};
-use sframe_user::table::{Function, PcType, Source};
+use sframe_user::table::{FunctionRows, PcType, Source};
 
 const LIB_C: &str = r#"
 int libf(int x) { return x * 3 + 1; }
@@ -184,7 +184,7 @@ fn parse_objdump_sframe(text: &str) -> Vec<SfFunc> {
     funcs
 }
 
-fn derived_rule(fns: &[Function], pc: u64) -> Option<(&Function, Option<UnwindRule>)> {
+fn derived_rule(fns: &[FunctionRows], pc: u64) -> Option<(&FunctionRows, Option<UnwindRule>)> {
     let i = fns.partition_point(|f| f.end() <= pc);
     let f = fns.get(i).filter(|f| f.start <= pc)?;
     let off = match f.pc_type {
@@ -215,11 +215,12 @@ fn compare_with_objdump(path: &Path, derived: &Derived) -> (u64, u64, Vec<String
         path.display()
     );
     let (mut compared, mut excluded, mut bad) = (0u64, 0u64, Vec::new());
+    let fns = derived.table.to_function_rows();
     for sf in &funcs {
         for pc in sf.pc..sf.pc + sf.size {
             let key = if sf.mask { (pc - sf.pc) % 16 } else { pc };
             let row = sf.rows.iter().rev().find(|r| r.start <= key).unwrap();
-            let Some((_, rule)) = derived_rule(&derived.table.functions, pc) else {
+            let Some((_, rule)) = derived_rule(&fns, pc) else {
                 bad.push(format!(
                     "{pc:#x}: SFrame has a row, derived has no function"
                 ));
@@ -247,20 +248,20 @@ fn symbol(data: &[u8], name: &str) -> (u64, u64) {
         .unwrap_or_else(|| panic!("no symbol {name}"))
 }
 
-fn function_at(d: &Derived, addr: u64) -> &Function {
+fn function_at(d: &Derived, addr: u64) -> FunctionRows {
     d.table
-        .functions
-        .iter()
+        .to_function_rows()
+        .into_iter()
         .find(|f| f.start == addr)
         .unwrap_or_else(|| panic!("no derived function at {addr:#x}"))
 }
 
 fn rule_at(d: &Derived, pc: u64) -> Option<UnwindRule> {
-    derived_rule(&d.table.functions, pc).and_then(|(_, r)| r)
+    derived_rule(&d.table.to_function_rows(), pc).and_then(|(_, r)| r)
 }
 
 fn check_invariants(d: &Derived) {
-    let fns = &d.table.functions;
+    let fns = &d.table.to_function_rows();
     for w in fns.windows(2) {
         assert!(
             w[0].end() <= w[1].start,
@@ -317,7 +318,7 @@ fn check_variant(name: &str, flags: &[&str], frame_pointer: bool) {
     }
 
     // After `push rbp; mov rbp,rsp`: CFA = FP+16, FP saved at CFA-16.
-    let fp_frame = |f: &Function| {
+    let fp_frame = |f: &FunctionRows| {
         f.rows.iter().any(|r| {
             r.rule
                 .is_some_and(|r| r.cfa == CfaRule::fp(16) && r.fp == RegRule::AtCfa(-16))
@@ -325,7 +326,7 @@ fn check_variant(name: &str, flags: &[&str], frame_pointer: bool) {
     };
     let (leaf, _) = symbol(&data, "leaf_fp");
     assert_eq!(
-        fp_frame(function_at(&d, leaf)),
+        fp_frame(&function_at(&d, leaf)),
         frame_pointer,
         "{name}: leaf_fp"
     );
@@ -339,7 +340,7 @@ fn check_variant(name: &str, flags: &[&str], frame_pointer: bool) {
     }
     // alloca needs a frame pointer whatever the flags say.
     let (ua, _) = symbol(&data, "use_alloca");
-    assert!(fp_frame(function_at(&d, ua)), "{name}: use_alloca");
+    assert!(fp_frame(&function_at(&d, ua)), "{name}: use_alloca");
 
     // _start: the outermost frame.
     let (start, _) = symbol(&data, "_start");

@@ -90,7 +90,7 @@ fn well_formed_reference() {
     eh.fde(cie, 0x1000, 0x20, PROLOGUE);
     let d = eh.derive();
     assert_eq!(d.stats.fdes_converted, 1);
-    let f = &d.table.functions[0];
+    let f = &d.table.to_function_rows()[0].clone();
     assert_eq!((f.start, f.size), (0x1000, 0x20));
     let r: Vec<_> = f
         .rows
@@ -172,7 +172,7 @@ fn bad_augmentation_skips_only_its_fdes() {
         (e.section, e.index),
         (sframe_user::ehframe::CfiSection::EhFrame, 0)
     );
-    assert_eq!(d.table.functions[0].start, 0x1010);
+    assert_eq!(d.table.functions()[0].start, 0x1010);
 }
 
 #[test]
@@ -229,7 +229,7 @@ fn remember_restore_abuse() {
     );
     assert_eq!(d.stats.fdes_converted, 1);
     // Rows alternate between two rules: merged where identical, one per advance else.
-    let f = &d.table.functions[0];
+    let f = &d.table.to_function_rows()[0].clone();
     assert_eq!(f.start, 0x1020);
     assert!(f.rows.len() <= 4001);
 }
@@ -274,7 +274,7 @@ fn advance_past_the_end_and_bad_instructions() {
         &[0x0e, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80],
     );
     let d = eh.derive();
-    let f = &d.table.functions[0];
+    let f = &d.table.to_function_rows()[0].clone();
     assert_eq!((f.start, f.size, f.rows.len()), (0x1000, 0x10, 2));
     assert_eq!(d.stats.fdes_converted, 1);
     assert_eq!(d.stats.skipped_total(), 3, "{:?}", d.stats.errors);
@@ -293,7 +293,7 @@ fn unrecognized_expression_is_an_explicit_no_rule_range() {
     insns.extend_from_slice(&[0x44, 0x0c, 7, 8]);
     eh.fde(cie, 0x1000, 0x10, &insns);
     let d = eh.derive();
-    let rows: Vec<_> = d.table.functions[0]
+    let rows: Vec<_> = d.table.to_function_rows()[0]
         .rows
         .iter()
         .map(|r| (r.start_offset, r.rule.is_some()))
@@ -414,7 +414,7 @@ fn mutated_elf_never_panics() {
             data[i] = next() as u8;
         }
         if let Ok(d) = derive_from_elf(&data) {
-            let fns = &d.table.functions;
+            let fns = d.table.functions();
             assert!(fns.windows(2).all(|w| w[0].end() <= w[1].start));
         }
     }

@@ -59,7 +59,7 @@ fn derive(path: &str, b: Bounds) -> (PathBuf, Vec<u8>, Derived) {
         s.bytes_with_rule(),
         s.code_bytes
     );
-    let fns = &d.table.functions;
+    let fns = d.table.functions();
     assert!(
         fns.windows(2).all(|w| w[0].end() <= w[1].start),
         "sorted, non-overlapping"
@@ -82,9 +82,8 @@ fn libc() {
     let file = object::File::parse(&*data).unwrap();
     let text = file.section_by_name(".text").unwrap();
     let bytes = text.data().unwrap();
-    let signal: Vec<_> = d
-        .table
-        .functions
+    let fns = d.table.to_function_rows();
+    let signal: Vec<_> = fns
         .iter()
         .filter(|f| {
             f.rows
@@ -154,9 +153,8 @@ fn python3() {
     );
     // The entry point is _start: RA undefined.
     let entry = object::File::parse(&*data).unwrap().entry();
-    let f = d
-        .table
-        .functions
+    let fns = d.table.to_function_rows();
+    let f = fns
         .iter()
         .find(|f| f.start <= entry && entry < f.end())
         .unwrap();

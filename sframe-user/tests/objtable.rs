@@ -54,19 +54,18 @@ fn sframe_preferred_and_plt_gaps_filled() {
     let section = Section::from_elf_bytes(&data).unwrap();
     let sf = section.to_table().unwrap();
     // Every .sframe function is there unchanged; added ones are PLT functions.
-    for f in &sf.functions {
-        assert!(t.table.functions.contains(f));
+    let all = t.table.to_function_rows();
+    for f in &sf.to_function_rows() {
+        assert!(all.contains(f));
     }
     assert_eq!(
-        t.table.functions.len(),
-        sf.functions.len() + t.plt_functions + t.cfi_functions
+        t.table.functions().len(),
+        sf.functions().len() + t.plt_functions + t.cfi_functions
     );
     // crt1.o's _start has CFI but no SFrame: filled in from the CFI, RA undefined.
     assert!(t.cfi_functions >= 1);
     let entry = file_entry(&data);
-    let start = t
-        .table
-        .functions
+    let start = all
         .iter()
         .find(|f| f.start <= entry && entry < f.end())
         .expect("_start covered");
@@ -81,13 +80,13 @@ fn sframe_preferred_and_plt_gaps_filled() {
         if let Some(s) = file.section_by_name(name) {
             let covered = t
                 .table
-                .functions
+                .functions()
                 .iter()
                 .any(|f| f.start < s.address() + s.size() && f.end() > s.address());
             assert!(covered, "{name} not covered");
         }
     }
-    for w in t.table.functions.windows(2) {
+    for w in t.table.functions().windows(2) {
         assert!(w[0].end() <= w[1].start);
     }
     let none = ObjTableOptions {
@@ -150,7 +149,7 @@ fn system_libraries_are_fast() {
         println!(
             "{lib}: {:?}, {} functions, {} rows, {:.1}% of code with a rule, {:?} (debug build)",
             t.source,
-            t.table.functions.len(),
+            t.table.functions().len(),
             t.table.row_count(),
             100.0 * stats.bytes_with_rule() as f64 / stats.code_bytes.max(1) as f64,
             t0.elapsed()

@@ -27,7 +27,7 @@ fn binaries_dump_and_lookup() {
 
         let table = section.to_table().expect("to_table");
         let plt = table
-            .functions
+            .functions()
             .iter()
             .any(|f| matches!(f.pc_type, sframe_user::table::PcType::Mask { .. }));
         assert!(
@@ -39,7 +39,7 @@ fn binaries_dump_and_lookup() {
             let got = section
                 .find_fre(pc)
                 .map(|(i, r)| (section.fde(i).expect("fde").start, r));
-            let want = model_lookup(&table, pc).map(|(i, r)| (table.functions[i].start, r));
+            let want = model_lookup(&table, pc).map(|(i, r)| (table.functions()[i].start, r));
             assert_eq!(got, want, "{name}: lookup {pc:#x}");
             let line = lookup_line(&section, pc);
             assert!(line.starts_with(&format!("{pc:#x} ")), "{line}");

@@ -48,7 +48,7 @@ fn vectors_round_trip_through_table() {
         let section = Section::parse(&v.content, v.section_base).expect(&v.name);
         let table = section.to_table().expect("to_table");
         assert_eq!(
-            table.functions.len() as u32,
+            table.functions().len() as u32,
             section.num_fdes(),
             "{}",
             v.name

@@ -5,7 +5,7 @@ mod sframe_support;
 use sframe_common::{CfaBase, CfaRule, RegRule, RuleFlags, UnwindRule};
 use sframe_support::{load_vectors, model_lookup};
 use sframe_user::sframe::{Section, WriteError, WriteOptions, WriteVersion, write_section};
-use sframe_user::table::{Arch, Function, PcType, Row, Source, UnwindTable};
+use sframe_user::table::{Arch, FunctionRows, PcType, Row, Source, UnwindTable};
 
 fn round_trip(
     table: &UnwindTable,
@@ -41,7 +41,12 @@ fn vectors_round_trip_v2_and_v3() {
         ] {
             match round_trip(&table, version, base) {
                 Ok(back) => {
-                    assert_eq!(back.functions, table.functions, "{} {version:?}", v.name);
+                    assert_eq!(
+                        back.to_function_rows(),
+                        table.to_function_rows(),
+                        "{} {version:?}",
+                        v.name
+                    );
                     assert_eq!(back.arch, table.arch);
                 }
                 // v2 has no FLEX rows and no signal bit; everything else must round-trip.
@@ -125,7 +130,7 @@ fn big_table(arch: Arch, n: usize, flex: bool) -> UnwindTable {
             off += 1 + (rnd() % 300) as u32; // some functions need 2-byte FRE starts
         }
         let size = off + (rnd() % 4) as u32;
-        functions.push(Function {
+        functions.push(FunctionRows {
             start,
             size,
             pc_type: PcType::Inc,
@@ -133,11 +138,7 @@ fn big_table(arch: Arch, n: usize, flex: bool) -> UnwindTable {
         });
         start += u64::from(size) + (rnd() % 3) * 16; // some gaps
     }
-    UnwindTable {
-        arch,
-        source: Source::Synthesized,
-        functions,
-    }
+    UnwindTable::from_functions(arch, Source::Synthesized, functions)
 }
 
 #[test]
@@ -153,12 +154,12 @@ fn big_tables_round_trip() {
         assert!(table.row_count() >= 100_000);
         let back = round_trip(&table, version, 0x10_0000).expect("write");
         assert_eq!(
-            back.functions.len(),
-            table.functions.len(),
+            back.functions().len(),
+            table.functions().len(),
             "{arch:?} {version:?}"
         );
         assert!(
-            back.functions == table.functions,
+            back.to_function_rows() == table.to_function_rows(),
             "{arch:?} {version:?}: tables differ"
         );
         // Spot-check lookups against the reference model.
@@ -171,7 +172,7 @@ fn big_tables_round_trip() {
         )
         .unwrap();
         let section = Section::parse(&bytes, 0x10_0000).unwrap();
-        for f in table.functions.iter().step_by(97) {
+        for f in table.functions().iter().step_by(97) {
             for pc in [
                 f.start,
                 f.start + u64::from(f.size) / 2,
@@ -199,16 +200,16 @@ fn v3_splits_functions_over_65535_rows() {
             rule: Some(rule),
         })
         .collect();
-    let table = UnwindTable {
-        arch: Arch::Amd64,
-        source: Source::Synthesized,
-        functions: vec![Function {
+    let table = UnwindTable::from_functions(
+        Arch::Amd64,
+        Source::Synthesized,
+        [FunctionRows {
             start: 0x1000,
             size: 140_000,
             pc_type: PcType::Inc,
             rows,
         }],
-    };
+    );
     let (bytes, stats) = write_section(
         &table,
         &WriteOptions {

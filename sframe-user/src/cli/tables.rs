@@ -16,7 +16,7 @@ use sframe_user::sframe::{
     Abi, Section, WriteError, WriteOptions, WriteStats, WriteVersion, dump_to_string, lookup_line,
     write_section,
 };
-use sframe_user::table::{Arch, Function, PcType, Row, UnwindTable};
+use sframe_user::table::{Arch, FunctionRows, PcType, Row, UnwindTable};
 
 use super::elf_add;
 
@@ -356,9 +356,9 @@ struct Encoded {
 /// writer then ends the FDE there) and leaving out functions the writer rejects.
 fn encode(table: &UnwindTable, version: WriteVersion, addr: u64) -> Result<Encoded, String> {
     let mut cache: HashMap<UnwindRule, bool> = HashMap::new();
-    let mut t = table.clone();
+    let mut fns = table.to_function_rows();
     let (mut dropped_rows, mut dropped_bytes, mut dropped_functions) = (0u64, 0u64, 0u64);
-    t.functions.retain_mut(|f| {
+    fns.retain_mut(|f| {
         let mut lost = false;
         let spans = row_spans(f);
         for (i, row) in f.rows.iter_mut().enumerate() {
@@ -383,6 +383,7 @@ fn encode(table: &UnwindTable, version: WriteVersion, addr: u64) -> Result<Encod
     // The pre-filter covers rules; what remains (per-function consistency, limits) is
     // handled by leaving the function out and trying again, a bounded number of times.
     for _ in 0..256 {
+        let t = UnwindTable::from_functions(table.arch, table.source, fns.iter().cloned());
         match write_section(
             &t,
             &WriteOptions {
@@ -403,10 +404,10 @@ fn encode(table: &UnwindTable, version: WriteVersion, addr: u64) -> Result<Encod
                 let Some(fi) = failing_function(&e) else {
                     return Err(format!("cannot write SFrame: {e}"));
                 };
-                if fi >= t.functions.len() {
+                if fi >= fns.len() {
                     return Err(format!("cannot write SFrame: {e}"));
                 }
-                t.functions.remove(fi);
+                fns.remove(fi);
                 dropped_functions += 1;
             }
         }
@@ -432,10 +433,10 @@ fn can_write(arch: Arch, rule: &UnwindRule, version: WriteVersion) -> bool {
     if version == WriteVersion::V2 && rule.flags.contains(RuleFlags::SIGNAL) {
         return false;
     }
-    let probe = UnwindTable {
+    let probe = UnwindTable::from_functions(
         arch,
-        source: sframe_user::table::Source::Synthesized,
-        functions: vec![Function {
+        sframe_user::table::Source::Synthesized,
+        [FunctionRows {
             start: 0x1000,
             size: 16,
             pc_type: PcType::Inc,
@@ -444,7 +445,7 @@ fn can_write(arch: Arch, rule: &UnwindRule, version: WriteVersion) -> bool {
                 rule: Some(*rule),
             }],
         }],
-    };
+    );
     let opts = WriteOptions {
         version,
         section_vaddr: 0x2000,
@@ -467,7 +468,7 @@ fn can_write(arch: Arch, rule: &UnwindRule, version: WriteVersion) -> bool {
 }
 
 /// Code bytes covered by each row of `f` (all repetitions for PCMASK).
-fn row_spans(f: &Function) -> Vec<u64> {
+fn row_spans(f: &FunctionRows) -> Vec<u64> {
     let (block, reps) = match f.pc_type {
         PcType::Inc => (u64::from(f.size), 1),
         PcType::Mask { rep_size } => (
@@ -571,14 +572,14 @@ const MAX_BLOCKS: u64 = 1 << 20;
 /// The table as sorted, disjoint spans.
 fn spans(table: &UnwindTable) -> Vec<Span> {
     let mut out = Vec::new();
-    for f in &table.functions {
+    for f in table.functions() {
         let end = f.end();
+        let rows = table.rows(f);
         match f.pc_type {
             PcType::Inc => {
-                for (i, r) in f.rows.iter().enumerate() {
+                for (i, r) in rows.clone().enumerate() {
                     let s = f.start.saturating_add(u64::from(r.start_offset));
-                    let e = f
-                        .rows
+                    let e = rows
                         .get(i + 1)
                         .map_or(end, |n| f.start.saturating_add(u64::from(n.start_offset)));
                     if s < e {
@@ -595,11 +596,10 @@ fn spans(table: &UnwindTable) -> Vec<Span> {
                 let blocks = u64::from(f.size).div_ceil(rep).min(MAX_BLOCKS);
                 for b in 0..blocks {
                     let base = f.start.saturating_add(b * rep);
-                    for (i, r) in f.rows.iter().enumerate() {
+                    for (i, r) in rows.clone().enumerate() {
                         let s = base.saturating_add(u64::from(r.start_offset));
                         let e = base.saturating_add(
-                            f.rows
-                                .get(i + 1)
+                            rows.get(i + 1)
                                 .map_or(rep, |n| u64::from(n.start_offset).min(rep)),
                         );
                         let e = e.min(end);

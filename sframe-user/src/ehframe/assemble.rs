@@ -6,7 +6,7 @@ use super::cfi::{Candidate, Origin};
 use super::error::{CfiSection, FdeError, SkipReason, Warning};
 use super::plt::{self, PltSection};
 use super::stats::DeriveStats;
-use crate::table::{Arch, Function, PcType, Row};
+use crate::table::{Arch, FunctionRows, PcType, Row};
 
 pub(crate) fn assemble(
     arch: Arch,
@@ -14,7 +14,7 @@ pub(crate) fn assemble(
     debug: Vec<Candidate>,
     plts: &[PltSection<'_>],
     stats: &mut DeriveStats,
-) -> Vec<Function> {
+) -> Vec<FunctionRows> {
     let mut base = dedupe(eh, stats);
     let debug = dedupe(debug, stats);
     if !debug.is_empty() {
@@ -151,7 +151,7 @@ fn cfi_covers(base: &[Candidate], a: u64, b: u64) -> bool {
 
 /// Replaces whatever covers `[a, b)` in `base` by `fns`, keeping the parts of functions
 /// that stick out of the range.
-fn replace_range(base: Vec<Candidate>, a: u64, b: u64, fns: Vec<Function>) -> Vec<Candidate> {
+fn replace_range(base: Vec<Candidate>, a: u64, b: u64, fns: Vec<FunctionRows>) -> Vec<Candidate> {
     let plt_origin = Origin {
         section: CfiSection::EhFrame,
         index: usize::MAX,
@@ -183,7 +183,7 @@ fn replace_range(base: Vec<Candidate>, a: u64, b: u64, fns: Vec<Function>) -> Ve
 
 /// The part `[a, b)` of `f` (clamped to `f`), rows rebased; `None` when empty or when
 /// `f` is a PCMASK function that would have to be cut.
-pub(crate) fn slice(f: &Function, a: u64, b: u64) -> Option<Function> {
+pub(crate) fn slice(f: &FunctionRows, a: u64, b: u64) -> Option<FunctionRows> {
     let a = a.max(f.start);
     let b = b.min(f.end());
     if a >= b {
@@ -211,7 +211,7 @@ pub(crate) fn slice(f: &Function, a: u64, b: u64) -> Option<Function> {
             rule: r.rule,
         });
     }
-    Some(Function {
+    Some(FunctionRows {
         start: a,
         size: hi - lo,
         pc_type: PcType::Inc,
@@ -233,8 +233,8 @@ mod tests {
         })
     }
 
-    fn func(start: u64, size: u32, rows: &[(u32, i32)]) -> Function {
-        Function {
+    fn func(start: u64, size: u32, rows: &[(u32, i32)]) -> FunctionRows {
+        FunctionRows {
             start,
             size,
             pc_type: PcType::Inc,
@@ -248,7 +248,7 @@ mod tests {
         }
     }
 
-    fn cand(f: Function, section: CfiSection) -> Candidate {
+    fn cand(f: FunctionRows, section: CfiSection) -> Candidate {
         Candidate {
             function: f,
             origin: Origin {

@@ -14,7 +14,7 @@ use sframe_common::{CfaBase, CfaRule, RegRule, RuleFlags, UnwindRule};
 use super::error::{CfiSection, FdeError, SkipReason, Warning};
 use super::expr::{self, ExprBase};
 use super::stats::DeriveStats;
-use crate::table::{Arch, Function, PcType, Row};
+use crate::table::{Arch, FunctionRows, PcType, Row};
 
 type R<'a> = EndianSlice<'a, RunTimeEndian>;
 
@@ -210,7 +210,7 @@ pub(crate) struct Origin {
 /// A converted FDE.
 #[derive(Clone, Debug)]
 pub(crate) struct Candidate {
-    pub function: Function,
+    pub function: FunctionRows,
     pub origin: Origin,
 }
 
@@ -245,7 +245,7 @@ impl<'e> Converter<'e> {
 
     fn record(
         &mut self,
-        result: Result<Function, Skip>,
+        result: Result<FunctionRows, Skip>,
         index: usize,
         offset: u64,
         stats: &mut DeriveStats,
@@ -331,7 +331,7 @@ impl<'e> Converter<'e> {
         bases: &BaseAddresses,
         partial: &gimli::PartialFrameDescriptionEntry<'_, S, R<'e>>,
         _index: usize,
-    ) -> Result<Function, Skip>
+    ) -> Result<FunctionRows, Skip>
     where
         S: UnwindSection<R<'e>>,
         S::Offset: gimli::UnwindOffset<usize>,
@@ -371,7 +371,7 @@ impl<'e> Converter<'e> {
         section: &S,
         bases: &BaseAddresses,
         fde: &FrameDescriptionEntry<R<'e>>,
-    ) -> Result<Function, Skip>
+    ) -> Result<FunctionRows, Skip>
     where
         S: UnwindSection<R<'e>>,
     {
@@ -435,7 +435,7 @@ impl<'e> Converter<'e> {
         if rows.is_empty() {
             return Err((SkipReason::Empty, None));
         }
-        Ok(Function {
+        Ok(FunctionRows {
             start,
             size,
             pc_type: PcType::Inc,

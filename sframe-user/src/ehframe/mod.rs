@@ -172,11 +172,8 @@ fn derive(
         Source::Synthesized
     };
     let functions = assemble::assemble(s.arch, eh, debug, s.plts, &mut stats);
-    let table = UnwindTable {
-        arch: s.arch,
-        source,
-        functions,
-    };
+    // Consumed one function at a time: each one's rows are freed once copied.
+    let table = UnwindTable::from_functions(s.arch, source, functions);
     stats.count_table(&table);
     Ok(Derived { table, stats })
 }

@@ -12,7 +12,7 @@
 
 use sframe_common::{CfaRule, RegRule, RuleFlags, UnwindRule};
 
-use crate::table::{Arch, Function, PcType, Row};
+use crate::table::{Arch, FunctionRows, PcType, Row};
 
 /// Which PLT section.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -69,7 +69,7 @@ const fn sp_rule(offset: i32) -> Option<UnwindRule> {
 
 /// The functions covering `plt`, or `None` when the architecture or layout is not one
 /// this knows (the caller keeps whatever the CFI says).
-pub(crate) fn synthesize(arch: Arch, plt: &PltSection<'_>) -> Option<Vec<Function>> {
+pub(crate) fn synthesize(arch: Arch, plt: &PltSection<'_>) -> Option<Vec<FunctionRows>> {
     if arch != Arch::Amd64 || plt.size == 0 {
         return None;
     }
@@ -80,7 +80,7 @@ pub(crate) fn synthesize(arch: Arch, plt: &PltSection<'_>) -> Option<Vec<Functio
                 return None;
             }
             let push_end = lazy_entry_push_end(plt.data)?;
-            let mut out = vec![Function {
+            let mut out = vec![FunctionRows {
                 start: plt.address,
                 size: ENTRY as u32,
                 pc_type: PcType::Inc,
@@ -96,7 +96,7 @@ pub(crate) fn synthesize(arch: Arch, plt: &PltSection<'_>) -> Option<Vec<Functio
                 ],
             }];
             if plt.size > ENTRY {
-                out.push(Function {
+                out.push(FunctionRows {
                     start: plt.address.checked_add(ENTRY)?,
                     size: size - ENTRY as u32,
                     pc_type: PcType::Mask {
@@ -118,7 +118,7 @@ pub(crate) fn synthesize(arch: Arch, plt: &PltSection<'_>) -> Option<Vec<Functio
         }
         PltKind::PltSec | PltKind::PltGot => {
             plt.address.checked_add(plt.size)?;
-            Some(vec![Function {
+            Some(vec![FunctionRows {
                 start: plt.address,
                 size,
                 pc_type: PcType::Inc,

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use sframe_common::{CfaBase, RegRule, RuleFlags, UnwindRule};
 
 use super::error::{FdeError, SkipReason, Warning};
-use crate::table::{Function, PcType, UnwindTable};
+use crate::table::{Function, PcType, Row, Rows, UnwindTable};
 
 /// How far a row is from what SFrame can encode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -134,15 +134,15 @@ impl DeriveStats {
 
     /// Fills the table-derived counters (functions, rows, categories, code bytes).
     pub(crate) fn count_table(&mut self, table: &UnwindTable) {
-        self.functions = table.functions.len() as u64;
+        self.functions = table.functions().len() as u64;
         self.rows = table.row_count() as u64;
         self.categories = Default::default();
         self.signal_rows = 0;
         self.mangled_ra_rows = 0;
         self.code_bytes = 0;
-        for f in &table.functions {
+        for f in table.functions() {
             self.code_bytes += u64::from(f.size);
-            for (row, bytes) in row_spans(f) {
+            for (row, bytes) in row_spans(f, table.rows(f)) {
                 let cat = RowCategory::of(row.rule.as_ref());
                 let c = &mut self.categories[cat as usize];
                 c.rows += 1;
@@ -161,7 +161,7 @@ impl DeriveStats {
 }
 
 /// Each row of `f` with the number of code bytes it covers.
-fn row_spans(f: &Function) -> impl Iterator<Item = (&crate::table::Row, u64)> {
+fn row_spans<'a>(f: &Function, rows: Rows<'a>) -> impl Iterator<Item = (Row, u64)> + 'a {
     let (block, repeats) = match f.pc_type {
         PcType::Inc => (u64::from(f.size), 1),
         PcType::Mask { rep_size } if rep_size > 0 => {
@@ -169,11 +169,9 @@ fn row_spans(f: &Function) -> impl Iterator<Item = (&crate::table::Row, u64)> {
         }
         PcType::Mask { .. } => (0, 0),
     };
-    f.rows.iter().enumerate().map(move |(i, row)| {
-        let end = f
-            .rows
-            .get(i + 1)
-            .map_or(block, |next| u64::from(next.start_offset).min(block));
+    let next = rows.clone().skip(1).map(Some).chain([None]);
+    rows.zip(next).map(move |(row, next)| {
+        let end = next.map_or(block, |next| u64::from(next.start_offset).min(block));
         (
             row,
             end.saturating_sub(u64::from(row.start_offset)) * repeats,

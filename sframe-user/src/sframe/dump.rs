@@ -129,7 +129,7 @@ fn cfa_offset(section: &Section<'_>, raw: i32) -> i32 {
     }
 }
 
-fn simple_columns(section: &Section<'_>, fre: &Fre) -> (String, String, String) {
+fn simple_columns(section: &Section<'_>, fre: &Fre<'_>) -> (String, String, String) {
     let h = section.header();
     let s390x_regs = h.abi == Abi::S390xBigEndian && h.version == 2;
     let cfa = format!(
@@ -184,7 +184,7 @@ fn disp(section: &Section<'_>, ctrl: u32, offset: i32) -> String {
     }
 }
 
-fn flex_columns(section: &Section<'_>, fre: &Fre) -> (String, String, String) {
+fn flex_columns(section: &Section<'_>, fre: &Fre<'_>) -> (String, String, String) {
     let h = section.header();
     let cfa = disp(
         section,

@@ -10,6 +10,14 @@
 //!    `start_i > pc - func_start`; for PCMASK functions the PC offset is taken modulo
 //!    `rep_size` before the range test (but not for the early stop, exactly as libsframe).
 //!
+//! The implementation gives exactly these answers with less work: step 1 becomes a
+//! look-up in an index of function starts by address bucket when the section's
+//! functions are strictly ordered and disjoint (the only case where it is equivalent;
+//! otherwise libsframe's search runs as written), and step 2 a binary search over per-function
+//! checkpoints plus a scan of at most 16 FREs (see [`Section::find_fre_raw`]). Both
+//! reference versions stay here (`find_fde_libsframe`, `find_fre_raw_linear`), and the
+//! tests and the fuzz target compare them with the fast ones.
+//!
 //! Differences, deliberate: libsframe truncates `pc - start` to 32 bits in the FDE test;
 //! here the full 64-bit difference is compared (a PC 4 GiB past a function is not in it).
 //! libsframe refuses lookups in unsorted sections; here a private sorted index is used.
@@ -19,11 +27,71 @@
 use sframe_common::{CfaBase, RegRule, RuleFlags, UnwindRule};
 
 use super::read::{Fde, Fre, Section};
+use super::scan::CHECKPOINT_STEP;
 use crate::table::PcType;
 
-impl Section<'_> {
-    /// Find the FDE containing `pc` (absolute address), libsframe's binary search.
+impl<'a> Section<'a> {
+    /// Find the FDE containing `pc` (absolute address), as libsframe's binary search does.
+    ///
+    /// When the section is simple (function starts strictly increasing in address
+    /// order, functions not overlapping; checked at open), at most one function
+    /// contains `pc` and libsframe's search always reaches it (every probe left of it
+    /// starts below `pc`, every probe right of it starts past its end), so any search
+    /// gives the same answer: here the address bucket of `pc` (see `AddrIndex`) bounds
+    /// the number of functions starting at or before it to a range of about one, which
+    /// a few reads of FDE starts settle. Otherwise libsframe's own search runs.
+    #[inline]
     pub fn find_fde(&self, pc: u64) -> Option<Fde> {
+        let Some(idx) = self.addr_index() else {
+            return self.find_fde_libsframe(pc);
+        };
+        let pc_rel = pc.wrapping_sub(self.section_vaddr()) as i64;
+        let d = i128::from(pc_rel) - i128::from(idx.base);
+        if d < 0 {
+            return None;
+        }
+        let n = self.num_fdes();
+        let b = usize::try_from((d as u128) >> idx.shift).unwrap_or(usize::MAX);
+        let (mut lo, mut hi) = match (idx.counts.get(b), idx.counts.get(b.wrapping_add(1))) {
+            (Some(&lo), Some(&hi)) => (lo, hi),
+            // Past the last bucket: every function starts before `pc`.
+            _ => (n, n),
+        };
+        // The number of functions starting at or before pc_rel is in [lo, hi].
+        let starts_at_or_before = |k: u32| {
+            self.sorted_start_size(k)
+                .is_some_and(|(start, _)| start <= pc_rel)
+        };
+        while hi - lo > 4 {
+            let mid = lo + (hi - lo) / 2;
+            if starts_at_or_before(mid) {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        while lo < hi && starts_at_or_before(lo) {
+            lo += 1;
+        }
+        let k = lo.checked_sub(1)?;
+        let (start, size) = self.sorted_start_size(k)?;
+        let off = i128::from(pc_rel) - i128::from(start);
+        if off < 0 || off >= i128::from(size) {
+            return None;
+        }
+        self.fde(self.sorted_to_disk(k)?)
+    }
+
+    #[inline]
+    fn sorted_start_size(&self, k: u32) -> Option<(i64, u32)> {
+        self.fde_start_size(self.sorted_to_disk(k)?)
+    }
+
+    /// libsframe's binary search over the FDEs, step by step: FDE `mid` matches when
+    /// `start <= pc && pc - start < size`; otherwise go right when `start < pc`, else
+    /// left. Used for sections that are not simple, and as the reference in tests.
+    #[doc(hidden)]
+    pub fn find_fde_libsframe(&self, pc: u64) -> Option<Fde> {
         let n = self.num_fdes();
         if n == 0 {
             return None;
@@ -32,10 +100,11 @@ impl Section<'_> {
         let (mut low, mut high) = (0i64, i64::from(n) - 1);
         while low <= high {
             let mid = low + (high - low) / 2;
-            let fde = self.fde_sorted(mid as u32)?;
-            let start = i128::from(fde.rel_start);
-            if start <= pc_rel && pc_rel - start < i128::from(fde.size) {
-                return Some(fde);
+            let index = self.sorted_to_disk(mid as u32)?;
+            let (rel_start, size) = self.fde_start_size(index)?;
+            let start = i128::from(rel_start);
+            if start <= pc_rel && pc_rel - start < i128::from(size) {
+                return self.fde(index);
             }
             if start < pc_rel {
                 low = mid + 1;
@@ -47,9 +116,49 @@ impl Section<'_> {
     }
 
     /// The FDE and FRE covering `pc`, libsframe's `sframe_find_fre`.
-    pub fn find_fre_raw(&self, pc: u64) -> Option<(Fde, Fre)> {
+    #[inline]
+    ///
+    /// libsframe scans the FREs in order; since validated FRE starts strictly increase,
+    /// its answer is the last FRE whose start is ≤ the (PCMASK: masked) offset, or none
+    /// when the first start is above it (its early stop at `start > pc_off` can never
+    /// come before that FRE, as masked offset ≤ pc_off). That FRE is found here by a
+    /// binary search over the function's checkpoints (functions with more than
+    /// `CHECKPOINT_STEP` FREs) and a scan of at most that many FREs.
+    pub fn find_fre_raw(&self, pc: u64) -> Option<(Fde, Fre<'a>)> {
         let fde = self.find_fde(pc)?;
         // find_fde guarantees 0 <= pc - start < size <= u32::MAX.
+        let pc_off = u32::try_from(pc.wrapping_sub(fde.start)).ok()?;
+        let target = match fde.pc_type {
+            PcType::Mask { rep_size } if rep_size != 0 => pc_off % u32::from(rep_size),
+            _ => pc_off,
+        };
+        let (mut first, mut off) = (0u32, fde.fres_offset);
+        if fde.num_fres > CHECKPOINT_STEP {
+            let cps = self.checkpoints_of(fde.index);
+            let k = cps.partition_point(|c| c.start <= target);
+            if let Some(c) = k.checked_sub(1).and_then(|k| cps.get(k)) {
+                first = c.fre;
+                off = self.fres_start().checked_add(c.rel_offset as usize)?;
+            } else if !cps.is_empty() {
+                // The first FRE (checkpoint 0) starts above the target.
+                return None;
+            }
+        }
+        let mut found = None;
+        for fre in self.rows_from(&fde, first, off) {
+            if fre.start_offset > target {
+                break;
+            }
+            found = Some(fre);
+        }
+        Some((fde, found?))
+    }
+
+    /// `find_fre_raw` as libsframe writes it: a linear scan of the FDE's FREs with its
+    /// range tests and early stop. The reference the fast lookup is tested against.
+    #[doc(hidden)]
+    pub fn find_fre_raw_linear(&self, pc: u64) -> Option<(Fde, Fre<'a>)> {
+        let fde = self.find_fde_libsframe(pc)?;
         let pc_off = u32::try_from(pc.wrapping_sub(fde.start)).ok()?;
         let masked = match fde.pc_type {
             PcType::Mask { rep_size } if rep_size != 0 => pc_off % u32::from(rep_size),
@@ -72,6 +181,7 @@ impl Section<'_> {
     }
 
     /// The rule for `pc`: the FDE index (on-disk order) and the normalized rule.
+    #[inline]
     pub fn find_fre(&self, pc: u64) -> Option<(u32, UnwindRule)> {
         let (fde, fre) = self.find_fre_raw(pc)?;
         Some((fde.index, self.rule(&fde, &fre)))

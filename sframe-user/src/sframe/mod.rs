@@ -11,6 +11,7 @@ pub mod error;
 pub mod header;
 pub mod lookup;
 pub mod read;
+mod scan;
 pub mod write;
 
 #[cfg(test)]
@@ -20,5 +21,5 @@ pub use dump::{dump, dump_to_string};
 pub use error::{FlexProblem, SFrameError, Subsection, WriteError};
 pub use header::{Abi, Endian, Header};
 pub use lookup::lookup_line;
-pub use read::{Fde, Fre, FreIter, Section};
+pub use read::{Fde, FdeIter, Fre, FreIter, Section};
 pub use write::{WriteOptions, WriteStats, WriteVersion, write_section};

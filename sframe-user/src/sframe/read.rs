@@ -1,10 +1,14 @@
 //! Zero-copy reader: [`Section`] over the section bytes, validated once at open.
 //!
-//! `Section::parse` walks every FDE and FRE and checks the whole section (see
+//! `Section::parse` walks every FDE and FRE once and checks the whole section (see
 //! [`SFrameError`] for the list of checks); afterwards the iterators and lookups cannot
-//! fail. The only allocation is a private sort index, built only when the section does
-//! not carry `SFRAME_F_FDE_SORTED` (its size is bounded by the FDE count, which is
-//! checked against the section size first).
+//! fail. The hot loops live in [`super::scan`]; the careful decoders here name the
+//! failed check and are run only on the FDE that failed (and by
+//! [`Section::parse_reference`], the slow reference the tests compare against).
+//! Allocations, all at open and bounded by counts already checked against the section
+//! size: a private sort index, only when the section does not carry
+//! `SFRAME_F_FDE_SORTED`, and lookup checkpoints for functions with more than
+//! [`CHECKPOINT_STEP`] FREs (16 bytes per that many FREs). Iteration allocates nothing.
 
 use sframe_common::{CfaBase, CfaRule, RegRule, RuleFlags, UnwindRule};
 
@@ -13,7 +17,8 @@ use super::header::{
     Abi, Endian, FDE_ATTR_SIZE_V3, Header, S390X_CFA_OFFSET_ADJUSTMENT,
     S390X_CFA_OFFSET_ALIGNMENT_FACTOR, bytes,
 };
-use crate::table::{Arch, Function, PcType, Row, Source, UnwindTable};
+use super::scan::{self, CHECKPOINT_STEP, Checkpoint, FdeFormat, FreChecks};
+use crate::table::{Arch, PcType, Row, Source, TableBuilder, UnwindTable};
 
 /// The maximum number of data words an FRE info byte can announce (4-bit field).
 pub const MAX_WORDS: usize = 15;
@@ -57,9 +62,10 @@ impl Fde {
     }
 }
 
-/// One frame row entry, decoded but not interpreted.
+/// One frame row entry, decoded but not interpreted. Its data words stay in the
+/// section's bytes (no copy) and are read on demand by [`Fre::uword`] / [`Fre::iword`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Fre {
+pub struct Fre<'a> {
     /// Index within its function.
     pub index: u32,
     /// Byte offset of the FRE in the section.
@@ -67,21 +73,46 @@ pub struct Fre {
     /// Start offset relative to the function start (a mask offset for PCMASK).
     pub start_offset: u32,
     pub info: u8,
-    /// Raw data words, zero-extended (`count()` of them are valid).
-    pub words: [u32; MAX_WORDS],
     /// Encoded length in bytes.
     pub len: usize,
+    /// The data words as stored: `count()` words of `word_size()` bytes.
+    words: &'a [u8],
+    big_endian: bool,
 }
 
-impl Fre {
+impl<'a> Fre<'a> {
+    /// An FRE whose `words` hold exactly `count()` words of `word_size()` bytes.
+    #[inline]
+    pub(super) fn new(
+        index: u32,
+        offset: usize,
+        start_offset: u32,
+        info: u8,
+        words: &'a [u8],
+        big_endian: bool,
+        len: usize,
+    ) -> Self {
+        Fre {
+            index,
+            offset,
+            start_offset,
+            info,
+            len,
+            words,
+            big_endian,
+        }
+    }
     /// Data word count (0 means "RA undefined": outermost frame).
+    #[inline]
     pub fn count(&self) -> usize {
         usize::from((self.info >> 1) & 0xf)
     }
     /// Data word size code (0/1/2 valid).
+    #[inline]
     pub fn size_code(&self) -> u8 {
         (self.info >> 5) & 0x3
     }
+    #[inline]
     pub fn word_size(&self) -> usize {
         match self.size_code() {
             0 => 1,
@@ -90,26 +121,77 @@ impl Fre {
         }
     }
     /// CFA base register bit: true for SP, false for FP.
+    #[inline]
     pub fn base_is_sp(&self) -> bool {
         self.info & 1 != 0
     }
+    #[inline]
     pub fn mangled_ra(&self) -> bool {
         self.info & 0x80 != 0
     }
+    /// The data words' bytes as stored in the section.
+    pub fn word_bytes(&self) -> &'a [u8] {
+        self.words
+    }
     /// Word `i` as unsigned (FLEX control words).
+    #[inline]
     pub fn uword(&self, i: usize) -> Option<u32> {
-        if i < self.count() {
-            self.words.get(i).copied()
-        } else {
-            None
+        if i >= self.count() {
+            return None;
+        }
+        let be = self.big_endian;
+        Some(match self.size_code() {
+            0 => u32::from(*self.words.get(i)?),
+            1 => {
+                let b: [u8; 2] = self.words.get(2 * i..2 * i + 2)?.try_into().ok()?;
+                u32::from(if be {
+                    u16::from_be_bytes(b)
+                } else {
+                    u16::from_le_bytes(b)
+                })
+            }
+            _ => {
+                let b: [u8; 4] = self.words.get(4 * i..4 * i + 4)?.try_into().ok()?;
+                if be {
+                    u32::from_be_bytes(b)
+                } else {
+                    u32::from_le_bytes(b)
+                }
+            }
+        })
+    }
+    /// Words 0, 1 and 2 sign-extended from their width, `None` past `count()`.
+    #[inline(always)]
+    pub fn first_words(&self) -> [Option<i32>; 3] {
+        let w = self.words;
+        let be = self.big_endian;
+        match self.size_code() {
+            0 => [0, 1, 2].map(|i| w.get(i).map(|&b| i32::from(b as i8))),
+            1 => [0, 2, 4].map(|i| {
+                let b = [*w.get(i)?, *w.get(i + 1)?];
+                Some(i32::from(if be {
+                    i16::from_be_bytes(b)
+                } else {
+                    i16::from_le_bytes(b)
+                }))
+            }),
+            _ => [0, 4, 8].map(|i| {
+                let b: [u8; 4] = w.get(i..i + 4)?.try_into().ok()?;
+                Some(if be {
+                    i32::from_be_bytes(b)
+                } else {
+                    i32::from_le_bytes(b)
+                })
+            }),
         }
     }
     /// Word `i` sign-extended from its width (offsets).
+    #[inline]
     pub fn iword(&self, i: usize) -> Option<i32> {
         let w = self.uword(i)?;
-        Some(match self.word_size() {
-            1 => i32::from(w as u8 as i8),
-            2 => i32::from(w as u16 as i16),
+        Some(match self.size_code() {
+            0 => i32::from(w as u8 as i8),
+            1 => i32::from(w as u16 as i16),
             _ => w as i32,
         })
     }
@@ -124,8 +206,102 @@ pub struct Section<'a> {
     fdes_start: usize,
     fres_start: usize,
     fres_end: usize,
+    /// `data[..fres_end]`: every FRE read is bounded by it.
+    fre_area: &'a [u8],
+    fmt: FdeFormat,
+    big_endian: bool,
     /// FDE indices in address order, only when the section is not SORTED.
     sorted_index: Option<Vec<u32>>,
+    /// Lookup checkpoints of functions with many FREs, by (FDE index, FRE index).
+    checkpoints: Vec<Checkpoint>,
+    /// The fast FDE search's index, when the section is simple (see
+    /// [`Section::find_fde`]).
+    addr_index: Option<AddrIndex>,
+}
+
+/// Function starts in address order, bucketed by address: `counts[b]` is the number of
+/// functions that start before `base + (b << shift)`, so the functions starting at or
+/// before an address in bucket `b` number between `counts[b]` and `counts[b + 1]`.
+/// There are at most twice as many buckets as functions (`shift` is chosen so): 8
+/// bytes per function at most, and about one function per bucket.
+#[derive(Clone, Debug)]
+pub(super) struct AddrIndex {
+    pub base: i64,
+    pub shift: u32,
+    pub counts: Vec<u32>,
+}
+
+/// Tracks, over FDEs in address order, whether starts strictly increase and functions
+/// do not overlap ("simple"), and the address range they span.
+#[derive(Default)]
+struct OrderCheck {
+    /// Start and end of the previous function.
+    prev: Option<(i64, i128)>,
+    first: Option<i64>,
+    simple: bool,
+}
+
+impl OrderCheck {
+    fn new() -> Self {
+        Self {
+            simple: true,
+            ..Self::default()
+        }
+    }
+    #[inline]
+    fn push(&mut self, rel_start: i64, size: u32) {
+        let start = i128::from(rel_start);
+        if self
+            .prev
+            .is_some_and(|(prev_start, prev_end)| rel_start <= prev_start || start < prev_end)
+        {
+            self.simple = false;
+        }
+        self.first.get_or_insert(rel_start);
+        self.prev = Some((rel_start, start + i128::from(size)));
+    }
+}
+
+/// The section-wide state of the fast validation pass.
+#[derive(Default)]
+struct Walk {
+    sorted: bool,
+    attr_size: usize,
+    total_fres: u64,
+    used: u64,
+    prev_start: i64,
+    unsorted: bool,
+    order: OrderCheck,
+    /// End of the last FRE data range, while the ranges come in order.
+    prev_end: usize,
+    out_of_order: bool,
+}
+
+impl Walk {
+    /// Bookkeeping of one function (in on-disk order) whose FREs end at `end`; false
+    /// when the FDEs are out of order in a SORTED section.
+    #[inline(always)]
+    fn function(&mut self, fde: &Fde, end: usize) -> bool {
+        if fde.rel_start < self.prev_start {
+            if self.sorted {
+                return false;
+            }
+            self.unsorted = true;
+        }
+        self.prev_start = fde.rel_start;
+        self.order.push(fde.rel_start, fde.size);
+        let data_start = fde.fres_offset - self.attr_size;
+        self.total_fres += u64::from(fde.num_fres);
+        self.used += (end - data_start) as u64;
+        if end > data_start && !self.out_of_order {
+            if data_start >= self.prev_end {
+                self.prev_end = end;
+            } else {
+                self.out_of_order = true;
+            }
+        }
+        true
+    }
 }
 
 fn read_start_addr(data: &[u8], off: usize, fre_type: u8, e: Endian) -> Option<u32> {
@@ -146,40 +322,33 @@ fn decode_fre(
     addr_size: usize,
     e: Endian,
     index: u32,
-) -> Result<Fre, bool> {
+) -> Result<Fre<'_>, bool> {
     let limit = data.get(..end).ok_or(true)?;
     let start_offset = read_start_addr(limit, off, fre_type, e).ok_or(true)?;
     let info_off = off.checked_add(addr_size).ok_or(true)?;
     let info = *limit.get(info_off).ok_or(true)?;
-    let mut fre = Fre {
-        index,
-        offset: off,
-        start_offset,
-        info,
-        words: [0; MAX_WORDS],
-        len: 0,
-    };
-    if fre.size_code() == 3 {
+    let code = (info >> 5) & 3;
+    if code == 3 {
         return Err(false);
     }
-    let ws = fre.word_size();
-    let count = fre.count();
-    let mut p = info_off + 1;
-    for slot in fre.words.iter_mut().take(count) {
-        *slot = match ws {
-            1 => u32::from(*limit.get(p).ok_or(true)?),
-            2 => u32::from(e.u16(bytes::<2>(limit, p).ok_or(true)?)),
-            _ => e.u32(bytes::<4>(limit, p).ok_or(true)?),
-        };
-        p += ws;
-    }
-    fre.len = p - off;
-    Ok(fre)
+    let ws = 1usize << code;
+    let count = usize::from((info >> 1) & 0xf);
+    let p = info_off + 1;
+    let words = limit.get(p..p + count * ws).ok_or(true)?;
+    Ok(Fre::new(
+        index,
+        off,
+        start_offset,
+        info,
+        words,
+        e == Endian::Big,
+        p + count * ws - off,
+    ))
 }
 
 impl<'a> Section<'a> {
-    /// Parse and fully validate the bytes of an `.sframe` section loaded at `section_vaddr`.
-    pub fn parse(data: &'a [u8], section_vaddr: u64) -> Result<Self, SFrameError> {
+    /// Header and sub-section checks; the FDEs and FREs are not looked at yet.
+    fn open(data: &'a [u8], section_vaddr: u64) -> Result<Self, SFrameError> {
         let header = Header::parse(data)?;
         let hsize = header.size();
         let len = data.len();
@@ -230,17 +399,93 @@ impl<'a> Section<'a> {
                 offset: fres_end + pos,
             });
         }
-        let mut section = Section {
+        let section = Section {
             data,
             vaddr: section_vaddr,
             header,
             fdes_start,
             fres_start,
             fres_end,
+            fre_area: data.get(..fres_end).unwrap_or_default(),
+            fmt: FdeFormat {
+                version: header.version,
+                pcrel: header.pcrel(),
+                aarch64: header.abi.is_aarch64(),
+                abi: header.abi.code(),
+                fdes_start,
+                fres_start,
+                vaddr: section_vaddr,
+            },
+            big_endian: header.endian == Endian::Big,
             sorted_index: None,
+            checkpoints: Vec::new(),
+            addr_index: None,
         };
+        Ok(section)
+    }
+
+    /// Parse and fully validate the bytes of an `.sframe` section loaded at `section_vaddr`.
+    pub fn parse(data: &'a [u8], section_vaddr: u64) -> Result<Self, SFrameError> {
+        let mut section = Self::open(data, section_vaddr)?;
         section.validate()?;
         Ok(section)
+    }
+
+    /// [`Section::parse`] through the careful per-field decoders only, without the
+    /// specialized loops or lookup checkpoints: the reference that tests and fuzzing
+    /// compare the fast path with. Same result, same errors, slower.
+    #[doc(hidden)]
+    pub fn parse_reference(data: &'a [u8], section_vaddr: u64) -> Result<Self, SFrameError> {
+        let mut section = Self::open(data, section_vaddr)?;
+        section.validate_reference()?;
+        Ok(section)
+    }
+
+    /// The FDE of a validated section (fast decoder).
+    #[inline(always)]
+    fn fde_valid(&self, index: u32) -> Option<Fde> {
+        scan::fde(&self.fmt, self.big_endian, self.data, self.fre_area, index)
+    }
+
+    /// FDE `index` through the careful decoder (tests compare it with [`Section::fde`]).
+    #[doc(hidden)]
+    pub fn fde_reference(&self, index: u32) -> Result<Fde, SFrameError> {
+        self.decode_fde(index)
+    }
+
+    /// The FREs of `fde` through the careful decoder (tests compare them with
+    /// [`Section::rows`]); stops at the first one that does not decode.
+    #[doc(hidden)]
+    pub fn rows_reference(&self, fde: &Fde) -> Vec<Fre<'a>> {
+        let mut out = Vec::new();
+        let mut off = fde.fres_offset;
+        for j in 0..fde.num_fres {
+            let Ok(fre) = decode_fre(
+                self.data,
+                off,
+                self.fres_end,
+                fde.fre_type,
+                fde.addr_size(),
+                self.header.endian,
+                j,
+            ) else {
+                break;
+            };
+            off += fre.len;
+            out.push(fre);
+        }
+        out
+    }
+
+    /// The index of the fast FDE search (`None`: the libsframe search is used).
+    pub(super) fn addr_index(&self) -> Option<&AddrIndex> {
+        self.addr_index.as_ref()
+    }
+
+    /// Lookup checkpoints (tests).
+    #[doc(hidden)]
+    pub fn checkpoint_count(&self) -> usize {
+        self.checkpoints.len()
     }
 
     /// Open the `.sframe` section of a parsed ELF file.
@@ -442,8 +687,230 @@ impl<'a> Section<'a> {
         })
     }
 
-    /// Walk every FDE and FRE once and apply all checks.
+    /// Walk every FDE and FRE once and apply all checks with the specialized decoders
+    /// of [`scan`], which only say pass or fail. When they fail (malformed input), the
+    /// careful pass runs from the start and names the first failed check, FDE, FRE and
+    /// offset, exactly as it always has.
     fn validate(&mut self) -> Result<(), SFrameError> {
+        let ok = match (self.header.version == 3, self.big_endian) {
+            (true, false) => self.validate_fast::<true, false>(),
+            (true, true) => self.validate_fast::<true, true>(),
+            (false, false) => self.validate_fast::<false, false>(),
+            (false, true) => self.validate_fast::<false, true>(),
+        };
+        if ok {
+            return Ok(());
+        }
+        self.sorted_index = None;
+        self.checkpoints = Vec::new();
+        self.addr_index = None;
+        self.validate_reference()
+    }
+
+    /// The checks of [`Section::validate_reference`], pass or fail, in one pass over
+    /// the FDEs; FREs of pairs of small functions are checked together (two independent
+    /// chains of FRE lengths, which the CPU overlaps). Also builds the lookup index and
+    /// checkpoints, and the sort index of an unsorted section.
+    fn validate_fast<const V3: bool, const BE: bool>(&mut self) -> bool {
+        let h = self.header;
+        let (data, area) = (self.data, self.fre_area);
+        let base_checks = FreChecks {
+            size: 0,
+            max_words: if h.cfa_fixed_ra_offset != 0 { 2 } else { 3 },
+            mangled_ok: h.abi.is_aarch64(),
+            empty_ok: h.version != 1,
+        };
+        let checks = |f: &Fde| FreChecks {
+            size: f.size,
+            ..base_checks
+        };
+        let attr_size = if V3 { FDE_ATTR_SIZE_V3 } else { 0 };
+        let mut w = Walk {
+            sorted: h.sorted(),
+            attr_size,
+            prev_start: i64::MIN,
+            order: OrderCheck::new(),
+            ..Walk::default()
+        };
+        let mut checkpoints = Vec::new();
+        // Functions whose FREs can be checked in a pair: no checkpoints, not FLEX.
+        let pairable = |f: &Fde| !f.flex && f.num_fres <= CHECKPOINT_STEP;
+        let n = h.num_fdes;
+        let mut i = 0;
+        while i < n {
+            let Some(a) = scan::fde_g::<V3, BE>(&self.fmt, data, area, i) else {
+                return false;
+            };
+            if pairable(&a) && i + 1 < n {
+                let Some(b) = scan::fde_g::<V3, BE>(&self.fmt, data, area, i + 1) else {
+                    return false;
+                };
+                if pairable(&b) {
+                    let (ca, cb) = (checks(&a), checks(&b));
+                    let Some((ea, eb)) = scan::scan_pair(
+                        BE,
+                        area,
+                        (a.fres_offset, a.num_fres, &ca, a.fre_type),
+                        (b.fres_offset, b.num_fres, &cb, b.fre_type),
+                    ) else {
+                        return false;
+                    };
+                    if !w.function(&a, ea) || !w.function(&b, eb) {
+                        return false;
+                    }
+                    i += 2;
+                    continue;
+                }
+            }
+            let end = if a.flex {
+                self.check_fres_careful(&a, &mut checkpoints).ok()
+            } else {
+                let cp = (a.num_fres > CHECKPOINT_STEP).then_some((
+                    i,
+                    self.fres_start,
+                    &mut checkpoints,
+                ));
+                scan::scan_fres(
+                    BE,
+                    a.fre_type,
+                    area,
+                    a.fres_offset,
+                    a.num_fres,
+                    &checks(&a),
+                    cp,
+                )
+            };
+            let Some(end) = end else {
+                return false;
+            };
+            if !w.function(&a, end) {
+                return false;
+            }
+            i += 1;
+        }
+        if w.total_fres != u64::from(h.num_fres) || w.used != u64::from(h.fre_len) {
+            return false;
+        }
+        if w.out_of_order && self.check_overlaps().is_err() {
+            return false;
+        }
+        let mut order = w.order;
+        if w.unsorted {
+            self.build_sorted_index();
+            order = OrderCheck::new();
+            for (start, size) in self.starts_sorted() {
+                order.push(start, size);
+            }
+        }
+        self.checkpoints = checkpoints;
+        if let (true, Some(base), Some((_, end))) = (order.simple, order.first, order.prev) {
+            self.addr_index = Some(self.build_addr_index(base, end));
+        }
+        true
+    }
+
+    /// Start and size of every function in address order.
+    fn starts_sorted(&self) -> impl Iterator<Item = (i64, u32)> + '_ {
+        (0..self.header.num_fdes).map(|k| {
+            self.sorted_to_disk(k)
+                .and_then(|i| self.fde_start_size(i))
+                .unwrap_or_default()
+        })
+    }
+
+    /// The [`AddrIndex`] of a simple section whose functions span `[base, end)`.
+    fn build_addr_index(&self, base: i64, end: i128) -> AddrIndex {
+        let n = self.header.num_fdes as usize;
+        let span = (end - i128::from(base)).max(0) as u128;
+        // Smallest shift giving at most 2n buckets (n >= 1 here).
+        let mut shift = 0u32;
+        while shift < 127 && (span >> shift) >= 2 * n as u128 {
+            shift += 1;
+        }
+        let buckets = (span >> shift) as usize + 1;
+        let mut counts = vec![0u32; buckets + 1];
+        for (start, _) in self.starts_sorted() {
+            let b = ((i128::from(start) - i128::from(base)) as u128 >> shift) as usize;
+            if let Some(c) = counts.get_mut(b + 1) {
+                *c += 1;
+            }
+        }
+        for b in 1..counts.len() {
+            counts[b] += counts[b - 1];
+        }
+        AddrIndex {
+            base,
+            shift,
+            counts,
+        }
+    }
+
+    /// The FREs of one function through the careful decoder (FLEX functions), with
+    /// their checkpoints; the offset after the last one.
+    fn check_fres_careful(
+        &self,
+        fde: &Fde,
+        checkpoints: &mut Vec<Checkpoint>,
+    ) -> Result<usize, SFrameError> {
+        let n = fde.num_fres;
+        let mut off = fde.fres_offset;
+        let mut prev: Option<u32> = None;
+        for j in 0..n {
+            let fre = self.check_fre(fde, j, off, prev)?;
+            if n > CHECKPOINT_STEP && j % CHECKPOINT_STEP == 0 {
+                checkpoints.push(Checkpoint {
+                    fde: fde.index,
+                    fre: j,
+                    start: fre.start_offset,
+                    rel_offset: u32::try_from(off - self.fres_start).unwrap_or(u32::MAX),
+                });
+            }
+            prev = Some(fre.start_offset);
+            off += fre.len;
+        }
+        Ok(off)
+    }
+
+    /// FRE data ranges of all functions, sorted: no two may overlap.
+    fn check_overlaps(&self) -> Result<(), SFrameError> {
+        let attr_size = if self.header.version == 3 {
+            FDE_ATTR_SIZE_V3
+        } else {
+            0
+        };
+        let mut ranges = Vec::with_capacity(self.header.num_fdes as usize);
+        for fde in self.functions() {
+            let start = fde.fres_offset - attr_size;
+            let end = self
+                .rows(&fde)
+                .last()
+                .map_or(fde.fres_offset, |f| f.offset + f.len);
+            if end > start {
+                ranges.push((start, end, fde.index));
+            }
+        }
+        ranges.sort_unstable();
+        for w in ranges.windows(2) {
+            if let [a, b] = w
+                && b.0 < a.1
+            {
+                return Err(SFrameError::FreDataOverlap {
+                    fde: a.2.max(b.2),
+                    offset: b.0,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn build_sorted_index(&mut self) {
+        let mut idx: Vec<(i64, u32)> = self.functions().map(|f| (f.rel_start, f.index)).collect();
+        idx.sort_unstable();
+        self.sorted_index = Some(idx.into_iter().map(|(_, i)| i).collect());
+    }
+
+    /// The checks of [`Section::validate`] with the careful decoders only.
+    fn validate_reference(&mut self) -> Result<(), SFrameError> {
         let h = self.header;
         let mut total_fres: u64 = 0;
         let mut used: u64 = 0;
@@ -552,7 +1019,7 @@ impl<'a> Section<'a> {
         j: u32,
         off: usize,
         prev: Option<u32>,
-    ) -> Result<Fre, SFrameError> {
+    ) -> Result<Fre<'a>, SFrameError> {
         let h = &self.header;
         let fre = decode_fre(
             self.data,
@@ -642,20 +1109,54 @@ impl<'a> Section<'a> {
     }
 
     /// All FDEs in on-disk order.
-    pub fn functions(&self) -> impl Iterator<Item = Fde> + '_ {
-        (0..self.header.num_fdes).filter_map(move |i| self.decode_fde(i).ok())
+    #[inline]
+    pub fn functions(&self) -> FdeIter<'_, 'a> {
+        FdeIter {
+            section: self,
+            next: 0,
+        }
     }
 
     /// FDE `index` in on-disk order.
+    #[inline]
     pub fn fde(&self, index: u32) -> Option<Fde> {
         if index < self.header.num_fdes {
-            self.decode_fde(index).ok()
+            self.fde_valid(index)
         } else {
             None
         }
     }
 
+    /// On-disk index of the `k`-th FDE in address order.
+    #[inline]
+    pub(super) fn sorted_to_disk(&self, k: u32) -> Option<u32> {
+        match &self.sorted_index {
+            Some(idx) => idx.get(k as usize).copied(),
+            None => Some(k),
+        }
+    }
+
+    /// Section-relative start and size of FDE `index` (on-disk order), for searches.
+    #[inline]
+    pub(super) fn fde_start_size(&self, index: u32) -> Option<(i64, u32)> {
+        scan::fde_start_size(&self.fmt, self.big_endian, self.data, index)
+    }
+
+    /// The lookup checkpoints of FDE `index` (on-disk order), in FRE order.
+    #[inline]
+    pub(super) fn checkpoints_of(&self, index: u32) -> &[Checkpoint] {
+        let cps = &self.checkpoints;
+        let lo = cps.partition_point(|c| c.fde < index);
+        let hi = cps.partition_point(|c| c.fde <= index);
+        cps.get(lo..hi).unwrap_or_default()
+    }
+
+    pub(super) fn fres_start(&self) -> usize {
+        self.fres_start
+    }
+
     /// The `k`-th FDE in address order.
+    #[inline]
     pub fn fde_sorted(&self, k: u32) -> Option<Fde> {
         match &self.sorted_index {
             Some(idx) => self.fde(*idx.get(k as usize)?),
@@ -664,20 +1165,32 @@ impl<'a> Section<'a> {
     }
 
     /// All FDEs in address order.
+    #[inline]
     pub fn functions_sorted(&self) -> impl Iterator<Item = Fde> + '_ {
         (0..self.header.num_fdes).filter_map(move |k| self.fde_sorted(k))
     }
 
     /// The rows (FREs) of a function.
+    #[inline]
     pub fn rows<'s>(&'s self, fde: &Fde) -> FreIter<'s, 'a> {
+        self.rows_from(fde, 0, fde.fres_offset)
+    }
+
+    /// The rows of a function from FRE `first`, encoded at byte `off`.
+    #[inline]
+    pub(super) fn rows_from<'s>(&'s self, fde: &Fde, first: u32, off: usize) -> FreIter<'s, 'a> {
         FreIter {
-            section: self,
-            fde: *fde,
-            next: 0,
-            off: fde.fres_offset,
+            area: self.fre_area,
+            off,
+            next: first,
+            num_fres: fde.num_fres,
+            fre_type: fde.fre_type,
+            big_endian: self.big_endian,
+            _section: core::marker::PhantomData,
         }
     }
 
+    #[inline(always)]
     fn s390x_cfa(&self, off: i32) -> i32 {
         if self.header.abi == Abi::S390xBigEndian {
             off.wrapping_mul(S390X_CFA_OFFSET_ALIGNMENT_FACTOR)
@@ -700,7 +1213,17 @@ impl<'a> Section<'a> {
     }
 
     /// The normalized rule of a row. Infallible for rows of a validated section.
-    pub fn rule(&self, fde: &Fde, fre: &Fre) -> UnwindRule {
+    #[inline(always)]
+    pub fn rule(&self, fde: &Fde, fre: &Fre<'_>) -> UnwindRule {
+        if !fde.flex && fre.count() != 0 {
+            return self.default_rule(fde, fre);
+        }
+        self.other_rule(fde, fre)
+    }
+
+    /// [`Section::rule`] for FLEX and zero-word rows (kept out of line).
+    #[inline(never)]
+    fn other_rule(&self, fde: &Fde, fre: &Fre<'_>) -> UnwindRule {
         self.try_rule(fde, fre).unwrap_or(UnwindRule {
             cfa: CfaRule::sp(0),
             ra: RegRule::Undefined,
@@ -709,8 +1232,8 @@ impl<'a> Section<'a> {
         })
     }
 
-    fn try_rule(&self, fde: &Fde, fre: &Fre) -> Result<UnwindRule, FlexProblem> {
-        let h = &self.header;
+    #[inline(always)]
+    fn flags_and_base(fde: &Fde, fre: &Fre<'_>) -> (RuleFlags, CfaBase) {
         let mut flags = RuleFlags::default();
         if fde.signal {
             flags = flags.with(RuleFlags::SIGNAL);
@@ -726,6 +1249,52 @@ impl<'a> Section<'a> {
         } else {
             CfaBase::Fp
         };
+        (flags, base)
+    }
+
+    /// The rule of a row with data words in a DEFAULT (non-FLEX) function. Inlined into
+    /// the caller: a returned rule then stays in registers.
+    #[inline(always)]
+    fn default_rule(&self, fde: &Fde, fre: &Fre<'_>) -> UnwindRule {
+        let h = &self.header;
+        let (flags, base) = Self::flags_and_base(fde, fre);
+        // Up to three signed words (CFA offset, then RA and/or FP offsets).
+        let [w0, w1, w2] = fre.first_words();
+        let cfa = CfaRule {
+            base,
+            offset: self.s390x_cfa(w0.unwrap_or(0)),
+            deref: false,
+        };
+        // s390x v2 encodes "saved in register N" as an odd offset 2N+1.
+        let s390x_regs = h.abi == Abi::S390xBigEndian && h.version == 2;
+        let decode = |v: i32| {
+            if s390x_regs && v & 1 != 0 {
+                RegRule::InReg((v >> 1) as u16)
+            } else {
+                RegRule::AtCfa(v)
+            }
+        };
+        let (ra, fp_word) = if h.cfa_fixed_ra_offset != 0 {
+            (RegRule::AtCfa(i32::from(h.cfa_fixed_ra_offset)), w1)
+        } else {
+            let ra = match w1 {
+                // SFRAME_FRE_RA_OFFSET_INVALID: padding, RA not saved.
+                Some(0) | None => RegRule::Unchanged,
+                Some(v) => decode(v),
+            };
+            (ra, w2)
+        };
+        let fp = if h.cfa_fixed_fp_offset != 0 {
+            RegRule::AtCfa(i32::from(h.cfa_fixed_fp_offset))
+        } else {
+            fp_word.map_or(RegRule::Unchanged, decode)
+        };
+        UnwindRule { cfa, ra, fp, flags }
+    }
+
+    fn try_rule(&self, fde: &Fde, fre: &Fre<'_>) -> Result<UnwindRule, FlexProblem> {
+        let h = &self.header;
+        let (flags, base) = Self::flags_and_base(fde, fre);
         let default_ra = if h.cfa_fixed_ra_offset != 0 {
             RegRule::AtCfa(i32::from(h.cfa_fixed_ra_offset))
         } else {
@@ -748,39 +1317,10 @@ impl<'a> Section<'a> {
                 flags,
             });
         }
-        let w = |i: usize| fre.iword(i).unwrap_or(0);
         if !fde.flex {
-            let cfa = CfaRule {
-                base,
-                offset: self.s390x_cfa(w(0)),
-                deref: false,
-            };
-            // s390x v2 encodes "saved in register N" as an odd offset 2N+1.
-            let s390x_regs = h.abi == Abi::S390xBigEndian && h.version == 2;
-            let decode = |v: i32| {
-                if s390x_regs && v & 1 != 0 {
-                    RegRule::InReg((v >> 1) as u16)
-                } else {
-                    RegRule::AtCfa(v)
-                }
-            };
-            let (ra, fp_idx) = if h.cfa_fixed_ra_offset != 0 {
-                (default_ra, 1)
-            } else {
-                let ra = match fre.iword(1) {
-                    // SFRAME_FRE_RA_OFFSET_INVALID: padding, RA not saved.
-                    Some(0) | None => RegRule::Unchanged,
-                    Some(v) => decode(v),
-                };
-                (ra, 2)
-            };
-            let fp = if h.cfa_fixed_fp_offset != 0 {
-                default_fp
-            } else {
-                fre.iword(fp_idx).map_or(RegRule::Unchanged, decode)
-            };
-            return Ok(UnwindRule { cfa, ra, fp, flags });
+            return Ok(self.default_rule(fde, fre));
         }
+        let w = |i: usize| fre.iword(i).unwrap_or(0);
         // FLEX: (control, offset) pairs for CFA, RA, FP; a 0 control word is padding.
         let count = fre.count();
         if count < 2 {
@@ -838,64 +1378,112 @@ impl<'a> Section<'a> {
 
     /// Convert the whole section to the shared table type (functions in address order).
     pub fn to_table(&self) -> Result<UnwindTable, SFrameError> {
-        let mut functions = Vec::with_capacity(self.header.num_fdes as usize);
-        for fde in self.functions_sorted() {
-            let rows = self
-                .rows(&fde)
-                .map(|fre| Row {
-                    start_offset: fre.start_offset,
-                    rule: Some(self.rule(&fde, &fre)),
-                })
-                .collect();
-            functions.push(Function {
-                start: fde.start,
-                size: fde.size,
-                pc_type: fde.pc_type,
-                rows,
-            });
-        }
-        Ok(UnwindTable {
-            arch: self.arch(),
-            source: Source::SFrame {
+        let mut b = TableBuilder::new(
+            self.arch(),
+            Source::SFrame {
                 version: self.header.version,
             },
-            functions,
-        })
+        );
+        // Counts checked against the section size at open.
+        b.reserve(self.header.num_fdes as usize, self.header.num_fres as usize);
+        for fde in self.functions_sorted() {
+            let rows = self.rows(&fde).map(|fre| Row {
+                start_offset: fre.start_offset,
+                rule: Some(self.rule(&fde, &fre)),
+            });
+            b.push(fde.start, fde.size, fde.pc_type, rows);
+        }
+        Ok(b.finish())
+    }
+}
+
+/// Iterator over the FDEs of a section in on-disk order ([`Section::functions`]).
+#[derive(Clone, Debug)]
+pub struct FdeIter<'s, 'a> {
+    section: &'s Section<'a>,
+    next: u32,
+}
+
+impl Iterator for FdeIter<'_, '_> {
+    type Item = Fde;
+    // Inlined into the caller's loop so that the `Fde` is built in place.
+    #[inline(always)]
+    fn next(&mut self) -> Option<Fde> {
+        while self.next < self.section.header.num_fdes {
+            let i = self.next;
+            self.next += 1;
+            // Every FDE of a validated section decodes.
+            if let Some(f) = self.section.fde_valid(i) {
+                return Some(f);
+            }
+        }
+        None
+    }
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let n = self.section.header.num_fdes.saturating_sub(self.next) as usize;
+        (0, Some(n))
     }
 }
 
 /// Iterator over the FREs of one function.
 #[derive(Clone, Debug)]
 pub struct FreIter<'s, 'a> {
-    section: &'s Section<'a>,
-    fde: Fde,
-    next: u32,
+    area: &'a [u8],
     off: usize,
+    next: u32,
+    num_fres: u32,
+    fre_type: u8,
+    big_endian: bool,
+    _section: core::marker::PhantomData<&'s Section<'a>>,
 }
 
-impl Iterator for FreIter<'_, '_> {
-    type Item = Fre;
-    fn next(&mut self) -> Option<Fre> {
-        if self.next >= self.fde.num_fres {
+impl<'a> Iterator for FreIter<'_, 'a> {
+    type Item = Fre<'a>;
+    // Small enough to inline into the caller's loop (the width and byte order are
+    // tested per row, predictably): a returned `Fre` then stays in registers.
+    #[inline(always)]
+    fn next(&mut self) -> Option<Fre<'a>> {
+        if self.next >= self.num_fres {
             return None;
         }
-        let s = self.section;
-        let fre = decode_fre(
-            s.data,
-            self.off,
-            s.fres_end,
-            self.fde.fre_type,
-            self.fde.addr_size(),
-            s.header.endian,
-            self.next,
-        )
-        .ok()?;
+        let off = self.off;
+        let rest = self.area.get(off..)?;
+        let be = self.big_endian;
+        let (start, aw) = match self.fre_type {
+            0 => (u32::from(*rest.first()?), 1),
+            1 => {
+                let b = [*rest.first()?, *rest.get(1)?];
+                let v = if be {
+                    u16::from_be_bytes(b)
+                } else {
+                    u16::from_le_bytes(b)
+                };
+                (u32::from(v), 2)
+            }
+            _ => {
+                let b: [u8; 4] = rest.get(..4)?.try_into().ok()?;
+                let v = if be {
+                    u32::from_be_bytes(b)
+                } else {
+                    u32::from_le_bytes(b)
+                };
+                (v, 4)
+            }
+        };
+        let info = *rest.get(aw)?;
+        let code = (info >> 5) & 3;
+        if code == 3 {
+            return None;
+        }
+        let len = aw + 1 + (usize::from((info >> 1) & 0xf) << code);
+        let words = rest.get(aw + 1..len)?;
+        let fre = Fre::new(self.next, off, start, info, words, be, len);
         self.next += 1;
-        self.off += fre.len;
+        self.off = off + len;
         Some(fre)
     }
     fn size_hint(&self) -> (usize, Option<usize>) {
-        let n = (self.fde.num_fres - self.next.min(self.fde.num_fres)) as usize;
+        let n = (self.num_fres - self.next.min(self.num_fres)) as usize;
         (0, Some(n))
     }
 }

@@ -6,7 +6,7 @@ use sframe_common::{CfaBase, CfaRule, RegRule, RuleFlags, UnwindRule};
 use super::error::{FlexProblem, SFrameError, Subsection};
 use super::read::Section;
 use super::write::{WriteOptions, WriteVersion, write_section};
-use crate::table::{Arch, Function, PcType, Row, Source, UnwindTable};
+use crate::table::{Arch, FunctionRows, PcType, Row, Source, UnwindTable};
 
 const VADDR: u64 = 0x2000;
 
@@ -29,24 +29,24 @@ fn row(start: u32, r: UnwindRule) -> Row {
 /// v2 AMD64: header 28 bytes, FDE0 at 28, FDE1 at 48, FREs at 68 (3 bytes each:
 /// f0 rows at 68 and 71, f1 row at 74), 77 bytes in all.
 fn table() -> UnwindTable {
-    UnwindTable {
-        arch: Arch::Amd64,
-        source: Source::Synthesized,
-        functions: vec![
-            Function {
+    UnwindTable::from_functions(
+        Arch::Amd64,
+        Source::Synthesized,
+        vec![
+            FunctionRows {
                 start: 0x1000,
                 size: 0x20,
                 pc_type: PcType::Inc,
                 rows: vec![row(0, rule(8)), row(4, rule(16))],
             },
-            Function {
+            FunctionRows {
                 start: 0x1020,
                 size: 0x10,
                 pc_type: PcType::Inc,
                 rows: vec![row(0, rule(8))],
             },
         ],
-    }
+    )
 }
 
 fn v2() -> Vec<u8> {
@@ -84,7 +84,10 @@ fn valid_section_parses_and_looks_up() {
     assert_eq!(s.find_fre(0x1020).map(|r| r.0), Some(1));
     assert_eq!(s.find_fre(0x1030), None);
     assert_eq!(s.find_fre(0xfff), None);
-    assert_eq!(s.to_table().unwrap().functions, table().functions);
+    assert_eq!(
+        s.to_table().unwrap().to_function_rows(),
+        table().to_function_rows()
+    );
 }
 
 #[test]
@@ -364,7 +367,10 @@ fn to_v1(v2: &[u8]) -> Vec<u8> {
 fn v1_sections() {
     let v1 = to_v1(&v2());
     let s = Section::parse(&v1, VADDR).unwrap();
-    assert_eq!(s.to_table().unwrap().functions, table().functions);
+    assert_eq!(
+        s.to_table().unwrap().to_function_rows(),
+        table().to_function_rows()
+    );
     // v1 PCMASK: understood on AMD64 (16-byte PLT entries) only.
     let mut m = v1.clone();
     m[28 + 16] |= 0x10;
@@ -388,16 +394,16 @@ fn flex_table() -> UnwindTable {
         fp: RegRule::AtReg { reg: 6, offset: 0 },
         flags: RuleFlags::default(),
     };
-    UnwindTable {
-        arch: Arch::Amd64,
-        source: Source::Synthesized,
-        functions: vec![Function {
+    UnwindTable::from_functions(
+        Arch::Amd64,
+        Source::Synthesized,
+        vec![FunctionRows {
             start: 0x1000,
             size: 0x20,
             pc_type: PcType::Inc,
             rows: vec![row(0, rule(8)), row(9, drap)],
         }],
-    }
+    )
 }
 
 #[test]
@@ -413,7 +419,10 @@ fn v3_checks() {
     .unwrap();
     let s = Section::parse(&b, VADDR).unwrap();
     assert!(s.fde(0).unwrap().flex);
-    assert_eq!(s.to_table().unwrap().functions, t.functions);
+    assert_eq!(
+        s.to_table().unwrap().to_function_rows(),
+        t.to_function_rows()
+    );
     // Layout: header 28, FDE index 28..44, attr 44..49, FRE0 at 49 (sp+8 FLEX: 1+1+2 words).
     let mut m = b.clone();
     m[47] = 5;
@@ -468,14 +477,15 @@ fn writer_reports_unrepresentable_in_v2() {
 
 #[test]
 fn writer_splits_at_none_rows() {
-    let mut t = table();
-    t.functions[0].rows.insert(
+    let mut fns = table().to_function_rows();
+    fns[0].rows.insert(
         1,
         Row {
             start_offset: 2,
             rule: None,
         },
     );
+    let t = UnwindTable::from_functions(Arch::Amd64, Source::Synthesized, fns);
     let (b, stats) = write_section(
         &t,
         &WriteOptions {
@@ -490,4 +500,259 @@ fn writer_splits_at_none_rows() {
     assert_eq!(s.find_fre(0x1002), None);
     assert_eq!(s.find_fre(0x1003), None);
     assert_eq!(s.find_fre(0x1004).map(|r| r.1.cfa.offset), Some(16));
+}
+
+/// xorshift64: reproducible pseudo-random numbers for the generated tables below.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+/// A table with functions of 1 to 80 rows (so some get lookup checkpoints), sizes
+/// that need 1-, 2- and 4-byte row starts, offsets of every data word width, PCMASK
+/// functions, and gaps; `overlap` also adds zero-size functions and functions that
+/// start inside the previous one (a section that is not "simple").
+fn generated_table(rng: &mut Rng, arch: Arch, overlap: bool) -> UnwindTable {
+    let mut functions = Vec::new();
+    let mut pc = 0x10_000u64;
+    for i in 0..300 {
+        let rows_n = match rng.below(4) {
+            0 => 1 + rng.below(3) as u32,
+            1 => 15 + rng.below(4) as u32,
+            2 => 30 + rng.below(50) as u32,
+            _ => 1 + rng.below(12) as u32,
+        };
+        let spacing = [1u64, 3, 40, 700, 5000][rng.below(5) as usize];
+        let mask = i % 17 == 5;
+        let mut rows = Vec::new();
+        let mut off = 0u32;
+        for _ in 0..rows_n {
+            let cfa = [8i32, 16, -100, 3000, 100_000][rng.below(5) as usize];
+            let fp = match (arch, rng.below(3)) {
+                (_, 0) => RegRule::Unchanged,
+                (_, 1) => RegRule::AtCfa(-16),
+                _ => RegRule::AtCfa(-40_000),
+            };
+            let ra = match arch {
+                Arch::Amd64 => RegRule::AtCfa(-8),
+                _ => [RegRule::Unchanged, RegRule::AtCfa(-8)][rng.below(2) as usize],
+            };
+            rows.push(Row {
+                start_offset: off,
+                rule: Some(UnwindRule {
+                    cfa: if rng.below(2) == 0 {
+                        CfaRule::sp(cfa)
+                    } else {
+                        CfaRule::fp(cfa)
+                    },
+                    ra,
+                    fp,
+                    flags: RuleFlags::default(),
+                }),
+            });
+            off += 1 + rng.below(spacing) as u32;
+        }
+        let last = rows.last().map_or(0, |r| r.start_offset);
+        // Some functions end right at or after their last row (boundaries of checks).
+        let size = match rng.below(4) {
+            0 => last,
+            1 => last + 1,
+            _ => off + rng.below(spacing) as u32,
+        };
+        let pc_type = if mask {
+            PcType::Mask { rep_size: 16 }
+        } else {
+            PcType::Inc
+        };
+        functions.push(FunctionRows {
+            start: pc,
+            size,
+            pc_type,
+            rows,
+        });
+        pc += u64::from(size.max(1)) + rng.below(3) * 8;
+        if overlap && i % 7 == 3 {
+            pc -= u64::from(size / 2); // the next function starts inside this one
+        }
+        if overlap && i % 11 == 4 {
+            functions.push(FunctionRows {
+                start: pc,
+                size: 0,
+                pc_type: PcType::Inc,
+                rows: vec![row(0, rule(8))],
+            });
+        }
+    }
+    // One function far away: the address index spans a gap of 1 GiB.
+    functions.push(FunctionRows {
+        start: pc + (1 << 30),
+        size: 64,
+        pc_type: PcType::Inc,
+        rows: vec![row(0, rule(8)), row(4, rule(16))],
+    });
+    UnwindTable::from_functions(arch, Source::Synthesized, functions)
+}
+
+/// Lookups agree with libsframe's search and scan (the reference versions) at every
+/// row start, every row's last byte, and pseudo-random PCs in and around every
+/// function; on simple sections (the fence search) and overlapping ones.
+#[test]
+fn fast_lookup_matches_libsframe_on_generated_sections() {
+    let mut rng = Rng(0x1234_5678_9abc_def1);
+    let arches = [
+        Arch::Amd64,
+        Arch::Aarch64 { big_endian: false },
+        Arch::Aarch64 { big_endian: true },
+    ];
+    for arch in arches {
+        for overlap in [false, true] {
+            let t = generated_table(&mut rng, arch, overlap);
+            for version in [WriteVersion::V2, WriteVersion::V3] {
+                let (b, _) = write_section(
+                    &t,
+                    &WriteOptions {
+                        version,
+                        section_vaddr: VADDR,
+                    },
+                )
+                .unwrap();
+                let s = Section::parse(&b, VADDR).unwrap();
+                let r = Section::parse_reference(&b, VADDR).unwrap();
+                assert!(s.checkpoint_count() > 0);
+                assert_eq!(s.addr_index().is_none(), overlap, "index only when simple");
+                let mut pcs = vec![0, u64::MAX, VADDR];
+                for f in &t.to_function_rows() {
+                    for x in [f.start.wrapping_sub(1), f.start, f.end(), f.end() - 1] {
+                        pcs.push(x);
+                    }
+                    for row in &f.rows {
+                        pcs.push(f.start + u64::from(row.start_offset));
+                        pcs.push((f.start + u64::from(row.start_offset)).wrapping_sub(1));
+                    }
+                    for _ in 0..8 {
+                        pcs.push(f.start + rng.below(u64::from(f.size) + 16));
+                    }
+                }
+                for pc in pcs {
+                    let fast = s.find_fre_raw(pc);
+                    assert_eq!(s.find_fde(pc), s.find_fde_libsframe(pc), "{pc:#x}");
+                    assert_eq!(fast, s.find_fre_raw_linear(pc), "{pc:#x}");
+                    assert_eq!(fast, r.find_fre_raw(pc), "{pc:#x}");
+                }
+            }
+        }
+    }
+}
+
+/// The fast validation accepts exactly what the careful reference accepts, with the
+/// same error, on byte mutations of generated sections (functions with checkpoints,
+/// every row width, both byte orders).
+#[test]
+fn fast_validation_matches_reference_on_mutations() {
+    let mut rng = Rng(0x0bad_cafe_f00d_d00d);
+    for arch in [Arch::Amd64, Arch::Aarch64 { big_endian: true }] {
+        let t = generated_table(&mut rng, arch, false);
+        for version in [WriteVersion::V2, WriteVersion::V3] {
+            let (b, _) = write_section(
+                &t,
+                &WriteOptions {
+                    version,
+                    section_vaddr: VADDR,
+                },
+            )
+            .unwrap();
+            for _ in 0..800 {
+                let mut m = b.clone();
+                for _ in 0..1 + rng.below(3) {
+                    let pos = rng.below(m.len() as u64) as usize;
+                    // Bit flips, and ±1 (which lands on the boundaries of the checks).
+                    m[pos] = match rng.below(3) {
+                        0 => m[pos] ^ (1 << rng.below(8)),
+                        1 => m[pos].wrapping_add(1),
+                        _ => m[pos].wrapping_sub(1),
+                    };
+                }
+                let fast = Section::parse(&m, VADDR);
+                let slow = Section::parse_reference(&m, VADDR);
+                assert_eq!(fast.as_ref().err(), slow.as_ref().err());
+                if let (Ok(fast), Ok(_)) = (fast, slow) {
+                    for fde in fast.functions() {
+                        assert_eq!(Ok(fde), fast.fde_reference(fde.index));
+                        let rows: Vec<_> = fast.rows(&fde).collect();
+                        assert_eq!(rows, fast.rows_reference(&fde));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Sections without `SFRAME_F_FDE_SORTED` whose FDE entries are out of address order
+/// (and whose FRE data is then out of FDE order): the fast validation agrees with the
+/// reference, and lookups (through the private sort index) with libsframe's search.
+#[test]
+fn unsorted_sections_match_reference() {
+    let mut rng = Rng(0x5eed_5eed_1234_4321);
+    let t = generated_table(&mut rng, Arch::Amd64, false);
+    for (version, fde_size) in [(WriteVersion::V2, 20usize), (WriteVersion::V3, 16)] {
+        let (b, _) = write_section(
+            &t,
+            &WriteOptions {
+                version,
+                section_vaddr: VADDR,
+            },
+        )
+        .unwrap();
+        let mut m = b.clone();
+        m[3] &= !super::header::F_FDE_SORTED;
+        let n = get32(&m, 8) as usize;
+        let fdes = 28 + m[7] as usize + get32(&m, 20) as usize;
+        for _ in 0..40 {
+            let (i, j) = (rng.below(n as u64) as usize, rng.below(n as u64) as usize);
+            for k in 0..fde_size {
+                m.swap(fdes + i * fde_size + k, fdes + j * fde_size + k);
+            }
+        }
+        let fast = Section::parse(&m, VADDR);
+        let slow = Section::parse_reference(&m, VADDR);
+        assert_eq!(fast.as_ref().err(), slow.as_ref().err(), "{version:?}");
+        let s = fast.expect("swapped entries still describe a valid section");
+        let starts: Vec<i64> = s.functions().map(|f| f.rel_start).collect();
+        assert!(
+            starts.windows(2).any(|w| w[0] > w[1]),
+            "out of order on disk"
+        );
+        let mut pcs = vec![0, VADDR, u64::MAX];
+        for f in s.functions() {
+            pcs.extend([
+                f.start,
+                f.start.wrapping_sub(1),
+                f.start.wrapping_add(u64::from(f.size)),
+            ]);
+            for _ in 0..4 {
+                pcs.push(f.start.wrapping_add(rng.below(u64::from(f.size) + 1)));
+            }
+        }
+        for pc in pcs {
+            assert_eq!(
+                s.find_fde(pc),
+                s.find_fde_libsframe(pc),
+                "{version:?} {pc:#x}"
+            );
+            assert_eq!(
+                s.find_fre_raw(pc),
+                s.find_fre_raw_linear(pc),
+                "{version:?} {pc:#x}"
+            );
+        }
+    }
 }

@@ -274,15 +274,16 @@ pub fn write_section(
     };
 
     // Functions in address order, cut into segments (one FDE each).
-    let mut order: Vec<usize> = (0..table.functions.len()).collect();
-    order.sort_by_key(|&i| table.functions.get(i).map_or(0, |f| f.start));
+    let functions = table.functions();
+    let mut order: Vec<usize> = (0..functions.len()).collect();
+    order.sort_by_key(|&i| functions.get(i).map_or(0, |f| f.start));
     let mut segments: Vec<Segment> = Vec::new();
     for &fi in &order {
-        let Some(f) = table.functions.get(fi) else {
+        let Some(f) = functions.get(fi) else {
             continue;
         };
         let mut prev: Option<u32> = None;
-        for (ri, row) in f.rows.iter().enumerate() {
+        for (ri, row) in table.rows(f).enumerate() {
             if prev.is_some_and(|p| row.start_offset <= p) || row.start_offset > f.size {
                 return Err(WriteError::BadRowOrder {
                     function: fi,
@@ -294,28 +295,28 @@ pub fn write_section(
             prev = Some(row.start_offset);
         }
         if let PcType::Mask { .. } = f.pc_type {
-            if let Some(ri) = f.rows.iter().position(|r| r.rule.is_none()) {
+            if let Some(ri) = table.rows(f).position(|r| r.rule.is_none()) {
                 return Err(WriteError::NoneRowInMaskFunction {
                     function: fi,
                     row: ri,
                 });
             }
-            if f.rows.len() > max_rows {
+            if f.row_count() > max_rows {
                 return Err(WriteError::TooManyRows {
                     function: fi,
-                    count: f.rows.len(),
+                    count: f.row_count(),
                 });
             }
             segments.push(Segment {
                 func: fi,
                 lo: 0,
-                hi: f.rows.len(),
+                hi: f.row_count(),
                 base: 0,
                 size: f.size,
             });
             continue;
         }
-        if f.rows.is_empty() {
+        if f.row_count() == 0 {
             segments.push(Segment {
                 func: fi,
                 lo: 0,
@@ -327,7 +328,7 @@ pub fn write_section(
         }
         // Open segment: (first row, base offset).
         let mut open: Option<(usize, u32)> = None;
-        for (ri, row) in f.rows.iter().enumerate() {
+        for (ri, row) in table.rows(f).enumerate() {
             match (row.rule.is_some(), open) {
                 (true, None) => open = Some((ri, if ri == 0 { 0 } else { row.start_offset })),
                 (true, Some((lo, base))) if ri - lo >= max_rows => {
@@ -361,7 +362,7 @@ pub fn write_section(
             segments.push(Segment {
                 func: fi,
                 lo,
-                hi: f.rows.len(),
+                hi: f.row_count(),
                 base,
                 size: f.size - base,
             });
@@ -375,12 +376,14 @@ pub fn write_section(
     let mut fdes: Vec<u8> = Vec::with_capacity(fde_bytes);
     let mut fres: Vec<u8> = Vec::new();
     for (k, seg) in segments.iter().enumerate() {
-        let Some(f) = table.functions.get(seg.func) else {
+        let Some(f) = functions.get(seg.func) else {
             continue;
         };
-        let rows = f.rows.get(seg.lo..seg.hi).unwrap_or(&[]);
+        let Some(rows) = table.rows(f).sub(seg.lo, seg.hi) else {
+            continue;
+        };
         let rules = rows
-            .iter()
+            .clone()
             .enumerate()
             .filter_map(|(i, r)| r.rule.map(|rule| (seg.lo + i, rule)));
         // Per-function flags.

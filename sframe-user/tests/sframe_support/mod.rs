@@ -113,8 +113,8 @@ use sframe_user::table::{PcType, UnwindTable};
 /// `start <= pc < start + size`, then libsframe's row scan (PCMASK: offset mod rep_size
 /// for the range test, unmasked offset for the early stop).
 pub fn model_lookup(table: &UnwindTable, pc: u64) -> Option<(usize, UnwindRule)> {
-    let (fi, f) = table
-        .functions
+    let fns = table.to_function_rows();
+    let (fi, f) = fns
         .iter()
         .enumerate()
         .find(|(_, f)| f.start <= pc && pc < f.end())?;
@@ -142,7 +142,8 @@ pub fn model_lookup(table: &UnwindTable, pc: u64) -> Option<(usize, UnwindRule)>
 /// repetitions of PCMASK blocks, gaps between functions and addresses outside all.
 pub fn probe_addresses(table: &UnwindTable) -> Vec<u64> {
     let mut out = Vec::new();
-    for (i, f) in table.functions.iter().enumerate() {
+    let fns = table.to_function_rows();
+    for (i, f) in fns.iter().enumerate() {
         out.push(f.start.wrapping_sub(1));
         out.push(f.end());
         for (j, r) in f.rows.iter().enumerate() {
@@ -160,7 +161,7 @@ pub fn probe_addresses(table: &UnwindTable) -> Vec<u64> {
                 }
             }
         }
-        if let Some(n) = table.functions.get(i + 1)
+        if let Some(n) = fns.get(i + 1)
             && n.start > f.end()
         {
             out.push(f.end() + (n.start - f.end()) / 2);
