@@ -928,3 +928,116 @@ fn drop_privileges_keeps_only_what_profiling_needs() {
     assert!(total >= 100, "{folded}");
     assert!(complete as f64 >= 0.95 * total as f64, "{folded}");
 }
+
+/// A cgroup directory created for a test, removed (after its processes) on drop.
+struct TestCgroup(PathBuf);
+
+impl TestCgroup {
+    fn new(parent: &str, name: &str) -> Option<Self> {
+        let dir = Path::new(parent).join(format!("{name}-{}", std::process::id()));
+        std::fs::create_dir(&dir).ok()?;
+        Some(Self(dir))
+    }
+    fn add(&self, pid: u32) {
+        std::fs::write(self.0.join("cgroup.procs"), pid.to_string()).expect("move into the cgroup");
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.0).is_ok() {
+                return;
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// Profiles `--cgroup DIR` while one spinner runs inside the cgroup and one outside;
+/// only the inside one is sampled, with complete stacks.
+fn profile_one_cgroup(parent: &str, tag: &str) {
+    let inside_exe = compile_c(
+        &format!("{tag}_in"),
+        &spinner_source("cg_inside", 30.0),
+        &["-O2", "-fomit-frame-pointer"],
+    );
+    let outside_exe = compile_c(
+        &format!("{tag}_out"),
+        &spinner_source("cg_outside", 30.0),
+        &["-O2", "-fomit-frame-pointer"],
+    );
+    let cgroup = TestCgroup::new(parent, "sframe-test")
+        .unwrap_or_else(|| panic!("cannot create a cgroup under {parent}"));
+    let inside = KillOnDrop::spawn(&mut Command::new(&inside_exe));
+    cgroup.add(inside.pid());
+    let outside = KillOnDrop::spawn(&mut Command::new(&outside_exe));
+    let spec = TargetSpec {
+        cgroups: vec![cgroup.0.clone()],
+        ..TargetSpec::default()
+    };
+    let mut profiler = Profiler::start_with(config(499, spec)).expect("start with --cgroup");
+    pump(&mut profiler, Duration::from_millis(500));
+    let before = profiler.collect();
+    pump(&mut profiler, Duration::from_millis(1500));
+    let after = profiler.collect();
+    let delta = sframe_user::export::snapshot_delta(&after, &before);
+    let of = |pid: u32| -> u64 {
+        delta
+            .counts
+            .iter()
+            .filter(|c| c.key.pid == pid)
+            .map(|c| c.count)
+            .sum()
+    };
+    assert_eq!(
+        of(outside.pid()),
+        0,
+        "the process outside the cgroup was sampled"
+    );
+    let stacks = stacks_of(
+        &profiler,
+        &delta,
+        &profiler.targets(),
+        &[inside.pid()].into(),
+    );
+    let (good, total, bad) = complete_through(&stacks, &["main", "cg_inside"]);
+    eprintln!("{tag}: {good} of {total} complete inside, none outside");
+    assert!(total >= 300, "{tag}: too few samples: {total}");
+    assert!(
+        good as f64 >= 0.95 * total as f64,
+        "{tag}: {good} of {total}:\n{bad}"
+    );
+    drop(inside);
+    drop(outside);
+}
+
+#[test]
+fn cgroup_targets_v2_and_v1() {
+    if !bpf_or_skip("cgroup_targets_v2_and_v1") {
+        return;
+    }
+    let _serial = serial();
+    let v2 = ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
+        .into_iter()
+        .find(|p| {
+            Path::new(p).join("cgroup.procs").exists()
+                && Path::new(p).join("cgroup.controllers").exists()
+        });
+    let v1 = [
+        "/sys/fs/cgroup/cpu",
+        "/sys/fs/cgroup/pids",
+        "/sys/fs/cgroup/systemd",
+    ]
+    .into_iter()
+    .find(|p| Path::new(p).join("tasks").exists());
+    match v2 {
+        Some(root) => profile_one_cgroup(root, "cgv2"),
+        None => eprintln!("no cgroup2 hierarchy here: the v2 case is not run"),
+    }
+    match v1 {
+        Some(root) => profile_one_cgroup(root, "cgv1"),
+        None => eprintln!("no cgroup v1 hierarchy here: the v1 case is not run"),
+    }
+    assert!(v2.is_some() || v1.is_some(), "no cgroup hierarchy at all");
+}
