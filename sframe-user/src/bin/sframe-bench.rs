@@ -1384,7 +1384,6 @@ fn not_measured(doc: &mut String) {
          - Kernel memory from the maps as the kernel reports them (`bpftool map show`\n\
            memlock); section 2 counts the bytes the layout needs.\n\
          - Upload time of tables to the kernel maps, and time to the first complete stack\n\
-           of a new process.\n\
-         - The profiler's own CPU and RSS when profiling the whole machine.\n",
+           of a new process.\n",
     );
 }
