@@ -2,9 +2,12 @@
 //! (`tests/ehframe_fuzz_body.rs`) so it is compiled and exercised on stable too.
 //!
 //! Input: the bytes of an ELF file. Properties: nothing panics; whatever table comes out
-//! has functions sorted by address and disjoint, and rows in increasing order.
+//! has functions sorted by address and disjoint, and rows in increasing order; and the
+//! whole object loader's last step, flattening into the kernel layout, gives page
+//! entries in order that point into the rows.
 
 use sframe_user::ehframe::derive_from_elf;
+use sframe_user::flatten::{RuleDict, flatten};
 use sframe_user::objtable::{ObjTableOptions, table_for_elf};
 use sframe_user::table::UnwindTable;
 
@@ -32,5 +35,22 @@ pub fn run(data: &[u8]) {
     if let Ok(t) = table_for_elf(data, &ObjTableOptions::default()) {
         check(&t.table, "table_for_elf");
         assert_eq!(t.source, t.table.source);
+        let mut dict = RuleDict::default();
+        if let Ok(flat) = flatten(&t.table, &mut dict) {
+            assert!(
+                flat.pages.windows(2).all(|w| w[0] <= w[1]),
+                "pages in order"
+            );
+            assert!(
+                flat.pages
+                    .last()
+                    .is_none_or(|&l| l as usize == flat.rows.len()),
+                "the page sentinel is the row count"
+            );
+            assert!(
+                flat.rows.iter().all(|r| usize::from(r.rule) < dict.len()),
+                "rows refer to interned rules"
+            );
+        }
     }
 }
