@@ -109,6 +109,22 @@ pub struct ProcessReport {
     pub maps: Vec<Mapping>,
 }
 
+/// How `refresh_process` builds objects it has not seen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Build {
+    /// Every table before returning (explicit targets: their first samples must unwind).
+    Now,
+    /// Objects over `SYNC_BUILD_BYTES` on the worker thread (loads from events).
+    Background,
+}
+
+/// A process's mapping table as installed in the kernel: the objects it refers to and
+/// the entries themselves (for walks in user space).
+struct Installed {
+    objects: Vec<ObjectKey>,
+    entries: Vec<MappingEntry>,
+}
+
 /// Objects larger than this are derived on the worker thread (unless cached).
 pub const SYNC_BUILD_BYTES: usize = 8 << 20;
 
@@ -189,10 +205,8 @@ pub struct ObjectStore {
     objects: HashMap<ObjectKey, ObjectInfo>,
     /// (dev, inode, path) of a mapped file → its key, so a file is read once.
     files: HashMap<(u32, u32, u64, String), ObjectKey>,
-    /// The objects each process's kernel mapping table refers to.
-    processes: HashMap<u32, Vec<ObjectKey>>,
-    /// Each process's mapping table as installed in the kernel (for user-space walks).
-    entries: HashMap<u32, Vec<MappingEntry>>,
+    /// What each process's kernel mapping table holds.
+    processes: HashMap<u32, Installed>,
     options: ObjTableOptions,
     /// Flattened tables on disk, by build-id (`--cache-dir`).
     pub cache: Option<crate::cache::TableCache>,
@@ -200,8 +214,6 @@ pub struct ObjectStore {
     worker: Option<Worker>,
     /// Objects on the worker, and the processes to reload when they are done.
     in_flight: HashMap<ObjectKey, std::collections::HashSet<u32>>,
-    /// Build every object before returning (explicit targets), even large ones.
-    blocking: bool,
     /// Objects whose table could not be built or loaded.
     pub failed_objects: u64,
     pub stats: StoreStats,
@@ -214,12 +226,10 @@ impl ObjectStore {
             objects: HashMap::new(),
             files: HashMap::new(),
             processes: HashMap::new(),
-            entries: HashMap::new(),
             options: ObjTableOptions::default(),
             cache: None,
             worker: None,
             in_flight: HashMap::new(),
-            blocking: false,
             failed_objects: 0,
             stats: StoreStats::default(),
         }
@@ -268,15 +278,14 @@ impl ObjectStore {
     /// when the process exits) and its objects lose a reference.
     pub fn forget_process(&mut self, pid: u32) {
         self.tables.remove_process(pid);
-        self.entries.remove(&pid);
-        if let Some(keys) = self.processes.remove(&pid) {
-            self.release(&keys);
+        if let Some(installed) = self.processes.remove(&pid) {
+            self.release(&installed.objects);
         }
     }
 
     /// `pid`'s mapping table as installed in the kernel.
     pub fn process_entries(&self, pid: u32) -> Option<&[MappingEntry]> {
-        self.entries.get(&pid).map(Vec::as_slice)
+        self.processes.get(&pid).map(|p| p.entries.as_slice())
     }
 
     fn release(&mut self, keys: &[ObjectKey]) {
@@ -319,20 +328,13 @@ impl ObjectStore {
         self.objects.values()
     }
 
-    /// `refresh_process`, building even large objects before returning (explicit
-    /// targets: their first samples must unwind).
-    pub fn refresh_process_blocking(
+    /// Reads the process's maps and installs its mapping table in the kernel; `build`
+    /// says whether large new objects may be derived in the background.
+    pub fn refresh_process(
         &mut self,
         pid: u32,
+        build: Build,
     ) -> Result<ProcessReport, procfs::MapsError> {
-        self.blocking = true;
-        let result = self.refresh_process(pid);
-        self.blocking = false;
-        result
-    }
-
-    /// Reads the process's maps and installs its mapping table in the kernel.
-    pub fn refresh_process(&mut self, pid: u32) -> Result<ProcessReport, procfs::MapsError> {
         let maps = procfs::read_maps(pid)?;
         let mut report = ProcessReport::default();
         let mut entries = Vec::new();
@@ -358,7 +360,7 @@ impl ObjectStore {
         let mut keys = Vec::new();
         for m in maps.iter().filter(|m| m.executable) {
             report.executable_mappings += 1;
-            let (object, bias, flags) = match self.mapping_object(pid, m) {
+            let (object, bias, flags) = match self.mapping_object(pid, m, build) {
                 Some((key, object, bias, flags)) => {
                     if let Some(info) = self.objects.get_mut(&key) {
                         info.refs += 1;
@@ -393,9 +395,12 @@ impl ObjectStore {
             Err(err) => log::warn!("pid {pid}: {err}"),
         }
         entries.truncate(sframe_common::budget::MAX_MAPPINGS);
-        self.entries.insert(pid, entries);
-        if let Some(old) = self.processes.insert(pid, keys) {
-            self.release(&old);
+        let installed = Installed {
+            objects: keys,
+            entries,
+        };
+        if let Some(old) = self.processes.insert(pid, installed) {
+            self.release(&old.objects);
         }
         self.release(&pinned);
         report.maps = maps;
@@ -403,7 +408,12 @@ impl ObjectStore {
     }
 
     /// The object of an executable mapping with a loaded table: key, id, bias, flags.
-    fn mapping_object(&mut self, pid: u32, m: &Mapping) -> Option<(ObjectKey, u32, u64, u32)> {
+    fn mapping_object(
+        &mut self,
+        pid: u32,
+        m: &Mapping,
+        build: Build,
+    ) -> Option<(ObjectKey, u32, u64, u32)> {
         if m.path == "[vdso]" {
             let (key, id, bias) = self.vdso(pid, m)?;
             return Some((key, id, bias, MAPPING_FLAG_VDSO));
@@ -428,7 +438,7 @@ impl ObjectStore {
                 if !self.usable(&key) {
                     let options = self.options.clone();
                     if data.len() > SYNC_BUILD_BYTES
-                        && !self.blocking
+                        && build == Build::Background
                         && !self.cached(&data)
                         && let Some(worker) = self.worker()
                     {

@@ -24,7 +24,7 @@ use crate::{
     cgroup::{self, Cgroup},
     export::TargetInfo,
     kmaps::KernelTables,
-    objects::{ObjectStore, ProcessReport},
+    objects::{Build, ObjectStore, ProcessReport},
     procfs,
 };
 
@@ -184,6 +184,8 @@ pub struct Profiler {
     pending: std::collections::VecDeque<u32>,
     pending_set: HashSet<u32>,
     newly_exited: Vec<u32>,
+    /// This program's executable (children that have not exec'd yet run it).
+    own_exe: Option<PathBuf>,
     max_exited: usize,
     last_liveness_check: Instant,
     pub lifecycle: LifecycleStats,
@@ -286,6 +288,7 @@ impl Profiler {
             pending: Default::default(),
             pending_set: HashSet::new(),
             newly_exited: Vec::new(),
+            own_exe: std::fs::read_link("/proc/self/exe").ok(),
             max_exited: config.max_exited,
             last_liveness_check: Instant::now(),
             lifecycle: LifecycleStats::default(),
@@ -571,8 +574,8 @@ impl Profiler {
     /// A child of the profiler that has not exec'd yet (its image is the profiler's own:
     /// loading it would only slow the loop; its exec event follows).
     fn is_own_child(&self, pid: u32) -> bool {
-        let exe = |p: &str| std::fs::read_link(format!("/proc/{p}/exe")).ok();
-        exe("self").is_some_and(|own| exe(&pid.to_string()) == Some(own))
+        self.own_exe.is_some()
+            && std::fs::read_link(format!("/proc/{pid}/exe")).ok() == self.own_exe
     }
 
     /// Processes waiting for their first load (call `handle_events` again soon).
@@ -608,7 +611,7 @@ impl Profiler {
             return;
         }
         let new = self.procs.get(&pid).is_none_or(|p| p.exited_at.is_some());
-        match self.store.refresh_process(pid) {
+        match self.store.refresh_process(pid, Build::Background) {
             Ok(report) if !report.maps.is_empty() => {
                 self.lifecycle.process_loads += 1;
                 let info = match self.procs.remove(&pid) {
@@ -785,7 +788,7 @@ impl Profiler {
 
     /// Loads the tables of `pid`'s objects, then starts sampling it.
     pub fn add_target(&mut self, pid: u32) -> Result<ProcessReport, crate::procfs::MapsError> {
-        let report = self.store.refresh_process_blocking(pid)?;
+        let report = self.store.refresh_process(pid, Build::Now)?;
         self.lifecycle.process_loads += 1;
         if let Err(err) = self.targets.insert(pid, 1, 0) {
             log::warn!("pid {pid}: cannot add to targets: {err}");
@@ -808,7 +811,7 @@ impl Profiler {
 
     /// Re-reads `pid`'s mappings (new libraries, exec).
     pub fn refresh(&mut self, pid: u32) -> Result<ProcessReport, crate::procfs::MapsError> {
-        let report = self.store.refresh_process_blocking(pid)?;
+        let report = self.store.refresh_process(pid, Build::Now)?;
         if let Some(p) = self.procs.get_mut(&pid)
             && !report.maps.is_empty()
         {

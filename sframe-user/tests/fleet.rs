@@ -54,9 +54,6 @@ fn pump(profiler: &mut Profiler, d: Duration) {
             thread::sleep(left.min(Duration::from_millis(20)));
         }
         profiler.handle_events();
-        if profiler.has_pending() {
-            continue;
-        }
     }
     profiler.maintain();
 }
@@ -1031,13 +1028,17 @@ fn cgroup_targets_v2_and_v1() {
     ]
     .into_iter()
     .find(|p| Path::new(p).join("tasks").exists());
+    // CI machines (this project's kind) mount both: neither case may be skipped there.
+    if sframe_user::privileges::in_ci() {
+        assert!(v2.is_some() && v1.is_some(), "v2 {v2:?}, v1 {v1:?}");
+    }
     match v2 {
         Some(root) => profile_one_cgroup(root, "cgv2"),
-        None => eprintln!("no cgroup2 hierarchy here: the v2 case is not run"),
+        None => eprintln!("SKIPPED the cgroup v2 case: no cgroup2 hierarchy here"),
     }
     match v1 {
         Some(root) => profile_one_cgroup(root, "cgv1"),
-        None => eprintln!("no cgroup v1 hierarchy here: the v1 case is not run"),
+        None => eprintln!("SKIPPED the cgroup v1 case: no cgroup v1 hierarchy here"),
     }
     assert!(v2.is_some() || v1.is_some(), "no cgroup hierarchy at all");
 }

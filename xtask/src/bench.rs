@@ -1,10 +1,7 @@
 //! `cargo xtask bench [--quick]`: builds `sframe-bench` in release, runs it as root, prints
 //! its report and, unless `--quick`, writes it to `BENCHMARKS.md`.
 
-use std::{
-    fs,
-    process::{Command, Stdio},
-};
+use std::{fs, process::Stdio};
 
 use anyhow::{Context as _, Result, bail};
 use clap::Args;
@@ -21,17 +18,7 @@ pub struct BenchArgs {
 pub fn bench(args: BenchArgs) -> Result<()> {
     setup::setup()?;
     let root = cmd::workspace_root();
-    let mut build = Command::new("cargo");
-    build.current_dir(&root).args([
-        "build",
-        "--release",
-        "--package",
-        "sframe-user",
-        "--bin",
-        "sframe-bench",
-    ]);
-    cmd::run(&mut build, "build sframe-bench")?;
-    let bin = cmd::target_dir().join("release").join("sframe-bench");
+    let bin = cmd::build_sframe_user_bin("sframe-bench", false)?;
     let mut run = cmd::privileged(&bin.to_string_lossy());
     if args.quick {
         run.arg("--quick");

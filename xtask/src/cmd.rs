@@ -21,6 +21,21 @@ pub fn target_dir() -> PathBuf {
         .unwrap_or_else(|| workspace_root().join("target"))
 }
 
+/// Builds binary `bin` of `sframe-user` (release unless `debug`) and returns its path
+/// under the target directory.
+pub fn build_sframe_user_bin(bin: &str, debug: bool) -> Result<PathBuf> {
+    let mut build = Command::new("cargo");
+    build
+        .current_dir(workspace_root())
+        .args(["build", "--package", "sframe-user", "--bin", bin]);
+    if !debug {
+        build.arg("--release");
+    }
+    run(&mut build, &format!("build {bin}"))?;
+    let profile = if debug { "debug" } else { "release" };
+    Ok(target_dir().join(profile).join(bin))
+}
+
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions. Avoid a libc dependency: read /proc instead.
     std::fs::read_to_string("/proc/self/status")

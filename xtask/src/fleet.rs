@@ -34,17 +34,7 @@ int main(int argc, char **argv) { soak_work(argc > 1 ? atof(argv[1]) : 0.05); re
 
 /// Builds the release profiler and the churn fixture; returns their paths.
 pub fn prepare() -> Result<(PathBuf, PathBuf)> {
-    let root = cmd::workspace_root();
-    let mut build = Command::new("cargo");
-    build.current_dir(&root).args([
-        "build",
-        "--release",
-        "--package",
-        "sframe-user",
-        "--bin",
-        "sframe-user",
-    ]);
-    cmd::run(&mut build, "build sframe-user")?;
+    let bin = cmd::build_sframe_user_bin("sframe-user", false)?;
     let dir = cmd::target_dir().join("soak");
     std::fs::create_dir_all(&dir)?;
     let src = dir.join("churn.c");
@@ -55,7 +45,7 @@ pub fn prepare() -> Result<(PathBuf, PathBuf)> {
         .arg(&exe)
         .arg(&src);
     cmd::run(&mut gcc, "compile the churn fixture")?;
-    Ok((cmd::target_dir().join("release/sframe-user"), exe))
+    Ok((bin, exe))
 }
 
 /// Short processes, `per_second` of them, each running `secs` of CPU, until `stop`.

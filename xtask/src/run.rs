@@ -1,7 +1,5 @@
 //! `cargo xtask run -- ARGS`.
 
-use std::process::Command;
-
 use anyhow::{Result, bail};
 use clap::Args;
 
@@ -19,17 +17,7 @@ pub struct RunArgs {
 
 pub fn run(args: RunArgs) -> Result<()> {
     setup::setup()?;
-    let root = cmd::workspace_root();
-    let mut build = Command::new("cargo");
-    build
-        .current_dir(&root)
-        .args(["build", "--package", "sframe-user", "--bin", "sframe-user"]);
-    if !args.debug {
-        build.arg("--release");
-    }
-    cmd::run(&mut build, "build sframe-user")?;
-    let profile = if args.debug { "debug" } else { "release" };
-    let bin = cmd::target_dir().join(profile).join("sframe-user");
+    let bin = cmd::build_sframe_user_bin("sframe-user", args.debug)?;
     let mut run = cmd::privileged(&bin.to_string_lossy());
     run.args(&args.args);
     let status = run.status()?;
