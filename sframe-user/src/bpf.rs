@@ -53,6 +53,22 @@ pub struct LoadConfig {
     pub max_pages: Option<u32>,
     /// Entries of `TARGET_CGROUPS` user space fills before attaching.
     pub cgroup_filters: u32,
+    pub sizes: MapSizes,
+}
+
+/// Entries of the kernel maps whose need grows with the workload (`None`: the sizes in
+/// `sframe_common::budget`). A full map is counted, never fatal: a process without
+/// room in `PROCESSES` has its samples unwound in user space (deferred), a sample
+/// without room in `STACKS` or `COUNTS` is counted as lost (`stack_map_full`,
+/// `count_map_full`) until the next collection empties them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MapSizes {
+    /// Processes with a mapping table (`PROCESSES`, 4.1 KiB each).
+    pub processes: Option<u32>,
+    /// Distinct user stacks between two collections (`STACKS`, 2 KiB each).
+    pub stacks: Option<u32>,
+    /// Distinct (thread, stack, outcome) keys between two collections (`COUNTS`).
+    pub counts: Option<u32>,
 }
 
 /// Loads the object into the kernel (maps are created; programs are loaded on demand).
@@ -83,6 +99,16 @@ pub fn load_with(config: &LoadConfig) -> Result<Ebpf, LoadError> {
     }
     if let Some(pages) = config.max_pages {
         loader.map_max_entries("PAGES", pages.div_ceil(PAGE_BLOCK as u32).max(1));
+    }
+    let sized = [
+        ("PROCESSES", config.sizes.processes),
+        ("STACKS", config.sizes.stacks),
+        ("COUNTS", config.sizes.counts),
+    ];
+    for (map, size) in sized {
+        if let Some(n) = size {
+            loader.map_max_entries(map, n.max(1));
+        }
     }
     Ok(loader.load(EBPF_OBJECT)?)
 }

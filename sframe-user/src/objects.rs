@@ -40,6 +40,45 @@ pub enum ObjectKey {
     },
 }
 
+/// What tells a file rewritten in place (same device and inode) from the one read
+/// before: its size and its modification and status-change times.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct FileStamp {
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl FileStamp {
+    fn of(meta: &fs::Metadata) -> Self {
+        Self {
+            size: meta.len(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+        }
+    }
+
+    /// The stamp of the file a process maps now (`None` when it cannot be reached).
+    fn of_mapping(pid: u32, m: &Mapping) -> Option<Self> {
+        let (via_map_files, via_root) = mapped_file_paths(pid, m);
+        fs::metadata(via_map_files)
+            .or_else(|_| fs::metadata(via_root))
+            .ok()
+            .map(|meta| Self::of(&meta))
+    }
+}
+
+/// The ways to open the file behind a mapping: `/proc/PID/map_files/START-END` (the
+/// mapped inode itself, even when deleted or renamed over), then the path in the
+/// process's root (its mount namespace).
+fn mapped_file_paths(pid: u32, m: &Mapping) -> (String, String) {
+    let path = m.path.strip_suffix(" (deleted)").unwrap_or(&m.path);
+    (
+        format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end),
+        format!("/proc/{pid}/root{path}"),
+    )
+}
+
 /// What happened to one object.
 #[derive(Clone, Debug)]
 pub struct ObjectInfo {
@@ -193,6 +232,12 @@ pub struct StoreStats {
     pub full: u64,
     /// Large objects derived on the worker thread.
     pub background_builds: u64,
+    /// Mapped files found rewritten in place since they were read (read again).
+    pub files_changed: u64,
+    /// Times a process's mapping table found no room in the kernel map (its samples are
+    /// then unwound in user space from the deferred stack copies; it tries again once
+    /// another process left the map).
+    pub process_table_full: u64,
 }
 
 /// Objects loaded so far, and the kernel tables they live in.
@@ -203,8 +248,9 @@ pub struct StoreStats {
 pub struct ObjectStore {
     pub tables: KernelTables,
     objects: HashMap<ObjectKey, ObjectInfo>,
-    /// (dev, inode, path) of a mapped file → its key, so a file is read once.
-    files: HashMap<(u32, u32, u64, String), ObjectKey>,
+    /// (dev, inode, path) of a mapped file → its key and the file's stamp when it was
+    /// read, so a file is read once, and again when it was rewritten in place.
+    files: HashMap<(u32, u32, u64, String), (ObjectKey, FileStamp)>,
     /// What each process's kernel mapping table holds.
     processes: HashMap<u32, Installed>,
     options: ObjTableOptions,
@@ -217,6 +263,12 @@ pub struct ObjectStore {
     /// Objects whose table could not be built or loaded.
     pub failed_objects: u64,
     pub stats: StoreStats,
+    /// Processes whose mapping table found the kernel map full, with the number of
+    /// processes removed from it at that time: trying again is useless until one more
+    /// has been removed.
+    no_room: HashMap<u32, u64>,
+    /// Processes removed from the kernel map so far.
+    removals: u64,
 }
 
 impl ObjectStore {
@@ -232,6 +284,8 @@ impl ObjectStore {
             in_flight: HashMap::new(),
             failed_objects: 0,
             stats: StoreStats::default(),
+            no_room: HashMap::new(),
+            removals: 0,
         }
     }
 
@@ -277,10 +331,19 @@ impl ObjectStore {
     /// Forgets `pid`: its mapping table is removed (the kernel side removes it itself
     /// when the process exits) and its objects lose a reference.
     pub fn forget_process(&mut self, pid: u32) {
-        self.tables.remove_process(pid);
+        if self.no_room.remove(&pid).is_none() {
+            self.tables.remove_process(pid);
+            self.removals += 1;
+        }
         if let Some(installed) = self.processes.remove(&pid) {
             self.release(&installed.objects);
         }
+    }
+
+    /// Whether `pid`'s mapping table found the kernel map full and no process left it
+    /// since (reloading it now would fail again).
+    pub fn waiting_for_room(&self, pid: u32) -> bool {
+        self.no_room.get(&pid) == Some(&self.removals)
     }
 
     /// `pid`'s mapping table as installed in the kernel.
@@ -318,7 +381,7 @@ impl ObjectStore {
                 log::warn!("{}: evicting its table: {err}", info.path);
             }
             log::debug!("evicted the table of {}", info.path);
-            self.files.retain(|_, k| *k != key);
+            self.files.retain(|_, (k, _)| *k != key);
             self.stats.evictions += 1;
         }
         true
@@ -348,7 +411,7 @@ impl ObjectStore {
             .filter_map(|m| {
                 self.files
                     .get(&(m.dev_major, m.dev_minor, m.inode, m.path.clone()))
-                    .cloned()
+                    .map(|(k, _)| k.clone())
             })
             .filter(|k| self.objects.contains_key(k))
             .collect();
@@ -391,8 +454,21 @@ impl ObjectStore {
         }
         entries.sort_by_key(|e| e.start);
         match self.tables.set_process(pid, &entries) {
-            Ok(dropped) => report.dropped_mappings = dropped,
-            Err(err) => log::warn!("pid {pid}: {err}"),
+            Ok(dropped) => {
+                self.no_room.remove(&pid);
+                report.dropped_mappings = dropped;
+            }
+            Err(err) => {
+                self.no_room.insert(pid, self.removals);
+                self.stats.process_table_full += 1;
+                // Once per power of two: a full map repeats this for every new process.
+                if self.stats.process_table_full.is_power_of_two() {
+                    log::warn!(
+                        "pid {pid}: {err} ({} times so far; --max-processes raises the limit)",
+                        self.stats.process_table_full
+                    );
+                }
+            }
         }
         entries.truncate(sframe_common::budget::MAX_MAPPINGS);
         let installed = Installed {
@@ -422,7 +498,18 @@ impl ObjectStore {
             return None; // anonymous executable memory (JIT code)
         }
         let file_id = (m.dev_major, m.dev_minor, m.inode, m.path.clone());
-        let known = self.files.get(&file_id).cloned();
+        // A file rewritten in place keeps its inode: the key is reused only while the
+        // file's size and times are those it had when it was read.
+        let known = match self.files.get(&file_id) {
+            Some((key, stamp)) if FileStamp::of_mapping(pid, m).as_ref() == Some(stamp) => {
+                Some(key.clone())
+            }
+            Some(_) => {
+                self.stats.files_changed += 1;
+                None
+            }
+            None => None,
+        };
         if let Some(k) = &known
             && let Some(waiting) = self.in_flight.get_mut(k)
         {
@@ -433,8 +520,8 @@ impl ObjectStore {
         let key = match known.filter(|k| self.usable(k)) {
             Some(k) => k,
             None => {
-                let (key, data) = self.read_file(pid, m)?;
-                self.files.insert(file_id, key.clone());
+                let (key, stamp, data) = self.read_file(pid, m)?;
+                self.files.insert(file_id, (key.clone(), stamp));
                 if !self.usable(&key) {
                     let options = self.options.clone();
                     if data.len() > SYNC_BUILD_BYTES
@@ -481,10 +568,8 @@ impl ObjectStore {
         }
     }
 
-    fn read_file(&mut self, pid: u32, m: &Mapping) -> Option<(ObjectKey, Vec<u8>)> {
-        let via_map_files = format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end);
-        let path = m.path.strip_suffix(" (deleted)").unwrap_or(&m.path);
-        let via_root = format!("/proc/{pid}/root{path}");
+    fn read_file(&mut self, pid: u32, m: &Mapping) -> Option<(ObjectKey, FileStamp, Vec<u8>)> {
+        let (via_map_files, via_root) = mapped_file_paths(pid, m);
         let file = fs::File::open(&via_map_files)
             .or_else(|_| fs::File::open(&via_root))
             .map_err(|e| log::debug!("pid {pid}: cannot open {}: {e}", m.path))
@@ -508,7 +593,7 @@ impl ObjectStore {
                 size: meta.len(),
                 mtime: meta.mtime(),
             });
-        Some((key, data))
+        Some((key, FileStamp::of(&meta), data))
     }
 
     fn vdso(&mut self, pid: u32, m: &Mapping) -> Option<(ObjectKey, u32, u64)> {
@@ -519,8 +604,8 @@ impl ObjectStore {
         // Every process of a boot maps the same vDSO image (one per size: 64-bit, x32,
         // 32-bit): read it from process memory once per size.
         let vdso_file = (0, 0, len, "[vdso]".to_owned());
-        let key = match self.files.get(&vdso_file).filter(|k| self.usable(k)) {
-            Some(key) => key.clone(),
+        let key = match self.files.get(&vdso_file).filter(|(k, _)| self.usable(k)) {
+            Some((key, _)) => key.clone(),
             None => {
                 let mut data = vec![0u8; len as usize];
                 let mem = fs::File::open(format!("/proc/{pid}/mem")).ok()?;
@@ -531,7 +616,8 @@ impl ObjectStore {
                     let info = self.finish_build("[vdso]", &data, derived);
                     self.objects.insert(key.clone(), info);
                 }
-                self.files.insert(vdso_file, key.clone());
+                self.files
+                    .insert(vdso_file, (key.clone(), FileStamp::default()));
                 key
             }
         };

@@ -90,6 +90,8 @@ pub struct ProfilerConfig {
     pub max_exited: usize,
     /// Directory of the on-disk table cache (`None`: no cache).
     pub cache_dir: Option<PathBuf>,
+    /// Sizes of the kernel maps that grow with the workload.
+    pub map_sizes: bpf::MapSizes,
 }
 
 impl ProfilerConfig {
@@ -101,6 +103,7 @@ impl ProfilerConfig {
             max_table_memory: None,
             max_exited: 10_000,
             cache_dir: None,
+            map_sizes: bpf::MapSizes::default(),
         }
     }
 }
@@ -184,6 +187,9 @@ pub struct Profiler {
     pending: std::collections::VecDeque<u32>,
     pending_set: HashSet<u32>,
     newly_exited: Vec<u32>,
+    /// Exited processes in the order they exited (a pid may be listed again after
+    /// reuse; entries of pids running again are skipped when trimming).
+    exited_order: std::collections::VecDeque<u32>,
     /// This program's executable (children that have not exec'd yet run it).
     own_exe: Option<PathBuf>,
     max_exited: usize,
@@ -245,6 +251,7 @@ impl Profiler {
             max_rows,
             max_pages,
             cgroup_filters: v2.len() as u32,
+            sizes: config.map_sizes,
         })?;
         bpf::spawn_logger(&mut ebpf);
         bpf::load_perf_event(&mut ebpf, PROGRAM)?;
@@ -288,6 +295,7 @@ impl Profiler {
             pending: Default::default(),
             pending_set: HashSet::new(),
             newly_exited: Vec::new(),
+            exited_order: std::collections::VecDeque::new(),
             own_exe: std::fs::read_link("/proc/self/exe").ok(),
             max_exited: config.max_exited,
             last_liveness_check: Instant::now(),
@@ -444,8 +452,12 @@ impl Profiler {
                     self.lifecycle.misses += 1;
                     if known {
                         // At most one reload per RELOAD_INTERVAL; the kernel side repeats
-                        // a miss that persists every MISS_INTERVAL_NS.
-                        self.load(pid, &mut added, false);
+                        // a miss that persists every MISS_INTERVAL_NS. A process the full
+                        // kernel map refused waits until another one leaves it (its
+                        // samples are unwound in user space meanwhile).
+                        if !self.store.waiting_for_room(pid) {
+                            self.load(pid, &mut added, false);
+                        }
                     } else if (self.kernel_filtered || self.is_listed(pid))
                         && self.pending_set.insert(pid)
                     {
@@ -662,25 +674,21 @@ impl Profiler {
             p.info.maps.retain(|m| m.executable);
             p.info.maps.shrink_to_fit();
             self.newly_exited.push(pid);
+            self.exited_order.push_back(pid);
         }
-        let exited = self
-            .procs
-            .values()
-            .filter(|p| p.exited_at.is_some())
-            .count();
-        if exited > self.max_exited {
-            // Forget the oldest tenth of the exited processes with their samples, so
-            // memory stays bounded under endless churn.
-            let mut old: Vec<(Instant, u32)> = self
-                .procs
-                .iter()
-                .filter_map(|(&pid, p)| p.exited_at.map(|t| (t, pid)))
-                .collect();
-            old.sort_unstable();
-            let n = exited - self.max_exited + self.max_exited / 10;
-            let gone: HashSet<u32> = old.iter().take(n).map(|&(_, pid)| pid).collect();
-            for pid in &gone {
-                self.procs.remove(pid);
+        // Past the limit by a tenth, forget the oldest exited processes with their
+        // samples down to the limit, so memory stays bounded under endless churn (in
+        // batches: dropping their counts walks all counts).
+        if self.exited_order.len() > self.max_exited + self.max_exited / 10 {
+            let mut gone = HashSet::new();
+            while self.exited_order.len() > self.max_exited {
+                let Some(old) = self.exited_order.pop_front() else {
+                    break;
+                };
+                if self.procs.get(&old).is_some_and(|p| p.exited_at.is_some()) {
+                    self.procs.remove(&old);
+                    gone.insert(old);
+                }
             }
             self.counts.retain(|k, _| !gone.contains(&k.pid));
             let used: HashSet<u64> = self.counts.keys().map(|k| k.user_stack).collect();
@@ -748,6 +756,8 @@ impl Profiler {
             ("table_eviction", t.evictions),
             ("table_full", t.full),
             ("table_background_build", t.background_builds),
+            ("file_changed", t.files_changed),
+            ("process_table_full", t.process_table_full),
             (
                 "cache_hit",
                 self.store.cache.as_ref().map_or(0, |c| c.stats.hits),

@@ -442,7 +442,16 @@ fn gcc_debug_frame_and_separate_debug_file() {
     let dir = std::env::temp_dir().join(format!("ehframe-gcc-{}-debugframe", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("lib.c"), LIB_C).unwrap();
+    // Enough functions for a `.debug_frame` that objcopy finds worth compressing.
+    let extra: String = (0..200)
+        .map(|i| {
+            format!(
+                "__attribute__((noinline)) long gen{i}(long x) {{ volatile long a[{n}]; a[0] = x; return a[0] * {i}; }}\n",
+                n = 1 + i % 7
+            )
+        })
+        .collect();
+    std::fs::write(dir.join("lib.c"), format!("{LIB_C}\n{extra}")).unwrap();
     run(Command::new("gcc").current_dir(&dir).args([
         "-O2",
         "-g",
@@ -502,5 +511,67 @@ fn gcc_debug_frame_and_separate_debug_file() {
     let d = derive_from_elf_with(&stripped, &opts).unwrap();
     assert_eq!(d.stats.debug_file.as_deref(), Some(by_id.as_path()));
     assert!(d.stats.fdes_from_debug_frame >= 2);
+    let uncompressed = derive_from_elf(&data).unwrap().table.to_function_rows();
+
+    // Compressed `.debug_frame` (SHF_COMPRESSED, as Debian's debug files ship it), in
+    // the object and in the separate debug file, with zlib and (when this objcopy
+    // can) zstd: the same rows as uncompressed.
+    for format in ["zlib", "zstd"] {
+        let object = dir.join(format!("libd.{format}.so"));
+        let status = Command::new("objcopy")
+            .arg(format!("--compress-debug-sections={format}"))
+            .arg(dir.join("libd.so"))
+            .arg(&object)
+            .status()
+            .unwrap();
+        if !status.success() {
+            assert_eq!(format, "zstd", "objcopy cannot compress with {format}");
+            eprintln!("objcopy cannot write zstd sections here; zstd not covered");
+            continue;
+        }
+        let bytes = std::fs::read(&object).unwrap();
+        let file = object::File::parse(&*bytes).unwrap();
+        let section = file.section_by_name(".debug_frame").unwrap();
+        let flags = match section.flags() {
+            object::SectionFlags::Elf { sh_flags } => sh_flags,
+            _ => 0,
+        };
+        assert_ne!(
+            flags & u64::from(object::elf::SHF_COMPRESSED),
+            0,
+            "{format}: .debug_frame is not compressed"
+        );
+        let d = derive_from_elf(&bytes).unwrap();
+        assert!(
+            d.stats.warnings.is_empty(),
+            "{format}: {:?}",
+            d.stats.warnings
+        );
+        assert_eq!(
+            d.table.to_function_rows(),
+            uncompressed,
+            "{format}: in the object"
+        );
+
+        let debug = by_id.with_extension(format!("{format}.debug"));
+        run(Command::new("objcopy")
+            .arg(format!("--compress-debug-sections={format}"))
+            .arg(dir.join("libd.debug"))
+            .arg(&debug));
+        std::fs::rename(&debug, &by_id).unwrap();
+        let d = derive_from_elf_with(&stripped, &opts).unwrap();
+        assert_eq!(d.stats.debug_file.as_deref(), Some(by_id.as_path()));
+        assert!(
+            d.stats.warnings.is_empty(),
+            "{format}: {:?}",
+            d.stats.warnings
+        );
+        assert!(
+            d.stats.fdes_from_debug_frame >= 2,
+            "{format}: {:?}",
+            d.stats
+        );
+        assert_eq!(rule_at(&d, libf).unwrap().cfa, CfaRule::sp(8));
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

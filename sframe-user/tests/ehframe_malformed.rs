@@ -423,3 +423,40 @@ fn mutated_elf_never_panics() {
         let _ = derive_from_elf(&original[..cut]);
     }
 }
+
+/// An `.eh_frame` of ten million FDEs (240 MB) is refused from its entry headers alone,
+/// before any FDE is evaluated or any row allocated.
+#[test]
+fn ten_million_fdes_are_refused_before_conversion() {
+    use sframe_user::ehframe::{EhFrameError, MAX_FDES};
+    let mut eh = EhFrame::default();
+    let cie = eh.cie("zR", &[]);
+    eh.fde(cie, 0x1000, 0x10, &[]);
+    let fde = eh.bytes[cie + 24..].to_vec();
+    assert_eq!(fde.len(), 24, "one FDE entry");
+    let n = 10_000_000;
+    assert!(n > MAX_FDES as usize);
+    // The same entry again and again: its CIE pointer is wrong past the first copy,
+    // which the count (headers only) does not look at.
+    let mut bytes = eh.bytes[..cie + 24].to_vec();
+    bytes.extend_from_slice(&fde.repeat(n));
+    let start = std::time::Instant::now();
+    let err = derive_from_sections(&CfiSections {
+        arch: Arch::Amd64,
+        eh_frame: Some(SectionData {
+            data: &bytes,
+            address: EH_ADDR,
+        }),
+        eh_frame_hdr: None,
+        debug_frame: None,
+        text_address: None,
+        got_address: None,
+        plts: &[],
+    })
+    .expect_err("refused");
+    eprintln!("refused in {:?}: {err}", start.elapsed());
+    assert!(
+        matches!(err, EhFrameError::LimitExceeded { what: "FDEs", limit, .. } if limit == MAX_FDES),
+        "{err}"
+    );
+}

@@ -59,6 +59,21 @@ pub struct ProfileArgs {
     /// no_new_privs. Everything then runs on one thread.
     #[arg(long)]
     pub drop_privileges: bool,
+    /// Processes with unwind tables in the kernel at once (4.1 KiB of kernel memory
+    /// each); samples of processes beyond it are unwound in user space, at more cost.
+    #[arg(long, value_name = "N", default_value_t = sframe_common::budget::MAX_PROCESSES,
+          value_parser = clap::value_parser!(u32).range(1..=1 << 20))]
+    pub max_processes: u32,
+    /// Distinct user stacks the kernel holds between two collections (2 KiB each);
+    /// samples beyond it are counted as lost (stack_map_full).
+    #[arg(long, value_name = "N", default_value_t = sframe_common::budget::MAX_STACKS,
+          value_parser = clap::value_parser!(u32).range(16..=1 << 22))]
+    pub max_stacks: u32,
+    /// Distinct (thread, stacks, outcome) keys the kernel counts between two
+    /// collections; samples beyond it are counted as lost (count_map_full).
+    #[arg(long, value_name = "N", default_value_t = sframe_common::budget::MAX_COUNTS,
+          value_parser = clap::value_parser!(u32).range(16..=1 << 24))]
+    pub max_counts: u32,
     /// Exited processes whose samples and mappings are kept for the report; beyond it
     /// the oldest are forgotten (bounds memory under endless process churn).
     #[arg(long, value_name = "N", default_value_t = 10_000)]
@@ -135,6 +150,11 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
         max_table_memory: Some(args.max_table_memory),
         max_exited: args.keep_exited,
         cache_dir: (!args.no_cache).then(|| args.cache_dir.clone()),
+        map_sizes: sframe_user::bpf::MapSizes {
+            processes: Some(args.max_processes),
+            stacks: Some(args.max_stacks),
+            counts: Some(args.max_counts),
+        },
     };
     let whole_system = config.targets.all;
     let mut profiler = Profiler::start_with(config).context("starting the profiler")?;

@@ -11,7 +11,7 @@ use gimli::{
 };
 use sframe_common::{CfaBase, CfaRule, RegRule, RuleFlags, UnwindRule};
 
-use super::error::{CfiSection, FdeError, SkipReason, Warning};
+use super::error::{CfiSection, EhFrameError, FdeError, SkipReason, Warning};
 use super::expr::{self, ExprBase};
 use super::stats::DeriveStats;
 use crate::table::{Arch, FunctionRows, PcType, Row};
@@ -109,7 +109,8 @@ pub(crate) fn convert_eh_frame(
     hdr: Option<&SectionData<'_>>,
     env: &Env,
     stats: &mut DeriveStats,
-) -> Vec<Candidate> {
+) -> Result<Vec<Candidate>, EhFrameError> {
+    check_fde_count(eh.data, env.endian, CfiSection::EhFrame)?;
     let mut section = EhFrame::new(eh.data, env.endian);
     section.set_address_size(env.address_size);
     section.set_vendor(env.regs.vendor());
@@ -132,7 +133,7 @@ pub(crate) fn convert_eh_frame(
                         .and_then(|p| conv.convert(&section, &bases, &p, index));
                     conv.record(result, index, offset as u64, stats);
                     if conv.budget_exhausted() {
-                        return conv.functions;
+                        return Ok(conv.functions);
                     }
                 }
                 listed = offsets;
@@ -141,7 +142,7 @@ pub(crate) fn convert_eh_frame(
         }
     }
     conv.walk(&section, eh.data, &bases, &listed, stats);
-    conv.functions
+    Ok(conv.functions)
 }
 
 /// Converts `.debug_frame` (of the object or of its separate debug file).
@@ -150,14 +151,49 @@ pub(crate) fn convert_debug_frame(
     kind: CfiSection,
     env: &Env,
     stats: &mut DeriveStats,
-) -> Vec<Candidate> {
+) -> Result<Vec<Candidate>, EhFrameError> {
+    check_fde_count(df.data, env.endian, kind)?;
     let mut section = DebugFrame::new(df.data, env.endian);
     section.set_address_size(env.address_size);
     section.set_vendor(env.regs.vendor());
     let bases = env.bases(kind, df, None);
     let mut conv = Converter::new(kind, env, df.data.len());
     conv.walk(&section, df.data, &bases, &[], stats);
-    conv.functions
+    Ok(conv.functions)
+}
+
+/// Most FDEs one CFI section may have (as many as an SFrame section may have
+/// functions). Sections with more are refused before any FDE is evaluated.
+pub const MAX_FDES: u64 = crate::sframe::MAX_FUNCTIONS as u64;
+
+/// Refuses a section with more than [`MAX_FDES`] entries that are FDEs, counted from
+/// the entry headers alone (a few nanoseconds each).
+fn check_fde_count(
+    data: &[u8],
+    endian: RunTimeEndian,
+    section: CfiSection,
+) -> Result<(), EhFrameError> {
+    let is_eh = section == CfiSection::EhFrame;
+    let mut fdes = 0u64;
+    let mut offset = 0usize;
+    while offset < data.len() {
+        // A bad header ends the count; the conversion reports it.
+        let Ok(Some(header)) = entry_header(data, offset, endian, is_eh) else {
+            break;
+        };
+        if !header.is_cie {
+            fdes += 1;
+            if fdes > MAX_FDES {
+                return Err(EhFrameError::LimitExceeded {
+                    section,
+                    what: "FDEs",
+                    limit: MAX_FDES,
+                });
+            }
+        }
+        offset = header.end;
+    }
+    Ok(())
 }
 
 /// The `.eh_frame` offsets of the FDEs listed in `.eh_frame_hdr`, sorted, deduplicated.
@@ -234,7 +270,9 @@ impl<'e> Converter<'e> {
             env: *env,
             ctx: UnwindContext::new(),
             cies: HashMap::new(),
-            budget: section_len.saturating_add(64),
+            budget: section_len
+                .saturating_add(64)
+                .min(crate::sframe::MAX_ROWS as usize),
             functions: Vec::new(),
         }
     }

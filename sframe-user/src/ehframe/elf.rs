@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use gimli::RunTimeEndian;
 use object::elf;
+use object::read::CompressedData;
 use object::read::elf::{ElfFile64, FileHeader, ProgramHeader, SectionHeader};
 use object::{Endianness, Object, ObjectSection};
 
@@ -22,6 +23,9 @@ pub(crate) struct ElfCfi<'a> {
     pub eh_frame: Option<SectionData<'a>>,
     pub eh_frame_hdr: Option<SectionData<'a>>,
     pub debug_frame: Option<SectionData<'a>>,
+    /// `.debug_frame` compressed (`SHF_COMPRESSED`, zlib or zstd), to be decompressed
+    /// by the caller, which owns the result ([`CompressedSection::decompress`]).
+    pub compressed_debug_frame: Option<CompressedSection<'a>>,
     pub text: Option<u64>,
     pub got: Option<u64>,
     pub plts: Vec<PltSection<'a>>,
@@ -50,6 +54,7 @@ pub(crate) fn parse<'a>(data: &'a [u8]) -> Result<ElfCfi<'a>, EhFrameError> {
         eh_frame: None,
         eh_frame_hdr: None,
         debug_frame: None,
+        compressed_debug_frame: None,
         text: None,
         got: None,
         plts: Vec::new(),
@@ -74,14 +79,14 @@ pub(crate) fn parse<'a>(data: &'a [u8]) -> Result<ElfCfi<'a>, EhFrameError> {
         match name {
             ".eh_frame" => out.eh_frame = sd,
             ".eh_frame_hdr" => out.eh_frame_hdr = sd,
-            ".debug_frame" => {
-                if compressed {
-                    out.warnings.push(Warning::Compressed {
-                        section: CfiSection::DebugFrame,
-                    });
-                }
-                out.debug_frame = sd;
-            }
+            ".debug_frame" if compressed => match section.compressed_data() {
+                Ok(data) => out.compressed_debug_frame = Some(CompressedSection { data, address }),
+                Err(_) => out.warnings.push(Warning::Compressed {
+                    section: CfiSection::DebugFrame,
+                    reason: "unreadable compression header".into(),
+                }),
+            },
+            ".debug_frame" => out.debug_frame = sd,
             ".text" => out.text = Some(section.address()),
             ".got" => out.got = Some(section.address()),
             _ => {
@@ -104,6 +109,44 @@ pub(crate) fn parse<'a>(data: &'a [u8]) -> Result<ElfCfi<'a>, EhFrameError> {
         from_program_headers(&file, data, &mut out);
     }
     Ok(out)
+}
+
+/// Largest decompressed `.debug_frame` (the compressed header's size is checked before
+/// anything is allocated).
+pub(crate) const MAX_DECOMPRESSED_BYTES: u64 = 512 << 20;
+
+/// A compressed section and its address.
+#[derive(Debug)]
+pub(crate) struct CompressedSection<'a> {
+    pub data: object::read::CompressedData<'a>,
+    pub address: u64,
+}
+
+impl CompressedSection<'_> {
+    /// The section's bytes, or why they cannot be had.
+    pub fn decompress(&self) -> Result<Vec<u8>, String> {
+        let size = self.data.uncompressed_size;
+        if size > MAX_DECOMPRESSED_BYTES {
+            return Err(format!(
+                "{size} bytes decompressed, more than the limit of {MAX_DECOMPRESSED_BYTES}"
+            ));
+        }
+        let CompressedData { format, data, .. } = self.data;
+        let bytes = CompressedData {
+            format,
+            data,
+            uncompressed_size: size,
+        }
+        .decompress()
+        .map_err(|e| format!("{format:?}: {e}"))?;
+        if bytes.len() as u64 != size {
+            return Err(format!(
+                "decompressed to {} bytes, the header says {size}",
+                bytes.len()
+            ));
+        }
+        Ok(bytes.into_owned())
+    }
 }
 
 /// Locates `.eh_frame_hdr` through `PT_GNU_EH_FRAME` and `.eh_frame` through the header's
@@ -196,4 +239,39 @@ pub(crate) fn debug_file_candidates(
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use object::CompressionFormat;
+
+    use super::*;
+
+    fn section(format: CompressionFormat, data: &[u8], size: u64) -> Result<Vec<u8>, String> {
+        CompressedSection {
+            data: CompressedData {
+                format,
+                data,
+                uncompressed_size: size,
+            },
+            address: 0,
+        }
+        .decompress()
+    }
+
+    #[test]
+    fn a_huge_announced_size_is_refused_before_allocating() {
+        let err = section(CompressionFormat::Zlib, &[0x78, 0x9c, 3, 0], 1 << 40).unwrap_err();
+        assert!(err.contains("more than the limit"), "{err}");
+    }
+
+    #[test]
+    fn corrupt_or_short_data_is_an_error() {
+        // Not a zlib stream.
+        assert!(section(CompressionFormat::Zlib, b"not zlib", 64).is_err());
+        // An empty zlib stream announced as 64 bytes.
+        let err = section(CompressionFormat::Zlib, &[0x78, 0x9c, 3, 0, 0, 0, 0, 1], 64);
+        assert!(err.is_err(), "{err:?}");
+        assert!(section(CompressionFormat::Zstandard, b"garbage!", 64).is_err());
+    }
 }

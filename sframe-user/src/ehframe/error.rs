@@ -34,6 +34,12 @@ pub enum EhFrameError {
     UnsupportedArch { machine: u16 },
     #[error("the object has no CFI (.eh_frame, .debug_frame) and no PLT to synthesize")]
     NoCfi,
+    #[error("{section}: more than {limit} {what}, the deriver's limit; the object is refused")]
+    LimitExceeded {
+        section: CfiSection,
+        what: &'static str,
+        limit: u64,
+    },
     #[error("{section} at offset {offset:#x}: {source}")]
     Section {
         section: CfiSection,
@@ -116,8 +122,8 @@ pub struct FdeError {
 pub enum Warning {
     #[error(".eh_frame_hdr unusable ({source}); walked .eh_frame linearly")]
     HdrUnusable { source: gimli::Error },
-    #[error("{section} is compressed; compressed sections are not supported")]
-    Compressed { section: CfiSection },
+    #[error("{section} is compressed and could not be decompressed: {reason}")]
+    Compressed { section: CfiSection, reason: String },
     #[error("separate debug file {path}: {reason}")]
     DebugFile { path: PathBuf, reason: String },
     #[error("{section} at {address:#x}: unrecognized PLT layout, not synthesized")]

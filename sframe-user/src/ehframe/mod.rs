@@ -25,7 +25,7 @@ mod stats;
 
 use std::path::{Path, PathBuf};
 
-pub use cfi::SectionData;
+pub use cfi::{MAX_FDES, SectionData};
 pub use error::{CfiSection, EhFrameError, FdeError, SkipReason, Warning};
 pub use plt::{PltKind, PltSection};
 pub use stats::{CategoryCount, DeriveStats, MAX_KEPT_ERRORS, RowCategory};
@@ -76,13 +76,34 @@ pub fn derive_from_elf(data: &[u8]) -> Result<Derived, EhFrameError> {
 pub fn derive_from_elf_with(data: &[u8], options: &DeriveOptions) -> Result<Derived, EhFrameError> {
     let info = elf::parse(data)?;
     let mut warnings = info.warnings.clone();
-    let debug_file = match (&options.debug_root, info.debug_frame) {
+    // A compressed `.debug_frame` (common in debug files: `SHF_COMPRESSED`, zlib or
+    // zstd) is decompressed into a buffer this function owns.
+    let decompress =
+        |c: &elf::CompressedSection<'_>, section: CfiSection, warnings: &mut Vec<Warning>| {
+            c.decompress()
+                .map_err(|reason| warnings.push(Warning::Compressed { section, reason }))
+                .ok()
+                .map(|bytes| (bytes, c.address))
+        };
+    let own_decompressed = match (&info.debug_frame, &info.compressed_debug_frame) {
+        (None, Some(c)) => decompress(c, CfiSection::DebugFrame, &mut warnings),
+        _ => None,
+    };
+    let own_debug_frame =
+        info.debug_frame.or(own_decompressed
+            .as_ref()
+            .map(|(data, address)| SectionData {
+                data,
+                address: *address,
+            }));
+    let debug_file = match (&options.debug_root, own_debug_frame) {
         (Some(root), None) => {
             read_debug_file(root, &info, options.object_path.as_deref(), &mut warnings)
         }
         _ => None,
     };
     let mut separate = None;
+    let mut separate_decompressed = None;
     let mut used_debug_file = None;
     if let Some((path, bytes)) = &debug_file {
         match elf::parse(bytes) {
@@ -90,10 +111,12 @@ pub fn derive_from_elf_with(data: &[u8], options: &DeriveOptions) -> Result<Deri
                 if d.debug_frame.is_some() {
                     separate = d.debug_frame;
                     used_debug_file = Some(path.clone());
-                } else if !d.warnings.is_empty() {
-                    warnings.push(Warning::Compressed {
-                        section: CfiSection::DebugFrameSeparate,
-                    });
+                } else if let Some(c) = &d.compressed_debug_frame {
+                    separate_decompressed =
+                        decompress(c, CfiSection::DebugFrameSeparate, &mut warnings);
+                    if separate_decompressed.is_some() {
+                        used_debug_file = Some(path.clone());
+                    }
                 }
             }
             Ok(_) => warnings.push(Warning::DebugFile {
@@ -106,11 +129,17 @@ pub fn derive_from_elf_with(data: &[u8], options: &DeriveOptions) -> Result<Deri
             }),
         }
     }
+    let separate = separate.or(separate_decompressed
+        .as_ref()
+        .map(|(data, address)| SectionData {
+            data,
+            address: *address,
+        }));
     let sections = CfiSections {
         arch: info.arch,
         eh_frame: info.eh_frame,
         eh_frame_hdr: info.eh_frame_hdr,
-        debug_frame: info.debug_frame,
+        debug_frame: own_debug_frame,
         text_address: info.text,
         got_address: info.got,
         plts: &info.plts,
@@ -155,14 +184,14 @@ fn derive(
     };
     let mut stats = DeriveStats::default();
     let eh = match &s.eh_frame {
-        Some(eh) => cfi::convert_eh_frame(eh, s.eh_frame_hdr.as_ref(), &env, &mut stats),
+        Some(eh) => cfi::convert_eh_frame(eh, s.eh_frame_hdr.as_ref(), &env, &mut stats)?,
         None => Vec::new(),
     };
     let mut debug = Vec::new();
     if let Some(df) = &s.debug_frame {
-        debug = cfi::convert_debug_frame(df, CfiSection::DebugFrame, &env, &mut stats);
+        debug = cfi::convert_debug_frame(df, CfiSection::DebugFrame, &env, &mut stats)?;
     } else if let Some(df) = &separate_debug_frame {
-        debug = cfi::convert_debug_frame(df, CfiSection::DebugFrameSeparate, &env, &mut stats);
+        debug = cfi::convert_debug_frame(df, CfiSection::DebugFrameSeparate, &env, &mut stats)?;
     }
     let source = if !eh.is_empty() {
         Source::EhFrame

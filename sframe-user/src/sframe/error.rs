@@ -65,6 +65,14 @@ pub enum SFrameError {
         section_len: usize,
     },
     #[error(
+        "limit check: the header announces {count} {what} (offsets 8/12), more than the reader's limit of {limit}"
+    )]
+    LimitExceeded {
+        what: &'static str,
+        count: u32,
+        limit: u32,
+    },
+    #[error(
         "layout check: FDE offset {fdeoff} is after FRE offset {freoff} (header offsets 20/24)"
     )]
     SubsectionOrder { fdeoff: u32, freoff: u32 },

@@ -23,6 +23,15 @@ use crate::table::{Arch, PcType, Row, Source, TableBuilder, UnwindTable};
 /// The maximum number of data words an FRE info byte can announce (4-bit field).
 pub const MAX_WORDS: usize = 15;
 
+/// Most functions (FDEs) a section may have: 26× the largest object seen (libLLVM,
+/// 160,806). A section claiming more is refused before anything is read or allocated
+/// for them; the unwinder could not hold its table anyway.
+pub const MAX_FUNCTIONS: u32 = 1 << 22;
+
+/// Most rows (FREs) a section may have (12× libLLVM's 1.3 million; the kernel maps
+/// hold 4 million in all).
+pub const MAX_ROWS: u32 = 1 << 24;
+
 /// One function descriptor, decoded (v1/v2 FDE, or v3 index entry + attribute record).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Fde {
@@ -352,6 +361,14 @@ impl<'a> Section<'a> {
         let header = Header::parse(data)?;
         let hsize = header.size();
         let len = data.len();
+        for (what, count, limit) in [
+            ("FDEs", header.num_fdes, MAX_FUNCTIONS),
+            ("FREs", header.num_fres, MAX_ROWS),
+        ] {
+            if count > limit {
+                return Err(SFrameError::LimitExceeded { what, count, limit });
+            }
+        }
         if header.fdeoff > header.freoff {
             return Err(SFrameError::SubsectionOrder {
                 fdeoff: header.fdeoff,

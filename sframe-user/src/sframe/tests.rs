@@ -756,3 +756,42 @@ fn unsorted_sections_match_reference() {
         }
     }
 }
+
+/// A section of ten million FDEs, consistent in every count and length (a quarter of a
+/// gigabyte, zero pages), is refused from its header before anything is read or
+/// allocated for its functions.
+#[test]
+fn ten_million_functions_are_refused_from_the_header() {
+    let header = v2();
+    let hsize = 28;
+    let fdes = 10_000_000u32;
+    let fres = 10_000_000u32;
+    let fre_len = 3 * fres;
+    let len = hsize + fdes as usize * 20 + fre_len as usize;
+    let mut m = vec![0u8; len];
+    m[..hsize].copy_from_slice(&header[..hsize]);
+    put32(&mut m, 8, fdes);
+    put32(&mut m, 12, fres);
+    put32(&mut m, 16, fre_len);
+    put32(&mut m, 20, 0);
+    put32(&mut m, 24, fdes * 20);
+    let e = err(&m);
+    assert!(
+        matches!(
+            e,
+            SFrameError::LimitExceeded {
+                what: "FDEs",
+                count: 10_000_000,
+                limit: super::MAX_FUNCTIONS,
+            }
+        ),
+        "{e}"
+    );
+    // Rows alone over their limit.
+    let mut m = header.clone();
+    put32(&mut m, 12, super::MAX_ROWS + 1);
+    assert!(matches!(
+        err(&m),
+        SFrameError::LimitExceeded { what: "FREs", .. }
+    ));
+}

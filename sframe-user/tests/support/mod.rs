@@ -2,6 +2,8 @@
 //! killed, and the BPF privilege gate.
 #![allow(dead_code, reason = "each test binary uses a different subset")]
 
+pub mod profiling;
+
 use std::{
     path::{Path, PathBuf},
     process::{Child, Command},

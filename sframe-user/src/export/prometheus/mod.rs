@@ -199,7 +199,7 @@ impl Metrics {
         let fleet = Family::<EventLabels, Counter>::default();
         registry.register(
             "sframe_fleet_events",
-            "Process lifecycle events (exec, exit, fork, mmap, miss), process table loads and failures, object table loads, evictions and loads refused for lack of room",
+            "Process lifecycle events (exec, exit, fork, mmap, miss), process table loads and failures, object table loads, evictions and loads refused for lack of room, mapped files found rewritten, processes refused by a full process map",
             fleet.clone(),
         );
         let processes = gauge(

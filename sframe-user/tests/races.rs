@@ -1,0 +1,470 @@
+//! Races and resource bounds under the real kernel: libraries replaced on disk while
+//! mapped (renamed over, rewritten in place), kernel maps too small for the workload,
+//! and a storm of short-lived processes against the profiler's memory.
+
+mod support;
+
+use std::{
+    collections::HashSet,
+    fs,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use sframe_common::Counter;
+use sframe_user::{
+    bpf::MapSizes,
+    profiler::{Profiler, ProfilerConfig},
+};
+use support::profiling::{complete_through, pump, serial, stacks_of};
+use support::{KillOnDrop, bpf_or_skip, compile_c_linked, compile_c_shared, fixture_dir};
+
+/// The program: `main → swap_entry → <the library's spinner>` for `argv[1]` seconds.
+const SWAP_MAIN: &str = r#"
+#include <stdlib.h>
+void swap_entry(double secs);
+int main(int argc, char **argv) {
+    swap_entry(argc > 1 ? atof(argv[1]) : 30);
+    return 0;
+}
+"#;
+
+/// Version A of the library: the spinner keeps a 2 KiB buffer on its stack.
+const SWAP_A: &str = r#"
+#include <time.h>
+volatile unsigned long sink;
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
+__attribute__((noinline)) void swap_a_spin(double secs) {
+    volatile char buf[2048];
+    double start = now();
+    while (now() - start < secs)
+        for (int i = 0; i < 2000; i++) { buf[i & 2047] = i; sink += buf[(i * 7) & 2047]; }
+}
+__attribute__((noinline)) void swap_entry(double secs) { swap_a_spin(secs); sink++; }
+"#;
+
+/// Version B: other code first, a spinner with a small frame at another address.
+const SWAP_B: &str = r#"
+#include <time.h>
+volatile unsigned long sink;
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
+#define PAD(n) __attribute__((noinline)) unsigned long pad##n(unsigned long x) { \
+    for (int i = 0; i < 64; i++) x = x * 31 + i + n; return x; }
+PAD(0) PAD(1) PAD(2) PAD(3) PAD(4) PAD(5) PAD(6) PAD(7)
+__attribute__((noinline)) void swap_b_spin(double secs) {
+    double start = now();
+    while (now() - start < secs)
+        for (int i = 0; i < 2000; i++) sink += pad0(i) ^ pad5(i);
+}
+__attribute__((noinline)) void swap_entry(double secs) { pad3(1); swap_b_spin(secs); sink++; }
+"#;
+
+const FLAGS: &[&str] = &["-O2", "-fomit-frame-pointer"];
+
+/// Replaces `path` by `from` the way package managers do: a new file renamed over it.
+fn rename_over(from: &Path, path: &Path) {
+    let tmp = path.with_extension("new");
+    fs::copy(from, &tmp).expect("copy library");
+    fs::rename(&tmp, path).expect("rename over the library");
+}
+
+/// Rewrites `path` in place (same inode) with the bytes of `from`, as `cp` does.
+fn rewrite_in_place(from: &Path, path: &Path) {
+    let bytes = fs::read(from).expect("read library");
+    fs::write(path, bytes).expect("rewrite library in place");
+}
+
+fn inode(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt as _;
+    fs::metadata(path).expect("stat").ino()
+}
+
+/// Profiles `pids` for a while and returns, per pid, the samples complete through
+/// `main → swap_entry → spinner` and all its samples.
+fn check_spinners(profiler: &mut Profiler, expect: &[(u32, &str)], what: &str) {
+    let before = profiler.collect();
+    pump(profiler, Duration::from_millis(1500));
+    let after = profiler.collect();
+    let delta = sframe_user::export::snapshot_delta(&after, &before);
+    for &(pid, spinner) in expect {
+        let stacks = stacks_of(profiler, &delta, &profiler.targets(), &[pid].into());
+        let (good, total, bad) = complete_through(&stacks, &["main", "swap_entry", spinner]);
+        eprintln!("{what}: pid {pid}: {good} of {total} complete through {spinner}");
+        assert!(
+            total >= 200,
+            "{what}: too few samples of pid {pid}: {total}"
+        );
+        assert!(
+            good as f64 >= 0.95 * total as f64,
+            "{what}: pid {pid}: {good} of {total} complete through {spinner}:\n{bad}"
+        );
+    }
+}
+
+#[test]
+fn a_library_replaced_on_disk_while_mapped_is_unwound_with_the_mapped_file() {
+    if !bpf_or_skip("a_library_replaced_on_disk_while_mapped_is_unwound_with_the_mapped_file") {
+        return;
+    }
+    let _serial = serial();
+    let a = compile_c_shared(&fixture_dir("swap-a"), "swap", SWAP_A, FLAGS);
+    let b = compile_c_shared(&fixture_dir("swap-b"), "swap", SWAP_B, FLAGS);
+    let dir = fixture_dir("swap");
+    let lib = dir.join("libswap.so");
+    fs::copy(&a, &lib).expect("install version A");
+    let exe = compile_c_linked(&dir, "swapper", SWAP_MAIN, FLAGS, &["swap"]);
+    let spawn = || KillOnDrop::spawn(Command::new(&exe).arg("30"));
+
+    // A profiler that knew version A before it was renamed over.
+    let mut early = Profiler::start_with(ProfilerConfig::explicit(499)).expect("start");
+    let old = spawn();
+    thread::sleep(Duration::from_millis(50));
+    early
+        .add_target(old.pid())
+        .expect("tables of the first process");
+    pump(&mut early, Duration::from_millis(300));
+    let inode_a = inode(&lib);
+    rename_over(&b, &lib);
+    assert_ne!(inode(&lib), inode_a, "the rename made a new file");
+    let new = spawn();
+    thread::sleep(Duration::from_millis(50));
+    early
+        .add_target(new.pid())
+        .expect("tables of the second process");
+    check_spinners(
+        &mut early,
+        &[(old.pid(), "swap_a_spin"), (new.pid(), "swap_b_spin")],
+        "renamed over, profiler started before",
+    );
+    drop(early);
+
+    // A profiler started after the rename: the path names version B, but the first
+    // process still maps A (read through /proc/PID/map_files).
+    let mut late = Profiler::start_with(ProfilerConfig::explicit(499)).expect("start");
+    late.add_target(old.pid())
+        .expect("tables of the first process");
+    late.add_target(new.pid())
+        .expect("tables of the second process");
+    check_spinners(
+        &mut late,
+        &[(old.pid(), "swap_a_spin"), (new.pid(), "swap_b_spin")],
+        "renamed over, profiler started after",
+    );
+
+    // Rewritten in place (same inode, now version A again) while the profiler still
+    // knows the inode as version B: the next process must get A's tables.
+    drop(old);
+    drop(new);
+    pump(&mut late, Duration::from_millis(200));
+    let inode_b = inode(&lib);
+    // A different size and modification time from the bytes read before.
+    thread::sleep(Duration::from_millis(20));
+    rewrite_in_place(&a, &lib);
+    assert_eq!(inode(&lib), inode_b, "rewritten in place");
+    let changed_before = late.store.stats.files_changed;
+    let third = spawn();
+    thread::sleep(Duration::from_millis(50));
+    late.add_target(third.pid())
+        .expect("tables of the third process");
+    assert!(
+        late.store.stats.files_changed > changed_before,
+        "the rewritten file was not noticed"
+    );
+    check_spinners(
+        &mut late,
+        &[(third.pid(), "swap_a_spin")],
+        "rewritten in place",
+    );
+}
+
+/// A spinner whose stacks change all the time: `spin → level(depth)` for depths
+/// 1..=48, so that it produces many distinct stacks.
+const MANY_STACKS: &str = r#"
+#include <time.h>
+volatile unsigned long sink;
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
+__attribute__((noinline)) void level(int depth) {
+    if (depth > 0) { level(depth - 1); sink++; return; }
+    for (int i = 0; i < 3000; i++) sink += i;
+}
+__attribute__((noinline)) void spin(double secs) {
+    double start = now();
+    unsigned n = 0;
+    while (now() - start < secs) level(1 + (n++ % 48));
+}
+int main(void) { spin(30); return 0; }
+"#;
+
+#[test]
+fn full_kernel_maps_are_counted_and_profiling_goes_on() {
+    if !bpf_or_skip("full_kernel_maps_are_counted_and_profiling_goes_on") {
+        return;
+    }
+    let _serial = serial();
+    let exe = support::compile_c("many_stacks", MANY_STACKS, FLAGS);
+    let mut profiler = Profiler::start_with(ProfilerConfig {
+        map_sizes: MapSizes {
+            processes: Some(2),
+            // More stacks than count keys: both overflow (a stack that found no room
+            // is counted under stack 0, which makes few distinct keys).
+            stacks: Some(64),
+            counts: Some(16),
+        },
+        ..ProfilerConfig::explicit(499)
+    })
+    .expect("start with tiny maps");
+    let children: Vec<KillOnDrop> = (0..4)
+        .map(|_| KillOnDrop::spawn(&mut Command::new(&exe)))
+        .collect();
+    thread::sleep(Duration::from_millis(50));
+    for c in &children {
+        // A process that finds no room is still a target: it is reported, not refused.
+        profiler
+            .add_target(c.pid())
+            .expect("a full process map is not an error");
+    }
+    let in_kernel: HashSet<u32> = profiler.kernel_processes().into_iter().collect();
+    let pids: Vec<u32> = children.iter().map(KillOnDrop::pid).collect();
+    let without: Vec<u32> = pids
+        .iter()
+        .copied()
+        .filter(|p| !in_kernel.contains(p))
+        .collect();
+    eprintln!("in the kernel map: {in_kernel:?}; without room: {without:?}");
+    assert_eq!(without.len(), 2, "two of four fit in a map of two");
+    assert!(profiler.store.stats.process_table_full >= 2);
+
+    // Several windows: each collection empties STACKS and COUNTS, which overflow again.
+    let mut last = profiler.collect();
+    for window in 0..3 {
+        pump(&mut profiler, Duration::from_millis(1000));
+        let snap = profiler.collect();
+        let delta = sframe_user::export::snapshot_delta(&snap, &last);
+        let counter =
+            |c: Counter| snap.counters[c as usize].saturating_sub(last.counters[c as usize]);
+        let per_pid = |pid: u32| -> u64 {
+            delta
+                .counts
+                .iter()
+                .filter(|c| c.key.pid == pid)
+                .map(|c| c.count)
+                .sum()
+        };
+        eprintln!(
+            "window {window}: stack_map_full {}, count_map_full {}, deferred {}, samples per pid {:?}",
+            counter(Counter::StackMapFull),
+            counter(Counter::CountMapFull),
+            counter(Counter::Deferred),
+            pids.iter().map(|&p| per_pid(p)).collect::<Vec<_>>()
+        );
+        assert!(counter(Counter::StackMapFull) > 0, "window {window}");
+        assert!(counter(Counter::CountMapFull) > 0, "window {window}");
+        // The processes without room are sampled and unwound in user space.
+        assert!(counter(Counter::Deferred) > 0, "window {window}");
+        for &pid in &without {
+            let stacks = stacks_of(&profiler, &delta, &profiler.targets(), &[pid].into());
+            let (good, total, bad) = complete_through(&stacks, &["main", "spin", "level"]);
+            assert!(total >= 100, "window {window}: pid {pid}: {total} samples");
+            assert!(
+                good as f64 >= 0.95 * total as f64,
+                "window {window}: pid {pid}: {good} of {total}:\n{bad}"
+            );
+        }
+        last = snap;
+    }
+
+    // When processes leave the map, the waiting ones take their places.
+    let (gone, _waiting): (Vec<KillOnDrop>, Vec<KillOnDrop>) = children
+        .into_iter()
+        .partition(|c| in_kernel.contains(&c.pid()));
+    drop(gone);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        pump(&mut profiler, Duration::from_millis(100));
+        let now_in: HashSet<u32> = profiler.kernel_processes().into_iter().collect();
+        if without.iter().all(|p| now_in.contains(p)) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the waiting processes never got the freed room: {now_in:?}"
+        );
+    }
+}
+
+/// A shell loop starting short processes (`/bin/true`) for `secs` seconds; it prints
+/// how many it started.
+fn storm(secs: u64) -> std::process::Child {
+    let script = format!(
+        "end=$(( $(date +%s) + {secs} )); n=0; \
+         while [ $(date +%s) -lt $end ]; do /bin/true; n=$((n+1)); done; echo $n"
+    );
+    Command::new("sh")
+        .args(["-c", &script])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start a storm loop")
+}
+
+fn storm_count(loops: Vec<std::process::Child>) -> u64 {
+    loops
+        .into_iter()
+        .map(|l| {
+            let out = l.wait_with_output().expect("storm loop");
+            String::from_utf8_lossy(&out.stdout)
+                .trim()
+                .parse::<u64>()
+                .unwrap_or(0)
+        })
+        .sum()
+}
+
+/// Resident memory of `pid` in KiB (`VmRSS`).
+fn rss_kib(pid: u32) -> Option<u64> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+fn running_processes() -> usize {
+    fs::read_dir("/proc")
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_storm_of_short_processes_leaves_the_profiler_memory_bounded() {
+    if !bpf_or_skip("a_storm_of_short_processes_leaves_the_profiler_memory_bounded") {
+        return;
+    }
+    let _serial = serial();
+    let dir: PathBuf = fixture_dir("storm");
+    let out = dir.join("storm.folded");
+
+    // The command line, whole system, through 10 s of four storm loops: its resident
+    // memory must not trend up with the processes started (exited ones beyond
+    // --keep-exited are forgotten; the kernel maps have fixed sizes).
+    let secs = 10;
+    let profiler = Command::new(env!("CARGO_BIN_EXE_sframe-user"))
+        .args([
+            "--all",
+            "--no-cache",
+            "--frequency",
+            "199",
+            "--keep-exited",
+            "200",
+        ])
+        .args([
+            "--max-processes",
+            "64",
+            "--max-overhead",
+            "0",
+            "--format",
+            "folded",
+        ])
+        .arg("--duration")
+        .arg((secs + 2).to_string())
+        .arg("--output")
+        .arg(&out)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start sframe-user");
+    let pid = profiler.id();
+    thread::sleep(Duration::from_millis(1000));
+    let start = Instant::now();
+    let loops: Vec<_> = (0..4).map(|_| storm(secs)).collect();
+    // (seconds into the storm, VmRSS)
+    let mut rss = Vec::new();
+    while start.elapsed() < Duration::from_secs(secs) {
+        if let Some(kib) = rss_kib(pid) {
+            rss.push((start.elapsed().as_secs_f64(), kib));
+        }
+        thread::sleep(Duration::from_millis(250));
+    }
+    let started = storm_count(loops);
+    let result = profiler.wait_with_output().expect("sframe-user");
+    assert!(
+        result.status.success(),
+        "sframe-user failed under the storm:\n{}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+    let max_in = |a: f64, b: f64| {
+        rss.iter()
+            .filter(|(t, _)| (a..b).contains(t))
+            .map(|&(_, k)| k)
+            .max()
+            .unwrap_or(0)
+    };
+    let early = max_in(1.0, 4.0);
+    let late = max_in(secs as f64 - 3.0, secs as f64);
+    eprintln!(
+        "storm: {started} processes in {secs} s; sframe-user RSS {} MiB (1-4 s), {} MiB (last 3 s)",
+        early / 1024,
+        late / 1024
+    );
+    assert!(started >= 1000, "too small a storm: {started}");
+    assert!(early > 0 && late > 0, "RSS not sampled: {rss:?}");
+    assert!(
+        late <= early + 16 * 1024,
+        "memory grew with the processes: {rss:?}"
+    );
+    let folded = fs::read_to_string(&out).expect("the profile was written");
+    assert!(!folded.is_empty(), "the profile is empty");
+
+    // The library: what it keeps of exited processes stays within max_exited.
+    let mut profiler = Profiler::start_with(ProfilerConfig {
+        max_exited: 100,
+        targets: sframe_user::profiler::TargetSpec {
+            all: true,
+            ..Default::default()
+        },
+        ..ProfilerConfig::explicit(199)
+    })
+    .expect("start");
+    let loops: Vec<_> = (0..4).map(|_| storm(4)).collect();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        pump(&mut profiler, Duration::from_millis(100));
+    }
+    let started = storm_count(loops);
+    pump(&mut profiler, Duration::from_millis(300));
+    let known = profiler.targets().len();
+    let running = running_processes();
+    let exits = profiler
+        .fleet_counters()
+        .iter()
+        .find(|c| c.0 == "exit")
+        .map_or(0, |c| c.1);
+    eprintln!(
+        "library: {started} started, {exits} exits seen, {known} processes known, {running} running"
+    );
+    assert!(
+        exits >= 300,
+        "too few exits seen to exceed max_exited: {exits}"
+    );
+    assert!(
+        known <= 110 + running,
+        "{known} processes kept with max_exited 100 and {running} running"
+    );
+}

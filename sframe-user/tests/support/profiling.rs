@@ -1,0 +1,122 @@
+//! Driving a `Profiler` in a test: events pumped as the command line does, and the
+//! symbolized stacks of some processes checked against an expected call chain.
+
+use std::{
+    collections::HashSet,
+    os::fd::AsRawFd as _,
+    sync::mpsc,
+    thread,
+    time::{Duration, Instant, SystemTime},
+};
+
+use sframe_user::{
+    export::{Profile, TargetInfo},
+    profiler::{Profiler, ProfilerConfig, Snapshot, TargetSpec},
+    symbolize::Symbolizer,
+};
+
+/// The tests run one at a time: each profiles the whole system or depends on timing.
+pub static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Handles the profiler's events for `d` (waiting on its ring buffer, as the CLI does).
+pub fn pump(profiler: &mut Profiler, d: Duration) {
+    let end = Instant::now() + d;
+    loop {
+        let left = end.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        if let Some(fd) = profiler.events_fd() {
+            let mut pfd = libc::pollfd {
+                fd: fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            let ms = left.as_millis().min(20) as i32;
+            // SAFETY: poll on one valid pollfd.
+            unsafe { libc::poll(&mut pfd, 1, ms) };
+        } else {
+            thread::sleep(left.min(Duration::from_millis(20)));
+        }
+        profiler.handle_events();
+    }
+    profiler.maintain();
+}
+
+/// Pumps events until `done` yields a value.
+pub fn pump_until<T>(profiler: &mut Profiler, done: &mpsc::Receiver<T>, limit: Duration) -> T {
+    let end = Instant::now() + limit;
+    loop {
+        if let Ok(v) = done.try_recv() {
+            return v;
+        }
+        assert!(Instant::now() < end, "workload did not finish in {limit:?}");
+        pump(profiler, Duration::from_millis(50));
+    }
+}
+
+pub fn config(frequency: u64, targets: TargetSpec) -> ProfilerConfig {
+    ProfilerConfig {
+        targets,
+        ..ProfilerConfig::explicit(frequency)
+    }
+}
+
+/// The symbolized stacks of `pids` in `snap` (their mappings from `targets`):
+/// (outermost-first names, outcome is complete, count).
+pub fn stacks_of(
+    profiler: &Profiler,
+    snap: &Snapshot,
+    targets: &[TargetInfo],
+    pids: &HashSet<u32>,
+) -> Vec<(Vec<String>, bool, u64)> {
+    let targets: Vec<TargetInfo> = targets
+        .iter()
+        .filter(|t| pids.contains(&t.pid))
+        .cloned()
+        .collect();
+    let mut symbolizer = Symbolizer::new();
+    let profile = Profile::build(
+        profiler,
+        snap,
+        &targets,
+        &mut symbolizer,
+        SystemTime::now(),
+        Duration::from_secs(1),
+        profiler.frequency(),
+    );
+    profile
+        .processes
+        .iter()
+        .flat_map(|p| p.stacks.iter())
+        .map(|s| (s.names(), s.outcome.is_complete(), s.count))
+        .collect()
+}
+
+/// Samples whose stack is complete and runs `_start … main → chain` (chain outermost
+/// first, ending at the leaf), and all samples, with a few bad ones for the message.
+pub fn complete_through(stacks: &[(Vec<String>, bool, u64)], chain: &[&str]) -> (u64, u64, String) {
+    let mut good = 0;
+    let mut total = 0;
+    let mut bad = Vec::new();
+    for (names, complete, count) in stacks {
+        total += count;
+        let user: Vec<&str> = names
+            .iter()
+            .map(String::as_str)
+            .filter(|n| !n.ends_with("_[k]"))
+            .collect();
+        let through =
+            user.first() == Some(&"_start") && user.windows(chain.len()).any(|w| w == chain);
+        if *complete && through {
+            good += count;
+        } else if bad.len() < 8 {
+            bad.push(format!("{count}x complete={complete}: {}", names.join(";")));
+        }
+    }
+    (good, total, bad.join("\n"))
+}
