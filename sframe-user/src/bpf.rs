@@ -63,7 +63,7 @@ pub struct LoadConfig {
 /// `count_map_full`) until the next collection empties them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MapSizes {
-    /// Processes with a mapping table (`PROCESSES`, 4.1 KiB each).
+    /// Processes with a mapping table (`PROCESSES`, 8 KiB each).
     pub processes: Option<u32>,
     /// Distinct user stacks between two collections (`STACKS`, 2 KiB each).
     pub stacks: Option<u32>,

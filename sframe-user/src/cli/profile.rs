@@ -59,7 +59,7 @@ pub struct ProfileArgs {
     /// no_new_privs. Everything then runs on one thread.
     #[arg(long)]
     pub drop_privileges: bool,
-    /// Processes with unwind tables in the kernel at once (4.1 KiB of kernel memory
+    /// Processes with unwind tables in the kernel at once (8 KiB of kernel memory
     /// each); samples of processes beyond it are unwound in user space, at more cost.
     #[arg(long, value_name = "N", default_value_t = sframe_common::budget::MAX_PROCESSES,
           value_parser = clap::value_parser!(u32).range(1..=1 << 20))]
