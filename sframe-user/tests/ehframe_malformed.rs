@@ -16,18 +16,25 @@ struct EhFrame {
 }
 
 impl EhFrame {
-    /// A CIE with augmentation `aug`; returns its offset.
+    /// An x86-64 CIE with augmentation `aug`; returns its offset.
     fn cie(&mut self, aug: &str, insns: &[u8]) -> usize {
+        // caf 1, daf -8, RA column 16; def_cfa rsp+8; offset r16 at cfa-8
+        let mut all = vec![0x0c, 7, 8, 0x90, 1];
+        all.extend_from_slice(insns);
+        self.cie_with(aug, &[1, 0x78, 16], &all)
+    }
+
+    /// A CIE with augmentation `aug`, the alignment factors and RA column `factors`
+    /// (encoded) and initial instructions `insns`; returns its offset.
+    fn cie_with(&mut self, aug: &str, factors: &[u8], insns: &[u8]) -> usize {
         let off = self.bytes.len();
         let mut body = vec![0, 0, 0, 0, 1]; // CIE id 0, version 1
         body.extend_from_slice(aug.as_bytes());
         body.push(0);
-        body.extend_from_slice(&[1, 0x78, 16]); // caf 1, daf -8, RA column 16
+        body.extend_from_slice(factors);
         if aug.starts_with('z') {
             body.extend_from_slice(&[1, 0x03]); // augmentation data: R = udata4
         }
-        // def_cfa rsp+8; offset r16 at cfa-8
-        body.extend_from_slice(&[0x0c, 7, 8, 0x90, 1]);
         body.extend_from_slice(insns);
         self.push_entry(body);
         off
@@ -59,8 +66,12 @@ impl EhFrame {
     }
 
     fn derive(&self) -> Derived {
+        self.derive_for(Arch::Amd64)
+    }
+
+    fn derive_for(&self, arch: Arch) -> Derived {
         derive_from_sections(&CfiSections {
-            arch: Arch::Amd64,
+            arch,
             eh_frame: Some(SectionData {
                 data: &self.bytes,
                 address: EH_ADDR,
@@ -459,4 +470,52 @@ fn ten_million_fdes_are_refused_before_conversion() {
         matches!(err, EhFrameError::LimitExceeded { what: "FDEs", limit, .. } if limit == MAX_FDES),
         "{err}"
     );
+}
+
+/// AArch64's `B` (return address signed with the B key) and `G` (MTE) augmentations,
+/// which gimli does not know, are flags without data: their CIEs convert like any other.
+#[test]
+fn flag_augmentations_b_and_g_are_understood() {
+    use sframe_common::RuleFlags;
+    let mut eh = EhFrame::default();
+    let plain = eh.cie("zR", &[]);
+    let b = eh.cie("zRB", &[]);
+    let bg = eh.cie("zRBG", &[]);
+    eh.fde(plain, 0x1000, 0x20, PROLOGUE);
+    eh.fde(b, 0x1020, 0x20, PROLOGUE);
+    eh.fde(bg, 0x1040, 0x20, PROLOGUE);
+    let d = eh.derive();
+    assert_eq!(d.stats.fdes_converted, 3, "{:?}", d.stats.errors);
+    let fns = d.table.to_function_rows();
+    assert_eq!(fns.len(), 3);
+    assert_eq!(fns[0].rows, fns[1].rows);
+    assert_eq!(fns[0].rows, fns[2].rows);
+
+    // An AArch64 function with return-address signing under the B key:
+    // paciasp/pacibsp (negate_ra_state), then stp x29, x30, [sp, #-16]!.
+    let mut eh = EhFrame::default();
+    // caf 4, daf -8, RA column 30; def_cfa sp+0
+    let cie = eh.cie_with("zRB", &[4, 0x78, 30], &[0x0c, 31, 0]);
+    // negate_ra_state; advance 1 (4 bytes); def_cfa_offset 16; x29 at cfa-16; x30 at cfa-8
+    eh.fde(cie, 0x4000, 0x40, &[0x2d, 0x41, 0x0e, 16, 0x9d, 2, 0x9e, 1]);
+    let d = eh.derive_for(Arch::Aarch64 { big_endian: false });
+    assert_eq!(d.stats.fdes_converted, 1, "{:?}", d.stats.errors);
+    let f = &d.table.to_function_rows()[0];
+    let rows: Vec<_> = f
+        .rows
+        .iter()
+        .map(|r| (r.start_offset, r.rule.unwrap()))
+        .collect();
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert_eq!((rows[0].0, rows[0].1.cfa), (0, CfaRule::sp(0)));
+    assert_eq!(rows[0].1.ra, RegRule::Unchanged);
+    let (at, r) = rows[1];
+    assert_eq!(at, 4);
+    assert_eq!(
+        (r.cfa, r.ra, r.fp),
+        (CfaRule::sp(16), RegRule::AtCfa(-8), RegRule::AtCfa(-16))
+    );
+    for (_, r) in &rows {
+        assert!(r.flags.contains(RuleFlags::MANGLED_RA), "{r:?}");
+    }
 }

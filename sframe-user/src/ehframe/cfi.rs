@@ -111,11 +111,13 @@ pub(crate) fn convert_eh_frame(
     stats: &mut DeriveStats,
 ) -> Result<Vec<Candidate>, EhFrameError> {
     check_fde_count(eh.data, env.endian, CfiSection::EhFrame)?;
-    let mut section = EhFrame::new(eh.data, env.endian);
+    let patched = without_flag_augmentations(eh.data, env.endian, true);
+    let data = patched.as_deref().unwrap_or(eh.data);
+    let mut section = EhFrame::new(data, env.endian);
     section.set_address_size(env.address_size);
     section.set_vendor(env.regs.vendor());
     let bases = env.bases(CfiSection::EhFrame, eh, hdr.map(|h| h.address));
-    let mut conv = Converter::new(CfiSection::EhFrame, env, eh.data.len());
+    let mut conv = Converter::new(CfiSection::EhFrame, env, data.len());
 
     // The header's table is what the runtime unwinder searches, so its FDEs come first;
     // the walk then adds any FDE the table does not list (and everything when there is
@@ -141,7 +143,7 @@ pub(crate) fn convert_eh_frame(
             Err(source) => stats.warnings.push(Warning::HdrUnusable { source }),
         }
     }
-    conv.walk(&section, eh.data, &bases, &listed, stats);
+    conv.walk(&section, data, &bases, &listed, stats);
     Ok(conv.functions)
 }
 
@@ -153,13 +155,93 @@ pub(crate) fn convert_debug_frame(
     stats: &mut DeriveStats,
 ) -> Result<Vec<Candidate>, EhFrameError> {
     check_fde_count(df.data, env.endian, kind)?;
-    let mut section = DebugFrame::new(df.data, env.endian);
+    let patched = without_flag_augmentations(df.data, env.endian, false);
+    let data = patched.as_deref().unwrap_or(df.data);
+    let mut section = DebugFrame::new(data, env.endian);
     section.set_address_size(env.address_size);
     section.set_vendor(env.regs.vendor());
     let bases = env.bases(kind, df, None);
-    let mut conv = Converter::new(kind, env, df.data.len());
-    conv.walk(&section, df.data, &bases, &[], stats);
+    let mut conv = Converter::new(kind, env, data.len());
+    conv.walk(&section, data, &bases, &[], stats);
     Ok(conv.functions)
+}
+
+/// CIE augmentation characters that are flags without augmentation data and do not
+/// change the rows, which gimli rejects as unknown: AArch64 `B` (return addresses signed
+/// with the B key; the signature is stripped the same way) and `G` (MTE-tagged frames).
+const FLAG_AUGMENTATIONS: &[u8] = b"BG";
+
+/// A copy of the section in which every CIE's augmentation string has its
+/// [`FLAG_AUGMENTATIONS`] removed, `None` when no CIE has one. The copy keeps every
+/// length and offset: the string gets shorter by k bytes and the code alignment factor
+/// after it (a ULEB128, in CIE versions 1 and 3) longer by k redundant bytes with the
+/// same value.
+fn without_flag_augmentations(data: &[u8], endian: RunTimeEndian, is_eh: bool) -> Option<Vec<u8>> {
+    let mut out: Option<Vec<u8>> = None;
+    let mut offset = 0usize;
+    while offset < data.len() {
+        let Ok(Some(header)) = entry_header(data, offset, endian, is_eh) else {
+            break;
+        };
+        if header.is_cie
+            && let Some(body) = data.get(offset..header.end)
+            && let Some((at, fixed)) = patch_cie(body, is_eh)
+        {
+            let copy = out.get_or_insert_with(|| data.to_vec());
+            copy[offset + at..offset + at + fixed.len()].copy_from_slice(&fixed);
+        }
+        offset = header.end;
+    }
+    out
+}
+
+/// For one CIE entry (length field included): where the augmentation string starts and
+/// what replaces it up to the end of the code alignment factor, when it has flags to drop.
+fn patch_cie(entry: &[u8], is_eh: bool) -> Option<(usize, Vec<u8>)> {
+    // Length (4, or 4 + 8 for 64-bit DWARF), CIE id (4, or 8 in a 64-bit
+    // `.debug_frame`), version.
+    let wide = entry.get(..4)? == [0xff; 4];
+    let version_at = match (wide, is_eh) {
+        (false, _) => 8,
+        (true, true) => 16,
+        (true, false) => 20,
+    };
+    let version = *entry.get(version_at)?;
+    if version != 1 && version != 3 {
+        return None;
+    }
+    let aug_at = version_at + 1;
+    let nul = aug_at + entry.get(aug_at..)?.iter().position(|&b| b == 0)?;
+    let aug = &entry[aug_at..nul];
+    let dropped = aug
+        .iter()
+        .filter(|c| FLAG_AUGMENTATIONS.contains(c))
+        .count();
+    if dropped == 0 {
+        return None;
+    }
+    // The code alignment factor: a ULEB128 of at most 10 bytes.
+    let caf_at = nul + 1;
+    let caf_len = entry
+        .get(caf_at..)?
+        .iter()
+        .take(10)
+        .position(|&b| b & 0x80 == 0)?
+        + 1;
+    let mut fixed: Vec<u8> = aug
+        .iter()
+        .copied()
+        .filter(|c| !FLAG_AUGMENTATIONS.contains(c))
+        .collect();
+    fixed.push(0);
+    let caf = &entry[caf_at..caf_at + caf_len];
+    fixed.extend_from_slice(&caf[..caf_len - 1]);
+    // The last byte goes on with a continuation bit; zero-valued groups follow.
+    fixed.push(caf[caf_len - 1] | 0x80);
+    fixed.extend(std::iter::repeat_n(0x80, dropped - 1));
+    fixed.push(0);
+    debug_assert_eq!(fixed.len(), caf_at + caf_len - aug_at);
+    Some((aug_at, fixed))
 }
 
 /// Most FDEs one CFI section may have (as many as an SFrame section may have
@@ -517,7 +599,8 @@ fn entry_header(
         // An empty entry (only seen in `.debug_frame` padding): skip it.
         return Ok(Some(EntryHeader { is_cie: true, end }));
     }
-    let id = if id_size == 8 {
+    // `.eh_frame`'s CIE id / pointer is 4 bytes even in the 64-bit format.
+    let id = if id_size == 8 && !is_eh {
         r.read_u64()?
     } else {
         u64::from(r.read_u32()?)

@@ -55,7 +55,8 @@ pub enum EhFrameError {
 pub enum SkipReason {
     /// The FDE's CIE is missing, truncated, or of an unknown version.
     BadCie,
-    /// The CIE has an augmentation string gimli does not know (e.g. AArch64 `B`, `G`).
+    /// The CIE has an augmentation character neither gimli nor the deriver knows (AArch64 `B` and `G`
+    /// are understood: they are flags without data).
     UnknownAugmentation,
     /// The entry header is truncated or its length runs past the section: the rest of
     /// the section cannot be walked.
