@@ -71,11 +71,31 @@ pub struct Function {
 }
 
 impl Function {
+    /// A function whose rows are `row_count` rows from `first_row` of the table (or
+    /// [`TableBuilder`]) it is used with.
+    pub(crate) fn from_parts(
+        start: u64,
+        size: u32,
+        pc_type: PcType,
+        (first_row, row_count): (u32, u32),
+    ) -> Self {
+        Self {
+            start,
+            size,
+            pc_type,
+            first_row,
+            row_count,
+        }
+    }
     pub fn end(&self) -> u64 {
         self.start.saturating_add(u64::from(self.size))
     }
     pub fn row_count(&self) -> usize {
         self.row_count as usize
+    }
+    /// (first row, row count) in the table's row array.
+    pub(crate) fn row_span(&self) -> (u32, u32) {
+        (self.first_row, self.row_count)
     }
     /// The same address range and PC type.
     pub fn same_range(&self, other: &Function) -> bool {
@@ -92,6 +112,13 @@ pub struct CompactRow {
 }
 
 impl CompactRow {
+    /// The same row starting at `start_offset`.
+    pub(crate) fn at(self, start_offset: u32) -> Self {
+        Self {
+            start_offset,
+            rule: self.rule,
+        }
+    }
     pub fn start_offset(&self) -> u32 {
         self.start_offset
     }
@@ -399,7 +426,25 @@ impl TableBuilder {
         pc_type: PcType,
         rows: impl IntoIterator<Item = Row>,
     ) {
+        let rows = self.push_rows(rows);
+        self.table
+            .functions
+            .push(Function::from_parts(start, size, pc_type, rows));
+    }
+
+    /// Appends rows for a function that is not pushed yet (its rows need not follow the
+    /// previous function's): returns (first row, row count) for [`Function::from_parts`].
+    #[inline]
+    pub(crate) fn push_rows(&mut self, rows: impl IntoIterator<Item = Row>) -> (u32, u32) {
+        let rows = rows.into_iter();
         let first = self.table.rows.len();
+        let table_rows = &mut self.table.rows;
+        let wanted = rows.size_hint().0;
+        if table_rows.capacity() - first < wanted {
+            // Past the reservation: grow by an eighth, not double, so that a table a
+            // little larger than estimated keeps little slack.
+            table_rows.reserve_exact(wanted.max(table_rows.capacity() / 8));
+        }
         for r in rows {
             let rule = self.intern(r.rule);
             self.table.rows.push(CompactRow {
@@ -407,16 +452,70 @@ impl TableBuilder {
                 rule,
             });
         }
-        let count = self.table.rows.len() - first;
-        self.table.functions.push(Function {
-            start,
-            size,
-            pc_type,
-            // A table's rows are bounded by the bytes they were read from, far below
-            // 2^32; saturate rather than wrap if that ever breaks.
-            first_row: u32::try_from(first).unwrap_or(u32::MAX),
-            row_count: u32::try_from(count).unwrap_or(u32::MAX),
-        });
+        Self::span(first, self.table.rows.len())
+    }
+
+    /// Appends rows as stored (rule indices of this builder).
+    pub(crate) fn push_compact(
+        &mut self,
+        rows: impl IntoIterator<Item = CompactRow>,
+    ) -> (u32, u32) {
+        let first = self.table.rows.len();
+        self.table.rows.extend(rows);
+        Self::span(first, self.table.rows.len())
+    }
+
+    fn span(first: usize, end: usize) -> (u32, u32) {
+        // A table's rows are bounded by the bytes they were read from, far below 2^32;
+        // saturate rather than wrap if that ever breaks.
+        (
+            u32::try_from(first).unwrap_or(u32::MAX),
+            u32::try_from(end - first).unwrap_or(u32::MAX),
+        )
+    }
+
+    /// The rows of `f`, a function whose rows were pushed into this builder.
+    pub(crate) fn rows_of(&self, f: &Function) -> &[CompactRow] {
+        self.table.compact_rows(f)
+    }
+
+    /// Whether a stored row has a rule.
+    pub(crate) fn has_rule(r: &CompactRow) -> bool {
+        r.rule != 0
+    }
+
+    /// The table of `functions` (sorted by start, non-overlapping; their rows pushed
+    /// into this builder, each row used by one function at most), from `source`. Rows
+    /// no function refers to are dropped in place; the row vector keeps its capacity
+    /// (trimming it would copy it).
+    pub(crate) fn finish_with(
+        mut self,
+        source: Source,
+        mut functions: Vec<Function>,
+    ) -> UnwindTable {
+        debug_assert!(functions.windows(2).all(|w| w[0].end() <= w[1].start));
+        // Move each function's rows down to the next free slot, in row order: a slot
+        // is never written before its row was moved.
+        let mut order: Vec<u32> = (0..functions.len() as u32).collect();
+        order.sort_unstable_by_key(|&i| functions[i as usize].first_row);
+        let rows = &mut self.table.rows;
+        let mut cursor = 0usize;
+        for i in order {
+            let f = &mut functions[i as usize];
+            let first = (f.first_row as usize).min(rows.len());
+            let end = first.saturating_add(f.row_count as usize).min(rows.len());
+            debug_assert!(first >= cursor, "rows shared by two functions");
+            let first = first.max(cursor);
+            rows.copy_within(first..end.max(first), cursor);
+            f.first_row = cursor as u32;
+            f.row_count = (end.max(first) - first) as u32;
+            cursor += f.row_count as usize;
+        }
+        rows.truncate(cursor);
+        self.table.source = source;
+        self.table.functions = functions;
+        self.table.rules.shrink_to_fit();
+        self.table
     }
 
     pub fn push_function(&mut self, f: &FunctionRows) {

@@ -1,33 +1,50 @@
 //! Combines the functions of all sources into one sorted, non-overlapping list:
 //! `.eh_frame` first, `.debug_frame` only where `.eh_frame` leaves gaps, and synthesized
 //! PLT rows where the CFI of a PLT section is missing or inexpressible.
+//!
+//! Functions are descriptors into the deriver's [`TableBuilder`]: cutting one pushes
+//! the rows of the part kept, and rows left unused are dropped when the table is made.
 
 use super::cfi::{Candidate, Origin};
 use super::error::{CfiSection, FdeError, SkipReason, Warning};
 use super::plt::{self, PltSection};
 use super::stats::DeriveStats;
-use crate::table::{Arch, FunctionRows, PcType, Row};
+use crate::table::{Arch, Function, PcType, TableBuilder};
 
 pub(crate) fn assemble(
     arch: Arch,
+    builder: &mut TableBuilder,
     eh: Vec<Candidate>,
     debug: Vec<Candidate>,
     plts: &[PltSection<'_>],
     stats: &mut DeriveStats,
-) -> Vec<FunctionRows> {
-    let mut base = dedupe(eh, stats);
-    let debug = dedupe(debug, stats);
+) -> Vec<Function> {
+    let mut base = dedupe(builder, eh, stats);
+    let debug = dedupe(builder, debug, stats);
     if !debug.is_empty() {
-        base = fill_gaps(base, debug, stats);
+        base = fill_gaps(builder, base, debug, stats);
     }
     for p in plts {
-        if cfi_covers(&base, p.address, p.address.saturating_add(p.size)) {
+        if cfi_covers(builder, &base, p.address, p.address.saturating_add(p.size)) {
             continue;
         }
         match plt::synthesize(arch, p) {
             Some(fns) => {
                 stats.plt_functions += fns.len() as u64;
-                base = replace_range(base, p.address, p.address.saturating_add(p.size), fns);
+                let fns = fns
+                    .iter()
+                    .map(|f| {
+                        let span = builder.push_rows(f.rows.iter().copied());
+                        Function::from_parts(f.start, f.size, f.pc_type, span)
+                    })
+                    .collect();
+                base = replace_range(
+                    builder,
+                    base,
+                    p.address,
+                    p.address.saturating_add(p.size),
+                    fns,
+                );
             }
             None if arch == Arch::Amd64 && p.size > 0 => stats.warnings.push(Warning::PltLayout {
                 section: p.kind.name(),
@@ -36,7 +53,8 @@ pub(crate) fn assemble(
             None => {}
         }
     }
-    base.into_iter().map(|c| c.function).collect()
+    // In place: a candidate is larger than a function.
+    base.into_iter().map(|c| c.function()).collect()
 }
 
 fn drop_candidate(origin: Origin, stats: &mut DeriveStats) {
@@ -46,8 +64,8 @@ fn drop_candidate(origin: Origin, stats: &mut DeriveStats) {
     }
     stats.skip(FdeError {
         section: origin.section,
-        index: origin.index,
-        offset: origin.offset,
+        index: origin.index as usize,
+        offset: u64::from(origin.offset),
         reason: SkipReason::Overlap,
         source: None,
     });
@@ -55,88 +73,94 @@ fn drop_candidate(origin: Origin, stats: &mut DeriveStats) {
 
 /// Sorts by start (longer first on ties) and clips each function's front to the end of
 /// the previous one; functions left empty are dropped as overlaps.
-fn dedupe(mut cands: Vec<Candidate>, stats: &mut DeriveStats) -> Vec<Candidate> {
-    cands.sort_by(|a, b| {
-        (a.function.start, std::cmp::Reverse(a.function.size))
-            .cmp(&(b.function.start, std::cmp::Reverse(b.function.size)))
-    });
-    let mut out: Vec<Candidate> = Vec::with_capacity(cands.len());
-    for c in cands {
-        let prev_end = out.last().map_or(0, |p| p.function.end());
-        if c.function.start >= prev_end || out.is_empty() {
-            out.push(c);
+fn dedupe(
+    builder: &mut TableBuilder,
+    mut cands: Vec<Candidate>,
+    stats: &mut DeriveStats,
+) -> Vec<Candidate> {
+    // Equal ranges keep their enumeration order (the first listed wins), without the
+    // buffer a stable sort allocates.
+    cands.sort_unstable_by_key(|c| (c.start(), std::cmp::Reverse(c.end()), c.origin().index));
+    // Compacted in place: `kept` never passes the candidate being looked at.
+    let mut kept = 0;
+    for i in 0..cands.len() {
+        let c = cands[i];
+        let prev_end = if kept == 0 { 0 } else { cands[kept - 1].end() };
+        if c.start() >= prev_end || kept == 0 {
+            cands[kept] = c;
+            kept += 1;
             continue;
         }
-        match slice(&c.function, prev_end, c.function.end()) {
-            Some(function) => out.push(Candidate {
-                function,
-                origin: c.origin,
-            }),
-            None => drop_candidate(c.origin, stats),
+        match slice(builder, &c.function(), prev_end, c.end()) {
+            Some(function) => {
+                cands[kept] = Candidate::new(&function, c.origin());
+                kept += 1;
+            }
+            None => drop_candidate(c.origin(), stats),
         }
     }
-    out
+    cands.truncate(kept);
+    cands
 }
 
 /// Adds the parts of `extra` that no function of `base` covers. Both sorted, each
 /// non-overlapping.
 fn fill_gaps(
+    builder: &mut TableBuilder,
     base: Vec<Candidate>,
     extra: Vec<Candidate>,
     stats: &mut DeriveStats,
 ) -> Vec<Candidate> {
     let mut added = Vec::new();
     for c in extra {
-        let (a, b) = (c.function.start, c.function.end());
+        let (a, b) = (c.start(), c.end());
         let mut pieces = Vec::new();
         let mut cursor = a;
-        let first = base.partition_point(|f| f.function.end() <= a);
+        let first = base.partition_point(|f| f.end() <= a);
         for f in &base[first..] {
-            if f.function.start >= b {
+            if f.start() >= b {
                 break;
             }
-            if f.function.start > cursor {
-                pieces.push((cursor, f.function.start));
+            if f.start() > cursor {
+                pieces.push((cursor, f.start()));
             }
-            cursor = cursor.max(f.function.end());
+            cursor = cursor.max(f.end());
         }
         if cursor < b {
             pieces.push((cursor, b));
         }
         let before = added.len();
         for (pa, pb) in pieces {
-            if let Some(function) = slice(&c.function, pa, pb) {
-                added.push(Candidate {
-                    function,
-                    origin: c.origin,
-                });
+            if let Some(function) = slice(builder, &c.function(), pa, pb) {
+                added.push(Candidate::new(&function, c.origin()));
             }
         }
         if added.len() == before {
-            drop_candidate(c.origin, stats);
+            drop_candidate(c.origin(), stats);
         }
     }
     let mut all = base;
     all.extend(added);
-    all.sort_by_key(|c| c.function.start);
+    all.sort_unstable_by_key(Candidate::start);
     all
 }
 
 /// True when `[a, b)` is entirely covered by functions whose rows there all have a rule.
-fn cfi_covers(base: &[Candidate], a: u64, b: u64) -> bool {
+fn cfi_covers(builder: &TableBuilder, base: &[Candidate], a: u64, b: u64) -> bool {
     let mut cursor = a;
-    let first = base.partition_point(|f| f.function.end() <= a);
+    let first = base.partition_point(|f| f.end() <= a);
     for c in &base[first..] {
-        let f = &c.function;
+        let f = c.function();
         if f.start >= b || f.start > cursor {
             break;
         }
         let lo = u32::try_from(cursor - f.start).unwrap_or(u32::MAX);
         let hi = u32::try_from(b.min(f.end()) - f.start).unwrap_or(u32::MAX);
-        let all_some = f.rows.iter().enumerate().all(|(i, r)| {
-            let end = f.rows.get(i + 1).map_or(f.size, |n| n.start_offset);
+        let rows = builder.rows_of(&f);
+        let all_some = rows.iter().enumerate().all(|(i, r)| {
+            let end = rows.get(i + 1).map_or(f.size, |n| n.start_offset());
             // Rows outside [lo, hi) do not matter.
-            end <= lo || r.start_offset >= hi || r.rule.is_some()
+            end <= lo || r.start_offset() >= hi || TableBuilder::has_rule(r)
         });
         if !all_some || matches!(f.pc_type, PcType::Mask { .. }) {
             return false;
@@ -151,77 +175,69 @@ fn cfi_covers(base: &[Candidate], a: u64, b: u64) -> bool {
 
 /// Replaces whatever covers `[a, b)` in `base` by `fns`, keeping the parts of functions
 /// that stick out of the range.
-fn replace_range(base: Vec<Candidate>, a: u64, b: u64, fns: Vec<FunctionRows>) -> Vec<Candidate> {
+fn replace_range(
+    builder: &mut TableBuilder,
+    base: Vec<Candidate>,
+    a: u64,
+    b: u64,
+    fns: Vec<Function>,
+) -> Vec<Candidate> {
     let plt_origin = Origin {
         section: CfiSection::EhFrame,
-        index: usize::MAX,
+        index: u32::MAX,
         offset: 0,
     };
     let mut out = Vec::with_capacity(base.len() + fns.len());
     for c in base {
-        let f = &c.function;
-        if f.end() <= a || f.start >= b {
+        if c.end() <= a || c.start() >= b {
             out.push(c);
             continue;
         }
+        let f = c.function();
         for (pa, pb) in [(f.start, a), (b, f.end())] {
-            if let Some(function) = slice(f, pa, pb) {
-                out.push(Candidate {
-                    function,
-                    origin: c.origin,
-                });
+            if let Some(function) = slice(builder, &f, pa, pb) {
+                out.push(Candidate::new(&function, c.origin()));
             }
         }
     }
-    out.extend(fns.into_iter().map(|function| Candidate {
-        function,
-        origin: plt_origin,
-    }));
-    out.sort_by_key(|c| c.function.start);
+    out.extend(fns.iter().map(|f| Candidate::new(f, plt_origin)));
+    out.sort_unstable_by_key(Candidate::start);
     out
 }
 
-/// The part `[a, b)` of `f` (clamped to `f`), rows rebased; `None` when empty or when
-/// `f` is a PCMASK function that would have to be cut.
-pub(crate) fn slice(f: &FunctionRows, a: u64, b: u64) -> Option<FunctionRows> {
+/// The part `[a, b)` of `f` (clamped to `f`), its rows rebased and pushed anew;
+/// `None` when empty or when `f` is a PCMASK function that would have to be cut.
+pub(crate) fn slice(builder: &mut TableBuilder, f: &Function, a: u64, b: u64) -> Option<Function> {
     let a = a.max(f.start);
     let b = b.min(f.end());
     if a >= b {
         return None;
     }
     if a == f.start && b == f.end() {
-        return Some(f.clone());
+        return Some(*f);
     }
     if matches!(f.pc_type, PcType::Mask { .. }) {
         return None;
     }
     let lo = u32::try_from(a - f.start).ok()?;
     let hi = u32::try_from(b - f.start).ok()?;
-    let first = f
-        .rows
-        .partition_point(|r| r.start_offset <= lo)
+    let rows = builder.rows_of(f);
+    let first = rows
+        .partition_point(|r| r.start_offset() <= lo)
         .checked_sub(1)?;
-    let mut rows: Vec<Row> = Vec::new();
-    for r in &f.rows[first..] {
-        if r.start_offset >= hi {
-            break;
-        }
-        rows.push(Row {
-            start_offset: r.start_offset.saturating_sub(lo),
-            rule: r.rule,
-        });
-    }
-    Some(FunctionRows {
-        start: a,
-        size: hi - lo,
-        pc_type: PcType::Inc,
-        rows,
-    })
+    let kept: Vec<_> = rows[first..]
+        .iter()
+        .take_while(|r| r.start_offset() < hi)
+        .map(|r| r.at(r.start_offset().saturating_sub(lo)))
+        .collect();
+    let span = builder.push_compact(kept);
+    Some(Function::from_parts(a, hi - lo, PcType::Inc, span))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::table::{FunctionRows, Row, Source, UnwindTable};
     use sframe_common::{CfaRule, RegRule, RuleFlags, UnwindRule};
 
     fn rule(off: i32) -> Option<UnwindRule> {
@@ -233,52 +249,57 @@ mod tests {
         })
     }
 
-    fn func(start: u64, size: u32, rows: &[(u32, i32)]) -> FunctionRows {
-        FunctionRows {
-            start,
-            size,
-            pc_type: PcType::Inc,
-            rows: rows
-                .iter()
-                .map(|&(o, r)| Row {
-                    start_offset: o,
-                    rule: rule(r),
-                })
-                .collect(),
-        }
+    fn rows(rows: &[(u32, i32)]) -> Vec<Row> {
+        rows.iter()
+            .map(|&(o, r)| Row {
+                start_offset: o,
+                rule: rule(r),
+            })
+            .collect()
     }
 
-    fn cand(f: FunctionRows, section: CfiSection) -> Candidate {
-        Candidate {
-            function: f,
-            origin: Origin {
+    fn func(b: &mut TableBuilder, start: u64, size: u32, r: &[(u32, i32)]) -> Function {
+        let span = b.push_rows(rows(r));
+        Function::from_parts(start, size, PcType::Inc, span)
+    }
+
+    fn cand(
+        b: &mut TableBuilder,
+        start: u64,
+        size: u32,
+        r: &[(u32, i32)],
+        section: CfiSection,
+    ) -> Candidate {
+        let f = func(b, start, size, r);
+        Candidate::new(
+            &f,
+            Origin {
                 section,
                 index: 0,
                 offset: 0,
             },
-        }
+        )
+    }
+
+    fn table(b: TableBuilder, fns: Vec<Function>) -> Vec<FunctionRows> {
+        let t: UnwindTable = b.finish_with(Source::EhFrame, fns);
+        t.to_function_rows()
+    }
+
+    #[test]
+    fn candidates_are_small() {
+        assert_eq!(size_of::<Candidate>(), 32);
     }
 
     #[test]
     fn slice_rebases_rows() {
-        let f = func(100, 20, &[(0, 8), (4, 16), (10, 8)]);
-        let s = slice(&f, 106, 115).unwrap();
-        assert_eq!(s.start, 106);
-        assert_eq!(s.size, 9);
-        assert_eq!(
-            s.rows,
-            vec![
-                Row {
-                    start_offset: 0,
-                    rule: rule(16)
-                },
-                Row {
-                    start_offset: 4,
-                    rule: rule(8)
-                }
-            ]
-        );
-        assert!(slice(&f, 130, 140).is_none());
+        let mut b = TableBuilder::new(Arch::Amd64, Source::EhFrame);
+        let f = func(&mut b, 100, 20, &[(0, 8), (4, 16), (10, 8)]);
+        let s = slice(&mut b, &f, 106, 115).unwrap();
+        assert_eq!((s.start, s.size), (106, 9));
+        assert!(slice(&mut b, &f, 130, 140).is_none());
+        let out = table(b, vec![s]);
+        assert_eq!(out[0].rows, rows(&[(0, 16), (4, 8)]));
     }
 
     #[test]
@@ -288,35 +309,38 @@ mod tests {
             fdes_from_debug_frame: 2,
             ..Default::default()
         };
-        let eh = vec![cand(func(100, 10, &[(0, 8)]), CfiSection::EhFrame)];
+        let mut b = TableBuilder::new(Arch::Amd64, Source::EhFrame);
+        let eh = vec![cand(&mut b, 100, 10, &[(0, 8)], CfiSection::EhFrame)];
         let df = vec![
-            cand(func(90, 30, &[(0, 16)]), CfiSection::DebugFrame),
-            cand(func(102, 4, &[(0, 16)]), CfiSection::DebugFrame),
+            cand(&mut b, 90, 30, &[(0, 16)], CfiSection::DebugFrame),
+            cand(&mut b, 102, 4, &[(0, 16)], CfiSection::DebugFrame),
         ];
-        let out = assemble(Arch::Amd64, eh, df, &[], &mut stats);
+        let out = assemble(Arch::Amd64, &mut b, eh, df, &[], &mut stats);
         let spans: Vec<_> = out.iter().map(|f| (f.start, f.end())).collect();
         assert_eq!(spans, vec![(90, 100), (100, 110), (110, 120)]);
         assert_eq!(stats.fdes_skipped.get(&SkipReason::Overlap), Some(&1));
         assert_eq!(stats.fdes_converted, 2);
+        let out = table(b, out);
+        assert_eq!(out[0].rows, rows(&[(0, 16)]));
+        assert_eq!(out[1].rows, rows(&[(0, 8)]));
+        assert_eq!(out[2].rows, rows(&[(0, 16)]));
     }
 
     #[test]
     fn overlapping_eh_frame_fdes_are_clipped() {
         let mut stats = DeriveStats::default();
+        let mut b = TableBuilder::new(Arch::Amd64, Source::EhFrame);
         let eh = vec![
-            cand(func(100, 10, &[(0, 8)]), CfiSection::EhFrame),
-            cand(func(105, 10, &[(0, 8), (2, 16)]), CfiSection::EhFrame),
-            cand(func(100, 4, &[(0, 8)]), CfiSection::EhFrame),
+            cand(&mut b, 100, 10, &[(0, 8)], CfiSection::EhFrame),
+            cand(&mut b, 105, 10, &[(0, 8), (2, 16)], CfiSection::EhFrame),
+            cand(&mut b, 100, 4, &[(0, 8)], CfiSection::EhFrame),
         ];
-        let out = assemble(Arch::Amd64, eh, vec![], &[], &mut stats);
+        let out = assemble(Arch::Amd64, &mut b, eh, vec![], &[], &mut stats);
         let spans: Vec<_> = out.iter().map(|f| (f.start, f.end())).collect();
         assert_eq!(spans, vec![(100, 110), (110, 115)]);
-        assert_eq!(
-            out[1].rows,
-            vec![Row {
-                start_offset: 0,
-                rule: rule(16)
-            }]
-        );
+        let out = table(b, out);
+        assert_eq!(out[1].rows, rows(&[(0, 16)]));
+        // Rows of the dropped and clipped candidates are gone from the table.
+        assert_eq!(out.iter().map(|f| f.rows.len()).sum::<usize>(), 2);
     }
 }

@@ -30,7 +30,7 @@ pub use error::{CfiSection, EhFrameError, FdeError, SkipReason, Warning};
 pub use plt::{PltKind, PltSection};
 pub use stats::{CategoryCount, DeriveStats, MAX_KEPT_ERRORS, RowCategory};
 
-use crate::table::{Arch, Source, UnwindTable};
+use crate::table::{Arch, Source, TableBuilder, UnwindTable};
 
 /// The derived table of one object and what happened on the way.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -183,15 +183,27 @@ fn derive(
         got: s.got_address,
     };
     let mut stats = DeriveStats::default();
+    // Rows go straight into the table's row array (each distinct rule once); the
+    // functions are small descriptors until they are sorted and clipped.
+    let mut builder = TableBuilder::new(s.arch, Source::EhFrame);
     let eh = match &s.eh_frame {
-        Some(eh) => cfi::convert_eh_frame(eh, s.eh_frame_hdr.as_ref(), &env, &mut stats)?,
+        Some(eh) => {
+            cfi::convert_eh_frame(eh, s.eh_frame_hdr.as_ref(), &env, &mut stats, &mut builder)?
+        }
         None => Vec::new(),
     };
     let mut debug = Vec::new();
     if let Some(df) = &s.debug_frame {
-        debug = cfi::convert_debug_frame(df, CfiSection::DebugFrame, &env, &mut stats)?;
+        debug =
+            cfi::convert_debug_frame(df, CfiSection::DebugFrame, &env, &mut stats, &mut builder)?;
     } else if let Some(df) = &separate_debug_frame {
-        debug = cfi::convert_debug_frame(df, CfiSection::DebugFrameSeparate, &env, &mut stats)?;
+        debug = cfi::convert_debug_frame(
+            df,
+            CfiSection::DebugFrameSeparate,
+            &env,
+            &mut stats,
+            &mut builder,
+        )?;
     }
     let source = if !eh.is_empty() {
         Source::EhFrame
@@ -200,9 +212,8 @@ fn derive(
     } else {
         Source::Synthesized
     };
-    let functions = assemble::assemble(s.arch, eh, debug, s.plts, &mut stats);
-    // Consumed one function at a time: each one's rows are freed once copied.
-    let table = UnwindTable::from_functions(s.arch, source, functions);
+    let functions = assemble::assemble(s.arch, &mut builder, eh, debug, s.plts, &mut stats);
+    let table = builder.finish_with(source, functions);
     stats.count_table(&table);
     Ok(Derived { table, stats })
 }
