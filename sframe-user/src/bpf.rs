@@ -69,6 +69,8 @@ pub struct MapSizes {
     pub stacks: Option<u32>,
     /// Distinct (thread, stack, outcome) keys between two collections (`COUNTS`).
     pub counts: Option<u32>,
+    /// Kernel stacks (`KERNEL_STACKS`, emptied by user space when it fills up).
+    pub kernel_stacks: Option<u32>,
 }
 
 /// Loads the object into the kernel (maps are created; programs are loaded on demand).
@@ -104,6 +106,7 @@ pub fn load_with(config: &LoadConfig) -> Result<Ebpf, LoadError> {
         ("PROCESSES", config.sizes.processes),
         ("STACKS", config.sizes.stacks),
         ("COUNTS", config.sizes.counts),
+        ("KERNEL_STACKS", config.sizes.kernel_stacks),
     ];
     for (map, size) in sized {
         if let Some(n) = size {

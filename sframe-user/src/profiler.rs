@@ -163,8 +163,17 @@ pub struct Profiler {
     outcomes_map: PerCpuArray<MapData, u64>,
     counters_map: PerCpuArray<MapData, u64>,
     kernel_stacks_map: StackTraceMap<MapData>,
-    /// Kernel stacks by id, innermost first.
+    /// Kernel stacks by this profiler's id (not the kernel map's: that map is emptied
+    /// when it fills up, and its ids are then reused), innermost first.
     kernel_stacks: StdHashMap<i32, Vec<u64>>,
+    /// The id of each distinct kernel stack in `kernel_stacks`.
+    kernel_stack_ids: StdHashMap<Vec<u64>, i32>,
+    /// Kernel map ids read since the map was last emptied.
+    kernel_ids_read: HashSet<u32>,
+    /// Entries of the kernel stack map.
+    kernel_stack_capacity: u32,
+    /// `kernel_stack_failed` when the kernel stack map was last emptied.
+    kernel_stack_failures: u64,
     /// Lifecycle events from the kernel side.
     events: Option<RingBuf<MapData>>,
     /// Samples the kernel side could not unwind for lack of tables.
@@ -281,6 +290,13 @@ impl Profiler {
             counters_map: take(&mut ebpf, "COUNTERS")?,
             kernel_stacks_map: take(&mut ebpf, "KERNEL_STACKS")?,
             kernel_stacks: StdHashMap::new(),
+            kernel_stack_ids: StdHashMap::new(),
+            kernel_ids_read: HashSet::new(),
+            kernel_stack_capacity: config
+                .map_sizes
+                .kernel_stacks
+                .unwrap_or(sframe_common::budget::MAX_KERNEL_STACKS),
+            kernel_stack_failures: 0,
             events: None,
             deferred: take(&mut ebpf, "DEFERRED").ok(),
             deferred_outcomes: [0; WalkOutcome::COUNT],
@@ -549,7 +565,7 @@ impl Profiler {
                 pid: rec.pid,
                 tid: rec.tid,
                 user_stack: st.stack_key(),
-                kernel_stack: rec.kernel_stack,
+                kernel_stack: self.intern_kernel_stack(rec.kernel_stack, &mut StdHashMap::new()),
                 outcome: outcome as u32,
             };
             self.stacks
@@ -557,13 +573,6 @@ impl Profiler {
                 .or_insert_with(|| st.stack.frames[..len].to_vec());
             *self.counts.entry(key).or_default() += 1;
             self.deferred_outcomes[outcome as usize] += 1;
-            if key.kernel_stack >= 0
-                && !self.kernel_stacks.contains_key(&key.kernel_stack)
-                && let Ok(trace) = self.kernel_stacks_map.get(&(key.kernel_stack as u32), 0)
-            {
-                let frames = trace.frames().iter().map(|f| f.ip).collect();
-                self.kernel_stacks.insert(key.kernel_stack, frames);
-            }
         }
     }
 
@@ -852,17 +861,21 @@ impl Profiler {
     pub fn collect(&mut self) -> Snapshot {
         let keys: Vec<CountKey> = self.counts_map.keys().filter_map(Result::ok).collect();
         let mut wanted = HashSet::new();
-        let mut wanted_kernel = HashSet::new();
+        let mut round = StdHashMap::new();
         for key in keys {
             // Read then delete: a sample landing in between is lost (rare, counted as
             // the difference between `samples` and the sum of counts).
             if let Ok(n) = self.counts_map.get(&key, 0) {
-                *self.counts.entry(key).or_default() += n;
+                let kernel_stack = self.intern_kernel_stack(key.kernel_stack, &mut round);
+                *self
+                    .counts
+                    .entry(CountKey {
+                        kernel_stack,
+                        ..key
+                    })
+                    .or_default() += n;
                 if key.user_stack != 0 && !self.stacks.contains_key(&key.user_stack) {
                     wanted.insert(key.user_stack);
-                }
-                if key.kernel_stack >= 0 && !self.kernel_stacks.contains_key(&key.kernel_stack) {
-                    wanted_kernel.insert(key.kernel_stack);
                 }
             }
             let _ = self.counts_map.remove(&key);
@@ -872,13 +885,6 @@ impl Profiler {
                 let len = (stack.len as usize).min(stack.frames.len());
                 self.stacks.insert(id, stack.frames[..len].to_vec());
                 let _ = self.stacks_map.remove(&id);
-            }
-        }
-        for id in wanted_kernel {
-            // Kernel stack ids are stable while the stack stays in the map; copy it once.
-            if let Ok(trace) = self.kernel_stacks_map.get(&(id as u32), 0) {
-                let frames = trace.frames().iter().map(|f| f.ip).collect();
-                self.kernel_stacks.insert(id, frames);
             }
         }
         let mut snap = Snapshot {
@@ -900,7 +906,50 @@ impl Profiler {
                 *slot = v.iter().sum();
             }
         }
+        self.empty_kernel_stacks_when_full(snap.counters[Counter::KernelStackFailed as usize]);
         snap
+    }
+
+    /// This profiler's id of the kernel stack with kernel map id `id` (negative: none),
+    /// read from the map once per collection (`round`).
+    fn intern_kernel_stack(&mut self, id: i32, round: &mut StdHashMap<i32, i32>) -> i32 {
+        if id < 0 {
+            return id;
+        }
+        if let Some(&mine) = round.get(&id) {
+            return mine;
+        }
+        let Ok(trace) = self.kernel_stacks_map.get(&(id as u32), 0) else {
+            return -1;
+        };
+        self.kernel_ids_read.insert(id as u32);
+        let frames: Vec<u64> = trace.frames().iter().map(|f| f.ip).collect();
+        let next = self.kernel_stacks.len() as i32;
+        let mine = *self
+            .kernel_stack_ids
+            .entry(frames)
+            .or_insert_with_key(|frames| {
+                self.kernel_stacks.insert(next, frames.clone());
+                next
+            });
+        round.insert(id, mine);
+        mine
+    }
+
+    /// Empties the kernel stack map once half of it has been read, or when stacks
+    /// failed to find room since the last time (the map's buckets are hashed: it
+    /// refuses stacks well before it is full). Its stacks are copied already; a sample
+    /// counted between this collection's reading and the removal may lose its kernel
+    /// stack (or, rarely, get the stack that reuses its id).
+    fn empty_kernel_stacks_when_full(&mut self, failures: u64) {
+        let half = self.kernel_ids_read.len() as u64 * 2 >= u64::from(self.kernel_stack_capacity);
+        if !half && failures <= self.kernel_stack_failures {
+            return;
+        }
+        for id in self.kernel_ids_read.drain() {
+            let _ = self.kernel_stacks_map.remove(&id);
+        }
+        self.kernel_stack_failures = failures;
     }
 
     /// The frames of a kernel stack (innermost first) seen by `collect`.

@@ -223,6 +223,7 @@ fn full_kernel_maps_are_counted_and_profiling_goes_on() {
             // is counted under stack 0, which makes few distinct keys).
             stacks: Some(64),
             counts: Some(16),
+            kernel_stacks: None,
         },
         ..ProfilerConfig::explicit(499)
     })
@@ -467,4 +468,105 @@ fn a_storm_of_short_processes_leaves_the_profiler_memory_bounded() {
         known <= 110 + running,
         "{known} processes kept with max_exited 100 and {running} running"
     );
+}
+
+/// Two phases of system calls: `phase_a` (reads and getppid) for 2.5 s, then
+/// `phase_b` (file system calls) until killed.
+const SYSCALL_PHASES: &str = r#"
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
+static char buf[65536];
+__attribute__((noinline)) void phase_a(double secs) {
+    int z = open("/dev/zero", O_RDONLY);
+    double start = now();
+    for (unsigned n = 0; now() - start < secs; n++) {
+        read(z, buf, 1 + (n % 16) * 4096);
+        getppid();
+    }
+    close(z);
+}
+__attribute__((noinline)) void phase_b(void) {
+    struct stat st;
+    for (;;) {
+        int fd = open("/etc/hostname", O_RDONLY);
+        fstat(fd, &st);
+        close(fd);
+        stat("/usr/lib", &st);
+        access("/usr/bin/env", X_OK);
+    }
+}
+int main(void) { phase_a(2.5); phase_b(); return 0; }
+"#;
+
+#[test]
+fn a_full_kernel_stack_map_is_emptied_and_kernel_stacks_keep_coming() {
+    if !bpf_or_skip("a_full_kernel_stack_map_is_emptied_and_kernel_stacks_keep_coming") {
+        return;
+    }
+    let _serial = serial();
+    let exe = support::compile_c("syscall_phases", SYSCALL_PHASES, FLAGS);
+    let mut profiler = Profiler::start_with(ProfilerConfig {
+        map_sizes: MapSizes {
+            kernel_stacks: Some(64),
+            ..MapSizes::default()
+        },
+        ..ProfilerConfig::explicit(999)
+    })
+    .expect("start with a small kernel stack map");
+    let child = KillOnDrop::spawn(&mut Command::new(&exe));
+    thread::sleep(Duration::from_millis(20));
+    profiler.add_target(child.pid()).expect("tables");
+    let mut last = profiler.collect();
+    let mut shares = Vec::new();
+    for window in 0..6 {
+        pump(&mut profiler, Duration::from_millis(700));
+        let snap = profiler.collect();
+        let delta = sframe_user::export::snapshot_delta(&snap, &last);
+        let in_kernel = snap.counters[Counter::SamplesInKernel as usize]
+            - last.counters[Counter::SamplesInKernel as usize];
+        let failed = snap.counters[Counter::KernelStackFailed as usize]
+            - last.counters[Counter::KernelStackFailed as usize];
+        let with_stack: u64 = delta
+            .counts
+            .iter()
+            .filter(|c| c.key.kernel_stack >= 0)
+            .filter(|c| {
+                profiler
+                    .kernel_stack(c.key.kernel_stack)
+                    .is_some_and(|k| !k.is_empty())
+            })
+            .map(|c| c.count)
+            .sum();
+        let share = with_stack as f64 / in_kernel.max(1) as f64;
+        eprintln!(
+            "window {window}: {in_kernel} samples in the kernel, {with_stack} with their kernel stack, {failed} failed"
+        );
+        shares.push((in_kernel, share));
+        last = snap;
+    }
+    // A map of 64 entries that were never emptied would have given at most 64
+    // distinct kernel stacks in all.
+    let distinct: HashSet<i32> = last
+        .counts
+        .iter()
+        .map(|c| c.key.kernel_stack)
+        .filter(|&k| profiler.kernel_stack(k).is_some_and(|f| !f.is_empty()))
+        .collect();
+    eprintln!("{} distinct kernel stacks", distinct.len());
+    assert!(
+        distinct.len() > 2 * 64,
+        "{} distinct kernel stacks from a 64-entry map: it was not emptied",
+        distinct.len()
+    );
+    for &(in_kernel, share) in &shares[1..] {
+        assert!(in_kernel >= 100, "too few kernel samples: {shares:?}");
+        assert!(share >= 0.1, "kernel stacks stopped coming: {shares:?}");
+    }
 }

@@ -154,6 +154,7 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
             processes: Some(args.max_processes),
             stacks: Some(args.max_stacks),
             counts: Some(args.max_counts),
+            kernel_stacks: None,
         },
     };
     let whole_system = config.targets.all;
