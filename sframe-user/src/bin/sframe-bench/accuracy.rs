@@ -40,6 +40,9 @@ const RECORD_PROGRAM: &str = "fp_baseline_record";
 /// the call (return address − 1).
 type Key = Vec<(String, Site)>;
 
+/// A caller → callee pair of adjacent frames.
+type Step<'a> = (&'a (String, Site), &'a (String, Site));
+
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 enum Site {
     Function(String),
@@ -87,7 +90,7 @@ impl Dist {
     }
 
     /// Pairs of adjacent frames (caller, callee) in any stack.
-    fn edges(&self) -> HashSet<(&(String, Site), &(String, Site))> {
+    fn edges(&self) -> HashSet<Step<'_>> {
         self.counts
             .keys()
             .flat_map(|k| k.windows(2).map(|w| (&w[0], &w[1])))
@@ -145,7 +148,6 @@ struct FpRecorder {
     ring: RingBuf<MapData>,
     /// Frames (innermost first) per sample, by pid.
     stacks: HashMap<u32, Vec<Vec<u64>>>,
-    lost_hint: u64,
 }
 
 impl FpRecorder {
@@ -160,7 +162,6 @@ impl FpRecorder {
             ebpf,
             ring,
             stacks: HashMap::new(),
-            lost_hint: 0,
         })
     }
 
@@ -185,7 +186,6 @@ impl FpRecorder {
     fn drain(&mut self) {
         while let Some(item) = self.ring.next() {
             if item.len() < size_of::<BaselineSample>() {
-                self.lost_hint += 1;
                 continue;
             }
             // SAFETY: the kernel wrote a BaselineSample (integers only, any bits valid).

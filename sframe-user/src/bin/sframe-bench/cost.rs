@@ -31,6 +31,8 @@ use crate::{
 const FREQUENCY: u64 = 999;
 /// Frames of the fixture chains (functions from `main`'s callee to the spinning leaf).
 const DEPTHS: [usize; 4] = [8, 32, 128, 256];
+/// The chains `--quick` measures: the goal's depth and a truncated walk.
+const QUICK_DEPTHS: [usize; 2] = [32, 256];
 const BASELINE_PROGRAM: &str = "fp_baseline";
 
 /// Section 1 and its verifier table.
@@ -43,14 +45,18 @@ pub fn section(doc: &mut String, args: &Args) {
         }
     }
     doc.push_str("\n### Verifier\n\n");
-    match Profiler::start(FREQUENCY) {
-        Ok(profiler) => {
+    let known = VERIFIER.lock().ok().and_then(|mut v| v.take());
+    let stats = match known {
+        Some(stats) => Ok(stats),
+        None => Profiler::start(FREQUENCY).map(|p| p.verifier_stats()),
+    };
+    match stats {
+        Ok(mut stats) => {
             let _ = writeln!(
                 doc,
                 "Instructions processed by the verifier when loading each program on this \
                  kernel (limit 1,000,000; goal ≤ 50%):\n\n| program | instructions | share of limit |\n|---|---:|---:|"
             );
-            let mut stats = profiler.verifier_stats();
             stats.sort();
             for (name, count) in stats {
                 match count {
@@ -112,6 +118,7 @@ struct CostRow {
     profiler: Result<ProgramRun>,
 }
 
+/// C source of a chain of `depth` non-inlined frames, `main` → `f1` → … → `f<depth>`,
 /// spinning in the leaf. `noipa` keeps gcc from inlining, cloning or proving the leaf
 /// `noreturn`; the store after each call keeps it from turning calls into jumps.
 fn fixture_source(depth: usize) -> String {
@@ -156,7 +163,8 @@ fn bpf_cost(args: &Args) -> Result<(FilterOnly, Vec<CostRow>)> {
     let dir = TempDir::new()?;
     let mut rows = Vec::new();
     let mut filter_only = None;
-    for depth in DEPTHS {
+    let depths: &[usize] = if args.quick { &QUICK_DEPTHS } else { &DEPTHS };
+    for &depth in depths {
         let bin = build_fixture(&dir.0, depth)?;
         let fixture = Fixture {
             child: Command::new(&bin)
@@ -283,8 +291,18 @@ fn profiler_totals(profiler: &mut Profiler) -> (u64, u64, u64) {
 }
 
 /// The profiler on `pid` (none: no target).
+/// Per program: instructions the verifier processed.
+type VerifierStats = Vec<(String, Option<u32>)>;
+
+/// Instructions the verifier processed per program, from the first profiler started
+/// (loading the programs once more only for them costs seconds).
+static VERIFIER: std::sync::Mutex<Option<VerifierStats>> = std::sync::Mutex::new(None);
+
 fn measure_profiler(pid: Option<u32>, time: Duration) -> Result<ProgramRun> {
     let mut profiler = Profiler::start(FREQUENCY).context("starting the profiler")?;
+    if let Ok(mut v) = VERIFIER.lock() {
+        v.get_or_insert_with(|| profiler.verifier_stats());
+    }
     if let Some(pid) = pid {
         profiler
             .add_target(pid)

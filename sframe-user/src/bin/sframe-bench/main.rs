@@ -51,6 +51,10 @@ struct Args {
     /// Only the table sections (memory, build time, SFrame reader): no BPF, no root.
     #[arg(long, conflicts_with = "only")]
     tables_only: bool,
+    /// Exit with an error when a section could not be measured (CI: the harness must
+    /// work; the numbers are not checked).
+    #[arg(long)]
+    strict: bool,
     /// Only these sections (repeatable), e.g. to iterate on one measurement.
     #[arg(long, value_enum)]
     only: Vec<Section>,
@@ -144,11 +148,26 @@ fn main() -> Result<()> {
         started.elapsed().as_secs_f64()
     );
     print!("{doc}");
+    if args.strict {
+        let failed: Vec<&str> = doc
+            .lines()
+            .filter(|l| l.to_lowercase().contains("not measured:"))
+            .collect();
+        if !failed.is_empty() {
+            anyhow::bail!(
+                "{} figure(s) could not be measured:\n{}",
+                failed.len(),
+                failed.join("\n")
+            );
+        }
+    }
     Ok(())
 }
 
 fn progress(what: &str) {
-    eprintln!("sframe-bench: {what}");
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    let t = START.get_or_init(Instant::now).elapsed().as_secs_f64();
+    eprintln!("sframe-bench: [{t:5.1} s] {what}");
 }
 
 // ---------------------------------------------------------------------------------------

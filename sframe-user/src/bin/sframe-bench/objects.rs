@@ -326,8 +326,6 @@ pub(crate) fn table_memory_section(doc: &mut String, objects: &[ObjectBench]) {
     }
 }
 
-/// `value` with `decimals`, and whether it meets its goal.
-
 fn object_name(o: &ObjectBench) -> String {
     if o.path.as_os_str().is_empty() {
         o.label.to_string()

@@ -282,7 +282,13 @@ pub fn first_stack_section(doc: &mut String, args: &Args) {
                 continue;
             }
         };
-        for mode in [Mode::Comm, Mode::All] {
+        // --quick: one mode per workload (each profiler start verifies the programs).
+        let modes: &[Mode] = match (args.quick, comm) {
+            (false, _) => &[Mode::Comm, Mode::All],
+            (true, "python3") => &[Mode::All],
+            (true, _) => &[Mode::Comm],
+        };
+        for &mode in modes {
             let mode_name = match mode {
                 Mode::Comm => format!("`--comm {comm}`"),
                 Mode::All => "`--all`".to_string(),

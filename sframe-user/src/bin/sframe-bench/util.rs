@@ -74,8 +74,6 @@ impl Drop for TempDir {
     }
 }
 
-/// C source of a chain of `depth` non-inlined frames, `main` → `f1` → … → `f<depth>`,
-
 pub(crate) fn fmt_opt(v: Option<f64>, decimals: usize) -> String {
     v.map_or_else(|| "–".into(), |v| format!("{v:.decimals$}"))
 }
@@ -88,6 +86,7 @@ pub(crate) fn one_line(s: &str) -> String {
     s.replace(['\n', '|'], " ")
 }
 
+/// `value` with `decimals`, and whether it meets its goal.
 pub(crate) fn verdict(value: f64, met: bool, decimals: usize) -> String {
     format!(
         "{value:.decimals$} ({})",
