@@ -51,7 +51,26 @@ pub const fn finish(hash: u64, len: u32) -> u64 {
     if h == 0 { 1 } else { h }
 }
 
+/// Frames `bpf_get_stack` may return to the frame-pointer baseline: the kernel's default
+/// `perf_event_max_stack`.
+pub const BASELINE_FRAMES: usize = 127;
+
+/// One sample of the kernel's frame-pointer walker as `fp_baseline_record` sends it to
+/// user space (the bench's accuracy comparison): frames innermost first, `frames[0]` the
+/// sampled PC, the others return addresses.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BaselineSample {
+    pub pid: u32,
+    pub tid: u32,
+    /// Frames `bpf_get_stack` returned (0 when it failed).
+    pub len: u32,
+    pub _pad: u32,
+    pub frames: [u64; BASELINE_FRAMES],
+}
+
 const _: () = assert!(core::mem::size_of::<CountKey>() == 24);
+const _: () = assert!(core::mem::size_of::<BaselineSample>() == 16 + 8 * BASELINE_FRAMES);
 const _: () = assert!(core::mem::size_of::<UserStack>() == 8 + 8 * MAX_FRAMES);
 
 #[cfg(feature = "user")]
@@ -60,4 +79,5 @@ mod pod {
     // SAFETY: repr(C), integers only, no implicit padding (sizes asserted above).
     unsafe impl aya::Pod for UserStack {}
     unsafe impl aya::Pod for CountKey {}
+    unsafe impl aya::Pod for BaselineSample {}
 }

@@ -2,6 +2,8 @@
 //! `BPF_F_USER_STACK`), the baseline `cargo xtask bench` measures the unwinder against.
 //! It filters targets like `profile`, so both pay the same entry cost, and
 //! counts the frames it got so that the bench can report a cost per frame.
+//! `fp_baseline_record` runs the same walk and sends the frames to user space, for the
+//! bench's accuracy comparison.
 
 use core::ffi::c_void;
 
@@ -10,14 +12,13 @@ use aya_ebpf::{
     bindings::BPF_F_USER_STACK,
     helpers::{bpf_get_current_pid_tgid, generated::bpf_get_stack},
     macros::map,
-    maps::PerCpuArray,
+    maps::{PerCpuArray, RingBuf},
     programs::PerfEventContext,
 };
 
-use crate::is_target;
+use sframe_common::stack::{BASELINE_FRAMES, BaselineSample};
 
-/// Frames `bpf_get_stack` may return: the kernel's default `perf_event_max_stack`.
-const BASELINE_FRAMES: usize = 127;
+use crate::is_target;
 
 /// The frames of one sample (only counted, never read).
 #[repr(C)]
@@ -62,6 +63,42 @@ pub fn fp_baseline(ctx: &PerfEventContext) -> u32 {
     add(&FP_BASELINE_SAMPLES, 1);
     if bytes > 0 {
         add(&FP_BASELINE_FRAMES, bytes as u64 / 8);
+    }
+    0
+}
+
+/// The record being built on this CPU (too large for the BPF stack).
+#[map]
+static FP_RECORD_BUF: PerCpuArray<BaselineSample> = PerCpuArray::with_max_entries(1, 0);
+/// `BaselineSample`s of target processes, for user space (about 1 KiB each).
+#[map]
+static FP_BASELINE_RING: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
+
+pub fn fp_baseline_record(ctx: &PerfEventContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    if !is_target(tgid) {
+        return 0;
+    }
+    let Some(rec) = FP_RECORD_BUF.get_ptr_mut(0) else {
+        return 0;
+    };
+    // SAFETY: `rec` is this CPU's map value; `frames` is exactly the size passed.
+    let bytes = unsafe {
+        bpf_get_stack(
+            ctx.as_ptr(),
+            (*rec).frames.as_mut_ptr() as *mut c_void,
+            (BASELINE_FRAMES * 8) as u32,
+            u64::from(BPF_F_USER_STACK),
+        )
+    };
+    // SAFETY: as above; no other writer on this CPU.
+    unsafe {
+        (*rec).pid = tgid;
+        (*rec).tid = pid_tgid as u32;
+        (*rec).len = if bytes > 0 { bytes as u32 / 8 } else { 0 };
+        (*rec)._pad = 0;
+        let _ = FP_BASELINE_RING.output::<BaselineSample>(&*rec, 0);
     }
     0
 }

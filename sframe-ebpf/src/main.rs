@@ -36,6 +36,13 @@ pub fn fp_baseline(ctx: PerfEventContext) -> u32 {
     baseline::fp_baseline(&ctx)
 }
 
+/// The same walker, sending each target sample's frames to user space (the bench's
+/// accuracy comparison; `fp_baseline` only counts, to measure the cost alone).
+#[perf_event]
+pub fn fp_baseline_record(ctx: PerfEventContext) -> u32 {
+    baseline::fp_baseline_record(&ctx)
+}
+
 /// Thread-group ids to sample (value unused). The program runs for every sample of the
 /// perf events it is attached to; this map, `FILTER_FLAGS` and `TARGET_CGROUPS` keep
 /// only the targets.

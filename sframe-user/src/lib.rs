@@ -6,6 +6,7 @@
 //! - [`bpf`]: loading the embedded eBPF object and forwarding its logs.
 //! - [`sampler`]: attaching the perf-event program and reading raw samples.
 //! - [`procfs`]: reading `/proc/PID/maps`.
+//! - [`perfscript`]: `perf record --call-graph dwarf` stacks, the walker's ground truth.
 //! - [`privileges`]: whether this process may load BPF programs (used by tests to run
 //!   for real or say clearly why they were skipped).
 //!
@@ -26,6 +27,7 @@ pub mod kmaps;
 #[cfg(feature = "bpf")]
 pub mod objects;
 pub mod objtable;
+pub mod perfscript;
 pub mod privileges;
 pub mod procfs;
 #[cfg(feature = "bpf")]

@@ -11,7 +11,7 @@ mod support;
 use std::{
     collections::HashMap,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     sync::{OnceLock, mpsc},
     thread,
     time::Duration,
@@ -20,6 +20,7 @@ use std::{
 use sframe_common::{WalkOutcome, budget::MAX_FRAMES, stack::CountKey};
 use sframe_user::{
     objects::ProcessReport,
+    perfscript::{CmpFrame, PerfRecord, PerfStack, cmp_key},
     privileges::in_ci,
     procfs::{self, Mapping},
     profiler::{Profiler, symbolization_addresses},
@@ -34,6 +35,8 @@ const FREQUENCY: u64 = 999;
 /// perf only has to find the dominant stack; its DWARF unwinding is the slow part.
 const PERF_FREQUENCY: u64 = 199;
 const PROFILE_SECS: u64 = 2;
+/// Room for 300 recursive frames and libc's start code.
+const PERF_STACK_BYTES: u32 = 16384;
 /// Share of samples (percent) that must have exactly the expected stack.
 const REQUIRED_PERCENT: u64 = 99;
 const MIN_SAMPLES: u64 = 200;
@@ -278,7 +281,16 @@ fn profile(name: &str, exe: &Path, min_tables: usize) -> Run {
     let pid = child.pid();
     thread::sleep(Duration::from_millis(200));
     // perf starts first: it runs while our tables load, and ends when we do.
-    let perf = use_perf.then(|| PerfRecord::start(pid, exe.parent().expect("fixture dir")));
+    let perf = use_perf.then(|| {
+        PerfRecord::start(
+            pid,
+            PERF_FREQUENCY,
+            PERF_STACK_BYTES,
+            PROFILE_SECS as f64,
+            exe.parent().expect("fixture dir"),
+        )
+        .expect("start perf record")
+    });
     let report = request(|reply| Request::AddTarget { pid, reply })
         .unwrap_or_else(|e| panic!("{name}: {e}"));
     assert!(
@@ -294,7 +306,7 @@ fn profile(name: &str, exe: &Path, min_tables: usize) -> Run {
     for s in &stacks {
         outcomes[s.outcome as usize] += s.count;
     }
-    let perf = perf.map(PerfRecord::finish);
+    let perf = perf.map(|p| p.finish().expect("perf record and perf script"));
     drop(child);
     Run {
         name: name.to_string(),
@@ -450,140 +462,6 @@ fn perf_gate(test: &str) -> bool {
     assert!(!in_ci(), "{test}: perf is required in CI: {why}");
     eprintln!("SKIPPED {test} (perf comparison only): {why}");
     false
-}
-
-struct PerfRecord {
-    child: Child,
-    data: PathBuf,
-}
-
-/// One user frame as `perf script` prints it.
-#[derive(Clone, Debug)]
-struct PerfFrame {
-    /// File-relative address (PC for the innermost frame, RA − 1 for callers).
-    offset: u64,
-    sym: String,
-    object: String,
-}
-
-#[derive(Clone, Debug)]
-struct PerfStack {
-    /// User frames, outermost first.
-    frames: Vec<PerfFrame>,
-}
-
-impl PerfRecord {
-    fn start(pid: u32, dir: &Path) -> Self {
-        let data = dir.join("perf.data");
-        let child = Command::new("perf")
-            .args(["record", "-q", "-e", "cpu-clock", "-F"])
-            .arg(PERF_FREQUENCY.to_string())
-            // Room for 300 recursive frames and libc's start code.
-            .args(["--call-graph", "dwarf,16384", "-o"])
-            .arg(&data)
-            .arg("-p")
-            .arg(pid.to_string())
-            .args(["--", "sleep"])
-            .arg(PROFILE_SECS.to_string())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn perf record");
-        Self { child, data }
-    }
-
-    fn finish(self) -> Vec<PerfStack> {
-        let out = self.child.wait_with_output().expect("wait for perf record");
-        assert!(
-            out.status.success(),
-            "perf record failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let script = Command::new("perf")
-            .args(["script", "--no-inline", "--max-stack", "1024"])
-            .args(["-F", "tid,ip,sym,dso", "-i"])
-            .arg(&self.data)
-            .output()
-            .expect("run perf script");
-        assert!(
-            script.status.success(),
-            "perf script failed: {}",
-            String::from_utf8_lossy(&script.stderr)
-        );
-        // Several MB per run: not worth keeping.
-        let _ = std::fs::remove_file(&self.data);
-        parse_perf_script(&String::from_utf8_lossy(&script.stdout))
-    }
-}
-
-/// Parses `perf script -F tid,ip,sym,dso` output: a line with the tid, then one line per
-/// frame (`\t ADDR SYM (DSO)`, innermost first), then a blank line. Kernel frames are
-/// dropped.
-fn parse_perf_script(text: &str) -> Vec<PerfStack> {
-    let mut stacks = Vec::new();
-    let mut current: Option<Vec<PerfFrame>> = None;
-    for line in text.lines() {
-        if line.starts_with('\t') {
-            let (addr, rest) = line.trim().split_once(' ').unwrap_or((line.trim(), ""));
-            let (sym, dso) = rest.rsplit_once(" (").unwrap_or((rest, ""));
-            let dso = dso.strip_suffix(')').unwrap_or(dso);
-            let Ok(offset) = u64::from_str_radix(addr, 16) else {
-                continue;
-            };
-            if dso == "[kernel.kallsyms]" || offset >= 0xffff_8000_0000_0000 {
-                continue;
-            }
-            if let Some(frames) = current.as_mut() {
-                frames.push(PerfFrame {
-                    offset,
-                    sym: sym.to_string(),
-                    object: dso.rsplit('/').next().unwrap_or(dso).to_string(),
-                });
-            }
-        } else {
-            if let Some(mut frames) = current.take() {
-                frames.reverse();
-                stacks.push(PerfStack { frames });
-            }
-            if !line.trim().is_empty() {
-                current = Some(Vec::new());
-            }
-        }
-    }
-    if let Some(mut frames) = current {
-        frames.reverse();
-        stacks.push(PerfStack { frames });
-    }
-    stacks
-}
-
-/// A symbol name without the aliases' decorations that differ between symbol tables
-/// (`__GI___getppid`, `__libc_start_main@@GLIBC_2.34`).
-fn normalize(name: &str) -> &str {
-    let name = name.split('@').next().unwrap_or(name);
-    let name = name.strip_prefix("__GI_").unwrap_or(name);
-    name.trim_start_matches('_')
-}
-
-/// A frame as compared with perf: object, normalized name, and for callers the exact
-/// offset of the call (the leaf's PC moves).
-type CmpFrame = (String, String, Option<u64>);
-
-fn cmp_key<'a>(frames: impl DoubleEndedIterator<Item = (&'a str, &'a str, u64)>) -> Vec<CmpFrame> {
-    // Innermost first to know the leaf, then back to outermost first.
-    let mut key: Vec<CmpFrame> = frames
-        .rev()
-        .enumerate()
-        .map(|(i, (object, name, offset))| {
-            (
-                object.to_string(),
-                normalize(name).to_string(),
-                (i > 0).then_some(offset),
-            )
-        })
-        .collect();
-    key.reverse();
-    key
 }
 
 fn dominant<K: std::hash::Hash + Eq + Clone>(

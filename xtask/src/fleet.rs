@@ -263,7 +263,7 @@ fn measure(bin: &Path, exe: &Path, frequency: u64, secs: f64) -> Result<(f64, f6
 /// The "profiler's own cost" table of the bench report (markdown).
 pub fn whole_system_table(quick: bool) -> Result<String> {
     let (bin, exe) = prepare()?;
-    let secs = if quick { 5.0 } else { 30.0 };
+    let secs = if quick { 3.0 } else { 30.0 };
     let runs = if quick { 1 } else { 3 };
     let mut out = String::from(
         "\n## Whole-system profiling: the profiler's own cost\n\n\

@@ -3,10 +3,13 @@
 //! - `setup`: provision what a fresh machine lacks (nightly rust-src, bpf-linker built
 //!   against the nightly toolchain's own LLVM, Debian packages the tests use).
 //! - `run -- ARGS`: setup, build, run `sframe-user ARGS` (through `sudo -E` unless root).
-//! - `test`: setup, then everything CI checks, then every fuzz target for a bounded time.
+//! - `test`: setup, then everything CI checks, `bench --quick --strict`, then every fuzz
+//!   target for a bounded time.
 //! - `fuzz [--seconds N] [--target NAME]`: seed corpora and longer fuzzing runs.
-//! - `bench [--quick]`: BPF cost, kernel memory and table build time against baselines,
-//!   the profiler's own cost when profiling the whole machine; writes `BENCHMARKS.md`.
+//! - `bench [--quick] [--strict]`: BPF cost, kernel memory, table build and upload time,
+//!   time to the first complete stack, overhead on the workload and accuracy against
+//!   baselines, the profiler's own cost when profiling the whole machine; writes
+//!   `BENCHMARKS.md`.
 //! - `soak [--minutes N]`: whole-system profiling under churn; RSS and kernel table
 //!   memory must stay flat.
 
@@ -34,7 +37,7 @@ enum Command {
     Setup,
     /// Build and run sframe-user with the given arguments (as root).
     Run(run::RunArgs),
-    /// Run every check CI runs: fmt, clippy (host and BPF crates), all tests.
+    /// Run every check CI runs: fmt, clippy (host and BPF crates), all tests, bench --quick.
     Test(test::TestArgs),
     /// Build the seed corpora and run the cargo-fuzz targets (nightly) for a while.
     Fuzz(fuzz::FuzzArgs),

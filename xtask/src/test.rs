@@ -1,5 +1,6 @@
-//! `cargo xtask test`: everything CI checks, in order of cost, then every fuzz target for
-//! a bounded time (a crash fails the run).
+//! `cargo xtask test`: everything CI checks, in order of cost, then `bench --quick`
+//! (the benchmark harness must run; its numbers are not asserted), then every fuzz target
+//! for a bounded time (a crash fails the run).
 
 use std::process::Command;
 
@@ -59,6 +60,12 @@ pub fn test(args: TestArgs) -> Result<()> {
         cargo().arg("test").args(&args.cargo_test_args),
         "unit and BPF tests",
     )?;
+    let started = std::time::Instant::now();
+    crate::bench::quick_check()?;
+    eprintln!(
+        "xtask: bench --quick took {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
     if args.fuzz_seconds > 0 {
         crate::fuzz::run_all(args.fuzz_seconds)?;
     }

@@ -1,0 +1,309 @@
+//! Section 3b: the SFrame reader's throughput and `find_fre` lookups.
+
+use std::fmt::Write as _;
+
+use anyhow::{Context as _, Result, bail};
+use sframe_user::{
+    sframe::{Section, WriteOptions, WriteVersion, write_section},
+    table::{TableBuilder, UnwindTable},
+};
+
+use crate::{
+    Args,
+    objects::ObjectBench,
+    util::{Rng, fmt_opt, fmt_stats, median, pct, ratio, time_ms},
+};
+
+/// Rows the SFrame reader benchmark section holds at least.
+const READER_MIN_ROWS: usize = 100_000;
+/// PCs looked up per `find_fre` timing run.
+const LOOKUPS: usize = 200_000;
+/// Goals of issues 3 and 4, printed beside the figures.
+const GOAL_READER_MBPS: f64 = 500.0;
+const GOAL_LOOKUP_NS: f64 = 100.0;
+
+// ---------------------------------------------------------------------------------------
+// 3b. SFrame reader
+
+struct ReaderBench {
+    origin: String,
+    copies: usize,
+    rows: usize,
+    functions: u32,
+    bytes: usize,
+    reps: usize,
+    /// Open + validate + iterate every function, row and rule; no allocation per row.
+    iterate_ms: Vec<f64>,
+    /// Open + validate only, and the same through the careful reference decoders.
+    open_ms: Vec<f64>,
+    open_reference_ms: Vec<f64>,
+    /// Open + validate + `to_table`.
+    to_table_ms: Vec<f64>,
+    lookups: Vec<LookupBench>,
+}
+
+/// `find_fre` on one section, and libsframe's search and scan on the same PCs.
+struct LookupBench {
+    what: String,
+    bytes: usize,
+    rows: usize,
+    fast_ns: Vec<f64>,
+    reference_ns: Vec<f64>,
+    hits: usize,
+    /// Both gave the same answer for every PC.
+    agree: bool,
+}
+
+/// `table` repeated `copies` times, each copy moved past the previous one.
+fn replicate(table: &UnwindTable, copies: usize) -> UnwindTable {
+    let functions = table.functions();
+    let lo = functions.first().map_or(0, |f| f.start);
+    let hi = functions.iter().map(|f| f.end()).max().unwrap_or(lo);
+    let span = (hi - lo + 0xffff) & !0xffff;
+    let mut b = TableBuilder::new(table.arch, table.source);
+    b.reserve(functions.len() * copies, table.row_count() * copies);
+    for c in 0..copies as u64 {
+        for f in functions {
+            b.push(f.start + c * span, f.size, f.pc_type, table.rows(f));
+        }
+    }
+    b.finish()
+}
+
+fn parse(bytes: &[u8]) -> Result<Section<'_>> {
+    Section::parse(bytes, 0).map_err(|e| anyhow::anyhow!("parse: {e}"))
+}
+
+fn write_v3(table: &UnwindTable) -> Result<(Vec<u8>, u32)> {
+    write_section(
+        table,
+        &WriteOptions {
+            version: WriteVersion::V3,
+            section_vaddr: 0,
+        },
+    )
+    .map(|(b, s)| (b, s.fdes))
+    .map_err(|e| anyhow::anyhow!("writing the section: {e}"))
+}
+
+fn reader_bench(objects: &[ObjectBench], args: &Args) -> Result<ReaderBench> {
+    let reps = if args.quick { 7 } else { 21 };
+    // The larger of libc's and python3's tables.
+    let source = objects
+        .iter()
+        .filter(|o| matches!(o.label, "libc.so.6" | "python3"))
+        .filter_map(|o| o.result.as_ref().ok().map(|n| (o, n)))
+        .max_by_key(|(_, n)| n.rows)
+        .context("neither libc nor python3 has a table")?;
+    let rows = source.1.rows.max(1);
+    let copies = READER_MIN_ROWS.div_ceil(rows);
+    let table = replicate(&source.1.table, copies);
+    let (bytes, functions) = write_v3(&table)?;
+    let mut r = ReaderBench {
+        origin: format!("{} (`{}`)", source.0.label, source.0.path.display()),
+        copies,
+        rows: table.row_count(),
+        functions,
+        bytes: bytes.len(),
+        reps,
+        iterate_ms: Vec::new(),
+        open_ms: Vec::new(),
+        open_reference_ms: Vec::new(),
+        to_table_ms: Vec::new(),
+        lookups: Vec::new(),
+    };
+    for _ in 0..reps {
+        let (checksum, ms) = time_ms(|| -> Result<i64> {
+            let section = parse(&bytes)?;
+            let mut checksum = 0i64;
+            for fde in section.functions() {
+                for fre in section.rows(&fde) {
+                    let rule = section.rule(&fde, &fre);
+                    checksum = checksum.wrapping_add(i64::from(rule.cfa.offset));
+                }
+            }
+            Ok(checksum)
+        });
+        std::hint::black_box(checksum?);
+        r.iterate_ms.push(ms);
+        let (section, ms) = time_ms(|| parse(&bytes));
+        std::hint::black_box(section?);
+        r.open_ms.push(ms);
+        let (section, ms) = time_ms(|| Section::parse_reference(&bytes, 0));
+        std::hint::black_box(section.map_err(|e| anyhow::anyhow!("parse: {e}"))?);
+        r.open_reference_ms.push(ms);
+        let (back, ms) = time_ms(|| {
+            parse(&bytes)?
+                .to_table()
+                .map_err(|e| anyhow::anyhow!("to_table: {e}"))
+        });
+        let back = back?;
+        r.to_table_ms.push(ms);
+        if back.row_count() != r.rows {
+            bail!("to_table gave {} rows of {}", back.row_count(), r.rows);
+        }
+    }
+    r.lookups.push(lookup_bench(
+        format!("the section above ({} FDEs)", r.functions),
+        &table,
+        &bytes,
+        reps.min(9),
+    )?);
+    if let Some(libc) = objects
+        .iter()
+        .find(|o| o.label == "libc.so.6")
+        .and_then(|o| o.result.as_ref().ok())
+    {
+        let (libc_bytes, fdes) = write_v3(&libc.table)?;
+        r.lookups.push(lookup_bench(
+            format!("libc's table as a v3 section ({fdes} FDEs)"),
+            &libc.table,
+            &libc_bytes,
+            reps.min(9),
+        )?);
+    }
+    Ok(r)
+}
+
+fn lookup_bench(
+    what: String,
+    table: &UnwindTable,
+    bytes: &[u8],
+    reps: usize,
+) -> Result<LookupBench> {
+    let section = parse(bytes)?;
+    let fns = table.functions();
+    if fns.is_empty() {
+        bail!("no functions");
+    }
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let pcs: Vec<u64> = (0..LOOKUPS)
+        .map(|_| {
+            let f = &fns[(rng.next() % fns.len() as u64) as usize];
+            f.start + rng.next() % u64::from(f.size.max(1))
+        })
+        .collect();
+    let reference = |pc: u64| {
+        section
+            .find_fre_raw_linear(pc)
+            .map(|(fde, fre)| (fde.index, section.rule(&fde, &fre)))
+    };
+    let agree = pcs.iter().all(|&pc| section.find_fre(pc) == reference(pc));
+    let mut out = LookupBench {
+        what,
+        bytes: bytes.len(),
+        rows: table.row_count(),
+        fast_ns: Vec::new(),
+        reference_ns: Vec::new(),
+        hits: 0,
+        agree,
+    };
+    let per_pc = |ms: f64| ms * 1e6 / LOOKUPS as f64;
+    for _ in 0..reps {
+        let (hits, ms) = time_ms(|| {
+            pcs.iter()
+                .filter(|&&pc| std::hint::black_box(section.find_fre(pc)).is_some())
+                .count()
+        });
+        out.hits = hits;
+        out.fast_ns.push(per_pc(ms));
+        let (_, ms) = time_ms(|| {
+            pcs.iter()
+                .filter(|&&pc| std::hint::black_box(reference(pc)).is_some())
+                .count()
+        });
+        out.reference_ns.push(per_pc(ms));
+    }
+    Ok(out)
+}
+
+fn reader_section(doc: &mut String, r: &ReaderBench) {
+    let mb = r.bytes as f64 / 1e6;
+    let mbps = |v: &[f64]| ratio(mb, median(v) / 1e3);
+    let ns_row = |v: &[f64]| ratio(median(v) * 1e6, r.rows as f64);
+    let _ = writeln!(
+        doc,
+        "Method: the writer encodes the derived table of {} ({} cop{}, each moved past the\n\
+         previous, to reach ≥ {READER_MIN_ROWS} rows) as one version 3 section of {} bytes,\n\
+         {} FDEs and {} rows. Each figure is the median (min–max) of {} runs of wall-clock\n\
+         time; MB/s are section bytes per second.\n\n\
+         - *open + validate + iterate*: `Section::parse` (every check of the reader, one\n\
+         \x20 pass), then `functions()`, `rows()` and `rule()` on every FDE and FRE (nothing\n\
+         \x20 allocated per FDE or FRE).\n\
+         - *reference validation*: `Section::parse_reference`, the careful decoders that\n\
+         \x20 name the failed check, and that the fast pass falls back to on malformed input.\n\
+         - *find_fre*: {LOOKUPS} pseudo-random PCs inside the functions; beside it, the same\n\
+         \x20 PCs through libsframe's algorithm as written (`find_fde_libsframe`, then the\n\
+         \x20 linear FRE scan of `find_fre_raw_linear`) on the same section.\n\n\
+         Goals (issue 3): open + validate + iterate ≥ {GOAL_READER_MBPS} MB/s; `find_fre`\n\
+         < {GOAL_LOOKUP_NS} ns per PC on libc-sized sections (O(log n), no allocation).\n",
+        r.origin,
+        r.copies,
+        if r.copies == 1 { "y" } else { "ies" },
+        r.bytes,
+        r.functions,
+        r.rows,
+        r.reps,
+    );
+    doc.push_str("| measurement | ms | MB/s | ns/row | goal |\n|---|---:|---:|---:|---|\n");
+    let met = mbps(&r.iterate_ms).is_some_and(|x| x >= GOAL_READER_MBPS);
+    let goal = format!(
+        "≥ {GOAL_READER_MBPS} MB/s: {}",
+        if met { "met" } else { "not met" }
+    );
+    for (name, v, goal) in [
+        ("open + validate + iterate", &r.iterate_ms, goal),
+        ("open + validate", &r.open_ms, String::new()),
+        (
+            "open + reference validation",
+            &r.open_reference_ms,
+            "(baseline)".into(),
+        ),
+        (
+            "open + validate + `to_table`",
+            &r.to_table_ms,
+            String::new(),
+        ),
+    ] {
+        let _ = writeln!(
+            doc,
+            "| {name} | {} | {} | {} | {goal} |",
+            fmt_stats(v, 2),
+            fmt_opt(mbps(v), 0),
+            fmt_opt(ns_row(v), 1),
+        );
+    }
+    doc.push_str(
+        "\n| `find_fre` on | bytes | rows | ns/PC | libsframe's algorithm, ns/PC | PCs found | same answers | goal |\n\
+         |---|---:|---:|---:|---:|---:|---|---|\n",
+    );
+    for l in &r.lookups {
+        let ns = median(&l.fast_ns);
+        let _ = writeln!(
+            doc,
+            "| {} | {} | {} | {} | {} | {} | {} | < {GOAL_LOOKUP_NS} ns/PC: {} |",
+            l.what,
+            l.bytes,
+            l.rows,
+            fmt_stats(&l.fast_ns, 0),
+            fmt_stats(&l.reference_ns, 0),
+            pct(l.hits as f64, LOOKUPS as f64),
+            if l.agree { "yes" } else { "NO" },
+            if ns < GOAL_LOOKUP_NS {
+                "met"
+            } else {
+                "not met"
+            },
+        );
+    }
+}
+
+pub(crate) fn section(doc: &mut String, objects: &[ObjectBench], args: &Args) {
+    doc.push_str("\n### SFrame reader throughput\n\n");
+    match reader_bench(objects, args) {
+        Ok(r) => reader_section(doc, &r),
+        Err(err) => {
+            let _ = writeln!(doc, "Not measured: {err:#}.");
+        }
+    }
+}
