@@ -131,8 +131,18 @@ struct Args {
     #[arg(long)]
     quick: bool,
     /// Only the table sections (memory, build time, SFrame reader): no BPF, no root.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "only")]
     tables_only: bool,
+    /// Only this section (for iterating on one measurement).
+    #[arg(long, value_enum)]
+    only: Option<OnlySection>,
+}
+
+/// A section `--only` can select.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum OnlySection {
+    /// Section 1: BPF cost per sample and per frame, and the verifier counts.
+    BpfCost,
 }
 
 impl Args {
@@ -190,6 +200,11 @@ fn main() -> Result<()> {
                 let _ = writeln!(doc, "Not measured: {err:#}.");
             }
         }
+    }
+
+    if args.only == Some(OnlySection::BpfCost) {
+        print!("{doc}");
+        return Ok(());
     }
 
     progress("2/3 kernel memory per row and table build time");
