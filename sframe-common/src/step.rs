@@ -172,6 +172,38 @@ fn add_signed(a: u64, off: i64) -> Option<u64> {
     a.checked_add_signed(off)
 }
 
+/// Recovers a register (RA or FP) of the caller by `kind` and `off`; `current` is its
+/// value in the frame being unwound.
+#[inline(always)]
+fn recover(
+    kind: u8,
+    off: i16,
+    current: u64,
+    cfa: u64,
+    regs: &Regs,
+    top: Option<&[u64; TOP_REGS]>,
+    read: &mut impl FnMut(u64) -> Option<u64>,
+) -> Result<u64, WalkOutcome> {
+    let off = i64::from(off);
+    let mut at = |base: u64| {
+        add_signed(base, off)
+            .and_then(&mut *read)
+            .ok_or(WalkOutcome::ReadFault)
+    };
+    match kind {
+        REG_UNCHANGED => Ok(current),
+        REG_AT_CFA => at(cfa),
+        REG_AT_SP => at(regs.sp),
+        REG_AT_FP => at(regs.fp),
+        REG_VAL_CFA => add_signed(cfa, off).ok_or(WalkOutcome::NoProgress),
+        REG_IN_REG => match top {
+            Some(top) => Ok(top[(off as usize) & (TOP_REGS - 1)]),
+            None => Err(WalkOutcome::TopFrameOnlyRule),
+        },
+        _ => Err(WalkOutcome::NoRule),
+    }
+}
+
 /// Applies `rule` to `regs`. `top` holds the DWARF registers of the interrupted frame,
 /// only for the top frame.
 #[inline(always)]
@@ -198,30 +230,6 @@ pub fn step_rule(
     if !signal && (cfa <= regs.sp || cfa & 7 != 0) {
         return Err(WalkOutcome::NoProgress);
     }
-    let recover = |kind: u8,
-                   off: i16,
-                   current: u64,
-                   read: &mut dyn FnMut(u64) -> Option<u64>|
-     -> Result<u64, WalkOutcome> {
-        let off = i64::from(off);
-        let at = |base: u64, read: &mut dyn FnMut(u64) -> Option<u64>| {
-            add_signed(base, off)
-                .and_then(read)
-                .ok_or(WalkOutcome::ReadFault)
-        };
-        match kind {
-            REG_UNCHANGED => Ok(current),
-            REG_AT_CFA => at(cfa, read),
-            REG_AT_SP => at(regs.sp, read),
-            REG_AT_FP => at(regs.fp, read),
-            REG_VAL_CFA => add_signed(cfa, off).ok_or(WalkOutcome::NoProgress),
-            REG_IN_REG => match top {
-                Some(top) => Ok(top[(off as usize) & (TOP_REGS - 1)]),
-                None => Err(WalkOutcome::TopFrameOnlyRule),
-            },
-            _ => Err(WalkOutcome::NoRule),
-        }
-    };
     if rule.ra_kind == REG_UNDEFINED {
         return Ok(Step::Outermost);
     }
@@ -231,12 +239,12 @@ pub fn step_rule(
         None if rule.ra_kind == REG_UNCHANGED => return Err(WalkOutcome::TopFrameOnlyRule),
         None => 0,
     };
-    let mut ra = recover(rule.ra_kind, rule.ra_offset, lr, read)?;
+    let mut ra = recover(rule.ra_kind, rule.ra_offset, lr, cfa, regs, top, read)?;
     if rule.flags & RULE_FLAG_MANGLED_RA != 0 {
         // Strip the pointer-authentication code (48-bit user address space).
         ra &= (1u64 << 48) - 1;
     }
-    let fp = recover(rule.fp_kind, rule.fp_offset, regs.fp, read)?;
+    let fp = recover(rule.fp_kind, rule.fp_offset, regs.fp, cfa, regs, top, read)?;
     Ok(Step::Caller {
         regs: Regs {
             pc: ra,
