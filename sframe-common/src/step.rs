@@ -85,10 +85,46 @@ pub enum Lookup {
     NoMapping,
 }
 
-/// Finds the rule for `pc` of the sampled process. `hint` is the index of a mapping to
-/// try first (updated to the mapping found; any value is safe).
+/// What the previous lookups of a walk found: consecutive frames are mostly in the same
+/// mapping, object and page. Only a shortcut: any contents give the same results as
+/// [`LookupCache::EMPTY`] as long as the tables do not change during the walk.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LookupCache {
+    /// Index of a mapping to try first (any value is safe).
+    pub mapping_hint: u32,
+    /// Id of the object in `object`, or [`NO_OBJECT`]: none cached.
+    pub object_id: u32,
+    pub object: ObjectEntry,
+    /// Absolute PAGES index whose entry and the next are `page_lo`, `page_hi`, valid when
+    /// `page_valid` is non-zero.
+    pub page_index: u32,
+    pub page_valid: u32,
+    pub page_lo: u32,
+    pub page_hi: u32,
+}
+
+impl LookupCache {
+    pub const EMPTY: LookupCache = LookupCache {
+        mapping_hint: 0,
+        object_id: NO_OBJECT,
+        object: ObjectEntry {
+            base: 0,
+            page_first: 0,
+            page_count: 0,
+            row_first: 0,
+            _pad: 0,
+        },
+        page_index: 0,
+        page_valid: 0,
+        page_lo: 0,
+        page_hi: 0,
+    };
+}
+
+/// Finds the rule for `pc` of the sampled process, through and into `cache`.
 #[inline(always)]
-pub fn find_rule<T: Tables>(t: &mut T, pc: u64, hint: &mut u32) -> Lookup {
+pub fn find_rule<T: Tables>(t: &mut T, pc: u64, cache: &mut LookupCache) -> Lookup {
     let count = t.mapping_count();
     let n = if count as usize > MAX_MAPPINGS {
         MAX_MAPPINGS as u32
@@ -96,9 +132,10 @@ pub fn find_rule<T: Tables>(t: &mut T, pc: u64, hint: &mut u32) -> Lookup {
         count
     };
     // Consecutive frames are mostly in the same object: try the previous mapping first.
+    let hint = cache.mapping_hint;
     let cached = t
-        .mapping(*hint)
-        .filter(|m| *hint < n && m.start <= pc && pc < m.end);
+        .mapping(hint)
+        .filter(|m| hint < n && m.start <= pc && pc < m.end);
     let m = match cached {
         Some(m) => m,
         None => {
@@ -113,15 +150,22 @@ pub fn find_rule<T: Tables>(t: &mut T, pc: u64, hint: &mut u32) -> Lookup {
             if pc >= m.end {
                 return Lookup::NoMapping;
             }
-            *hint = i;
+            cache.mapping_hint = i;
             m
         }
     };
     if m.object == NO_OBJECT {
         return Lookup::NoTable;
     }
-    let Some(o) = t.object(m.object) else {
-        return Lookup::NoTable;
+    let o = if cache.object_id == m.object {
+        cache.object
+    } else {
+        let Some(o) = t.object(m.object) else {
+            return Lookup::NoTable;
+        };
+        cache.object_id = m.object;
+        cache.object = o;
+        o
     };
     let vaddr = pc.wrapping_sub(m.bias);
     let Some(rel) = vaddr.checked_sub(o.base) else {
@@ -131,12 +175,19 @@ pub fn find_rule<T: Tables>(t: &mut T, pc: u64, hint: &mut u32) -> Lookup {
     if page >= u64::from(o.page_count) {
         return Lookup::NoRule;
     }
-    let page = page as u32;
-    let (Some(lo), Some(hi)) = (
-        t.page_entry(o.page_first.wrapping_add(page)),
-        t.page_entry(o.page_first.wrapping_add(page).wrapping_add(1)),
-    ) else {
-        return Lookup::NoRule;
+    let index = o.page_first.wrapping_add(page as u32);
+    let (lo, hi) = if cache.page_valid != 0 && cache.page_index == index {
+        (cache.page_lo, cache.page_hi)
+    } else {
+        let (Some(lo), Some(hi)) = (t.page_entry(index), t.page_entry(index.wrapping_add(1)))
+        else {
+            return Lookup::NoRule;
+        };
+        cache.page_index = index;
+        cache.page_valid = 1;
+        cache.page_lo = lo;
+        cache.page_hi = hi;
+        (lo, hi)
     };
     if hi <= lo {
         return Lookup::NoRule;
@@ -291,9 +342,8 @@ pub struct WalkState {
     pub exact_pc: u32,
     pub frames_from_table: u32,
     pub frames_from_fp: u32,
-    /// Index of the mapping of the previous frame (a search shortcut).
-    pub mapping_hint: u32,
-    pub _pad: u32,
+    /// What the previous frame's lookup found (a search shortcut).
+    pub cache: LookupCache,
     pub stack: UserStack,
 }
 
@@ -307,7 +357,7 @@ impl WalkState {
         self.exact_pc = 0;
         self.frames_from_table = 0;
         self.frames_from_fp = 0;
-        self.mapping_hint = 0;
+        self.cache = LookupCache::EMPTY;
         self.stack.len = 0;
     }
 
@@ -328,8 +378,7 @@ impl Default for WalkState {
             exact_pc: 0,
             frames_from_table: 0,
             frames_from_fp: 0,
-            mapping_hint: 0,
-            _pad: 0,
+            cache: LookupCache::EMPTY,
             stack: UserStack::default(),
         }
     }
@@ -362,7 +411,7 @@ pub fn walk_step<T: Tables>(
         pc.wrapping_sub(1)
     };
     let top_regs = if top { Some(&st.top) } else { None };
-    let result = match find_rule(t, lookup_pc, &mut st.mapping_hint) {
+    let result = match find_rule(t, lookup_pc, &mut st.cache) {
         Lookup::Rule(rule) => {
             st.frames_from_table += 1;
             step_rule(&rule, &st.regs, top_regs, read)
@@ -422,3 +471,9 @@ unsafe impl aya::Pod for WalkState {}
 
 const _: () = assert!(core::mem::size_of::<WalkState>() <= crate::budget::MAX_SCRATCH_BYTES);
 const _: () = assert!(TOP_REGS.is_power_of_two());
+const _: () = assert!(core::mem::size_of::<LookupCache>() == 48);
+// No implicit padding (aya::Pod).
+const _: () = assert!(
+    core::mem::size_of::<WalkState>()
+        == 24 + 8 * TOP_REGS + 8 + 16 + 48 + core::mem::size_of::<UserStack>()
+);
