@@ -38,11 +38,14 @@ pub trait Tables {
     fn rule(&mut self, index: u16) -> Option<RuleEntry>;
 }
 
-/// Index of the last element of `[0, n)` whose key is ≤ `x`, in exactly `STEPS` halvings
-/// (enough for `n < 2^STEPS`). The choice is arithmetic, not a branch on data, which
-/// keeps the verifier's path count flat. A key that cannot be read counts as > `x`.
+/// Index of the last element of `[start, start + n)` whose key is ≤ `x`, in exactly
+/// `STEPS` halvings (enough for `n < 2^STEPS`). The choice is arithmetic, not a branch on
+/// data, which keeps the verifier's path count flat. A key that cannot be read counts as
+/// > `x`. Only the position, the length, the step and `x` live across the key reads
+/// (which are helper calls in BPF): they fit the four callee-saved registers.
 #[inline(always)]
 pub fn search_last_le<const STEPS: u32>(
+    start: u32,
     n: u32,
     x: u64,
     mut key: impl FnMut(u32) -> Option<u64>,
@@ -50,7 +53,23 @@ pub fn search_last_le<const STEPS: u32>(
     if n == 0 {
         return None;
     }
-    let mut base = 0u32;
+    let pos = search_narrow::<STEPS>(start, n, x, &mut key);
+    match key(pos) {
+        Some(k) if k <= x => Some(pos),
+        _ => None,
+    }
+}
+
+/// The halvings of [`search_last_le`] (`n` ≥ 1): the candidate, whose own key is not
+/// checked (callers that read the element anyway check it themselves).
+#[inline(always)]
+pub fn search_narrow<const STEPS: u32>(
+    start: u32,
+    n: u32,
+    x: u64,
+    mut key: impl FnMut(u32) -> Option<u64>,
+) -> u32 {
+    let mut pos = start;
     let mut len = n;
     let mut i = 0;
     while i < STEPS {
@@ -60,16 +79,12 @@ pub fn search_last_le<const STEPS: u32>(
             break;
         }
         let half = len / 2;
-        let mid = base + half;
-        let le = matches!(key(mid), Some(k) if k <= x) as u32;
-        base += half * le;
+        let le = matches!(key(pos.wrapping_add(half)), Some(k) if k <= x) as u32;
+        pos = pos.wrapping_add(half * le);
         len -= half;
         i += 1;
     }
-    match key(base) {
-        Some(k) if k <= x => Some(base),
-        _ => None,
-    }
+    pos
 }
 
 /// What the tables say about a PC.
@@ -140,7 +155,7 @@ pub fn find_rule<T: Tables>(t: &mut T, pc: u64, cache: &mut LookupCache) -> Look
         Some(m) => m,
         None => {
             let Some(i) =
-                search_last_le::<MAPPING_SEARCH_STEPS>(n, pc, |i| t.mapping(i).map(|m| m.start))
+                search_last_le::<MAPPING_SEARCH_STEPS>(0, n, pc, |i| t.mapping(i).map(|m| m.start))
             else {
                 return Lookup::NoMapping;
             };
@@ -194,14 +209,15 @@ pub fn find_rule<T: Tables>(t: &mut T, pc: u64, cache: &mut LookupCache) -> Look
     }
     let first = o.row_first.wrapping_add(lo);
     let low = rel & ((1 << PAGE_SHIFT) - 1);
-    let Some(k) = search_last_le::<ROW_SEARCH_STEPS>(hi - lo, low, |k| {
-        t.row(first.wrapping_add(k)).map(|r| u64::from(r.addr_low))
-    }) else {
+    let k = search_narrow::<ROW_SEARCH_STEPS>(first, hi - lo, low, |k| {
+        t.row(k).map(|r| u64::from(r.addr_low))
+    });
+    let Some(row) = t.row(k) else {
         return Lookup::NoRule;
     };
-    let Some(row) = t.row(first.wrapping_add(k)) else {
+    if u64::from(row.addr_low) > low {
         return Lookup::NoRule;
-    };
+    }
     match t.rule(row.rule) {
         Some(rule) if !rule.is_none() => Lookup::Rule(rule),
         _ => Lookup::NoRule,

@@ -314,6 +314,11 @@ fn walk(tgid: u32, pt: &pt_regs, stack_key: &mut u64) -> u32 {
         u64::from(st.frames_from_fp),
     );
     let k = st.stack_key();
+    // Most stacks are stored already: a lookup takes no bucket lock, an insert does.
+    if STACKS.get_ptr(k).is_some() {
+        *stack_key = k;
+        return st.outcome;
+    }
     // A reference to the scratch copy: passing the 2 KiB stack by value would put it on
     // the 512-byte BPF stack.
     #[allow(
