@@ -162,7 +162,7 @@ mod tests {
                 mapped: core::array::from_fn(|i| (r >> i) & 1 == 1 || i == 0),
             };
             let mut w = StackWindow::default();
-            let mut addr = BASE + (next() % 4096) & !7;
+            let mut addr = (BASE + next() % 4096) & !7;
             for _ in 0..400 {
                 // Mostly upward by small aligned steps, sometimes anywhere, sometimes
                 // unaligned, sometimes just below the last read.
