@@ -41,8 +41,7 @@ pub trait Tables {
 /// Index of the last element of `[start, start + n)` whose key is ≤ `x`, in exactly
 /// `STEPS` halvings (enough for `n < 2^STEPS`). The choice is arithmetic, not a branch on
 /// data, which keeps the verifier's path count flat. A key that cannot be read counts as
-/// > `x`. Only the position, the length, the step and `x` live across the key reads
-/// (which are helper calls in BPF): they fit the four callee-saved registers.
+/// greater than `x`.
 #[inline(always)]
 pub fn search_last_le<const STEPS: u32>(
     start: u32,
@@ -61,7 +60,9 @@ pub fn search_last_le<const STEPS: u32>(
 }
 
 /// The halvings of [`search_last_le`] (`n` ≥ 1): the candidate, whose own key is not
-/// checked (callers that read the element anyway check it themselves).
+/// checked (callers that read the element anyway check it themselves). Only the
+/// position, the length, the step and `x` live across the key reads (helper calls in
+/// BPF).
 #[inline(always)]
 pub fn search_narrow<const STEPS: u32>(
     start: u32,

@@ -98,7 +98,7 @@ impl StackWindow {
 }
 
 const _: () = assert!(WINDOW_BYTES.is_power_of_two() && WINDOW_BYTES as u64 <= USER_PAGE);
-const _: () = assert!(WINDOW_SLACK % 8 == 0 && WINDOW_SLACK + 8 <= WINDOW_BYTES as u64);
+const _: () = assert!(WINDOW_SLACK.is_multiple_of(8) && WINDOW_SLACK + 8 <= WINDOW_BYTES as u64);
 
 #[cfg(test)]
 mod tests {
