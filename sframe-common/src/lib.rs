@@ -16,6 +16,7 @@ pub mod rule;
 pub mod sample;
 pub mod stack;
 pub mod step;
+pub mod window;
 
 pub use outcome::{Counter, WalkOutcome};
 pub use rule::{CfaBase, CfaRule, RegRule, RuleFlags, UnwindRule};

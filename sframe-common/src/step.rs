@@ -38,11 +38,13 @@ pub trait Tables {
     fn rule(&mut self, index: u16) -> Option<RuleEntry>;
 }
 
-/// Index of the last element of `[0, n)` whose key is ≤ `x`, in exactly `STEPS` halvings
-/// (enough for `n < 2^STEPS`). The choice is arithmetic, not a branch on data, which
-/// keeps the verifier's path count flat. A key that cannot be read counts as > `x`.
+/// Index of the last element of `[start, start + n)` whose key is ≤ `x`, in exactly
+/// `STEPS` halvings (enough for `n < 2^STEPS`). The choice is arithmetic, not a branch on
+/// data, which keeps the verifier's path count flat. A key that cannot be read counts as
+/// greater than `x`.
 #[inline(always)]
 pub fn search_last_le<const STEPS: u32>(
+    start: u32,
     n: u32,
     x: u64,
     mut key: impl FnMut(u32) -> Option<u64>,
@@ -50,7 +52,25 @@ pub fn search_last_le<const STEPS: u32>(
     if n == 0 {
         return None;
     }
-    let mut base = 0u32;
+    let pos = search_narrow::<STEPS>(start, n, x, &mut key);
+    match key(pos) {
+        Some(k) if k <= x => Some(pos),
+        _ => None,
+    }
+}
+
+/// The halvings of [`search_last_le`] (`n` ≥ 1): the candidate, whose own key is not
+/// checked (callers that read the element anyway check it themselves). Only the
+/// position, the length, the step and `x` live across the key reads (helper calls in
+/// BPF).
+#[inline(always)]
+pub fn search_narrow<const STEPS: u32>(
+    start: u32,
+    n: u32,
+    x: u64,
+    mut key: impl FnMut(u32) -> Option<u64>,
+) -> u32 {
+    let mut pos = start;
     let mut len = n;
     let mut i = 0;
     while i < STEPS {
@@ -60,16 +80,12 @@ pub fn search_last_le<const STEPS: u32>(
             break;
         }
         let half = len / 2;
-        let mid = base + half;
-        let le = matches!(key(mid), Some(k) if k <= x) as u32;
-        base += half * le;
+        let le = matches!(key(pos.wrapping_add(half)), Some(k) if k <= x) as u32;
+        pos = pos.wrapping_add(half * le);
         len -= half;
         i += 1;
     }
-    match key(base) {
-        Some(k) if k <= x => Some(base),
-        _ => None,
-    }
+    pos
 }
 
 /// What the tables say about a PC.
@@ -85,10 +101,46 @@ pub enum Lookup {
     NoMapping,
 }
 
-/// Finds the rule for `pc` of the sampled process. `hint` is the index of a mapping to
-/// try first (updated to the mapping found; any value is safe).
+/// What the previous lookups of a walk found: consecutive frames are mostly in the same
+/// mapping, object and page. Only a shortcut: any contents give the same results as
+/// [`LookupCache::EMPTY`] as long as the tables do not change during the walk.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LookupCache {
+    /// Index of a mapping to try first (any value is safe).
+    pub mapping_hint: u32,
+    /// Id of the object in `object`, or [`NO_OBJECT`]: none cached.
+    pub object_id: u32,
+    pub object: ObjectEntry,
+    /// Absolute PAGES index whose entry and the next are `page_lo`, `page_hi`, valid when
+    /// `page_valid` is non-zero.
+    pub page_index: u32,
+    pub page_valid: u32,
+    pub page_lo: u32,
+    pub page_hi: u32,
+}
+
+impl LookupCache {
+    pub const EMPTY: LookupCache = LookupCache {
+        mapping_hint: 0,
+        object_id: NO_OBJECT,
+        object: ObjectEntry {
+            base: 0,
+            page_first: 0,
+            page_count: 0,
+            row_first: 0,
+            _pad: 0,
+        },
+        page_index: 0,
+        page_valid: 0,
+        page_lo: 0,
+        page_hi: 0,
+    };
+}
+
+/// Finds the rule for `pc` of the sampled process, through and into `cache`.
 #[inline(always)]
-pub fn find_rule<T: Tables>(t: &mut T, pc: u64, hint: &mut u32) -> Lookup {
+pub fn find_rule<T: Tables>(t: &mut T, pc: u64, cache: &mut LookupCache) -> Lookup {
     let count = t.mapping_count();
     let n = if count as usize > MAX_MAPPINGS {
         MAX_MAPPINGS as u32
@@ -96,14 +148,15 @@ pub fn find_rule<T: Tables>(t: &mut T, pc: u64, hint: &mut u32) -> Lookup {
         count
     };
     // Consecutive frames are mostly in the same object: try the previous mapping first.
+    let hint = cache.mapping_hint;
     let cached = t
-        .mapping(*hint)
-        .filter(|m| *hint < n && m.start <= pc && pc < m.end);
+        .mapping(hint)
+        .filter(|m| hint < n && m.start <= pc && pc < m.end);
     let m = match cached {
         Some(m) => m,
         None => {
             let Some(i) =
-                search_last_le::<MAPPING_SEARCH_STEPS>(n, pc, |i| t.mapping(i).map(|m| m.start))
+                search_last_le::<MAPPING_SEARCH_STEPS>(0, n, pc, |i| t.mapping(i).map(|m| m.start))
             else {
                 return Lookup::NoMapping;
             };
@@ -113,15 +166,22 @@ pub fn find_rule<T: Tables>(t: &mut T, pc: u64, hint: &mut u32) -> Lookup {
             if pc >= m.end {
                 return Lookup::NoMapping;
             }
-            *hint = i;
+            cache.mapping_hint = i;
             m
         }
     };
     if m.object == NO_OBJECT {
         return Lookup::NoTable;
     }
-    let Some(o) = t.object(m.object) else {
-        return Lookup::NoTable;
+    let o = if cache.object_id == m.object {
+        cache.object
+    } else {
+        let Some(o) = t.object(m.object) else {
+            return Lookup::NoTable;
+        };
+        cache.object_id = m.object;
+        cache.object = o;
+        o
     };
     let vaddr = pc.wrapping_sub(m.bias);
     let Some(rel) = vaddr.checked_sub(o.base) else {
@@ -131,26 +191,34 @@ pub fn find_rule<T: Tables>(t: &mut T, pc: u64, hint: &mut u32) -> Lookup {
     if page >= u64::from(o.page_count) {
         return Lookup::NoRule;
     }
-    let page = page as u32;
-    let (Some(lo), Some(hi)) = (
-        t.page_entry(o.page_first.wrapping_add(page)),
-        t.page_entry(o.page_first.wrapping_add(page).wrapping_add(1)),
-    ) else {
-        return Lookup::NoRule;
+    let index = o.page_first.wrapping_add(page as u32);
+    let (lo, hi) = if cache.page_valid != 0 && cache.page_index == index {
+        (cache.page_lo, cache.page_hi)
+    } else {
+        let (Some(lo), Some(hi)) = (t.page_entry(index), t.page_entry(index.wrapping_add(1)))
+        else {
+            return Lookup::NoRule;
+        };
+        cache.page_index = index;
+        cache.page_valid = 1;
+        cache.page_lo = lo;
+        cache.page_hi = hi;
+        (lo, hi)
     };
     if hi <= lo {
         return Lookup::NoRule;
     }
     let first = o.row_first.wrapping_add(lo);
     let low = rel & ((1 << PAGE_SHIFT) - 1);
-    let Some(k) = search_last_le::<ROW_SEARCH_STEPS>(hi - lo, low, |k| {
-        t.row(first.wrapping_add(k)).map(|r| u64::from(r.addr_low))
-    }) else {
+    let k = search_narrow::<ROW_SEARCH_STEPS>(first, hi - lo, low, |k| {
+        t.row(k).map(|r| u64::from(r.addr_low))
+    });
+    let Some(row) = t.row(k) else {
         return Lookup::NoRule;
     };
-    let Some(row) = t.row(first.wrapping_add(k)) else {
+    if u64::from(row.addr_low) > low {
         return Lookup::NoRule;
-    };
+    }
     match t.rule(row.rule) {
         Some(rule) if !rule.is_none() => Lookup::Rule(rule),
         _ => Lookup::NoRule,
@@ -170,6 +238,38 @@ pub enum Step {
 #[inline(always)]
 fn add_signed(a: u64, off: i64) -> Option<u64> {
     a.checked_add_signed(off)
+}
+
+/// Recovers a register (RA or FP) of the caller by `kind` and `off`; `current` is its
+/// value in the frame being unwound.
+#[inline(always)]
+fn recover(
+    kind: u8,
+    off: i16,
+    current: u64,
+    cfa: u64,
+    regs: &Regs,
+    top: Option<&[u64; TOP_REGS]>,
+    read: &mut impl FnMut(u64) -> Option<u64>,
+) -> Result<u64, WalkOutcome> {
+    let off = i64::from(off);
+    let mut at = |base: u64| {
+        add_signed(base, off)
+            .and_then(&mut *read)
+            .ok_or(WalkOutcome::ReadFault)
+    };
+    match kind {
+        REG_UNCHANGED => Ok(current),
+        REG_AT_CFA => at(cfa),
+        REG_AT_SP => at(regs.sp),
+        REG_AT_FP => at(regs.fp),
+        REG_VAL_CFA => add_signed(cfa, off).ok_or(WalkOutcome::NoProgress),
+        REG_IN_REG => match top {
+            Some(top) => Ok(top[(off as usize) & (TOP_REGS - 1)]),
+            None => Err(WalkOutcome::TopFrameOnlyRule),
+        },
+        _ => Err(WalkOutcome::NoRule),
+    }
 }
 
 /// Applies `rule` to `regs`. `top` holds the DWARF registers of the interrupted frame,
@@ -198,30 +298,6 @@ pub fn step_rule(
     if !signal && (cfa <= regs.sp || cfa & 7 != 0) {
         return Err(WalkOutcome::NoProgress);
     }
-    let recover = |kind: u8,
-                   off: i16,
-                   current: u64,
-                   read: &mut dyn FnMut(u64) -> Option<u64>|
-     -> Result<u64, WalkOutcome> {
-        let off = i64::from(off);
-        let at = |base: u64, read: &mut dyn FnMut(u64) -> Option<u64>| {
-            add_signed(base, off)
-                .and_then(read)
-                .ok_or(WalkOutcome::ReadFault)
-        };
-        match kind {
-            REG_UNCHANGED => Ok(current),
-            REG_AT_CFA => at(cfa, read),
-            REG_AT_SP => at(regs.sp, read),
-            REG_AT_FP => at(regs.fp, read),
-            REG_VAL_CFA => add_signed(cfa, off).ok_or(WalkOutcome::NoProgress),
-            REG_IN_REG => match top {
-                Some(top) => Ok(top[(off as usize) & (TOP_REGS - 1)]),
-                None => Err(WalkOutcome::TopFrameOnlyRule),
-            },
-            _ => Err(WalkOutcome::NoRule),
-        }
-    };
     if rule.ra_kind == REG_UNDEFINED {
         return Ok(Step::Outermost);
     }
@@ -231,12 +307,12 @@ pub fn step_rule(
         None if rule.ra_kind == REG_UNCHANGED => return Err(WalkOutcome::TopFrameOnlyRule),
         None => 0,
     };
-    let mut ra = recover(rule.ra_kind, rule.ra_offset, lr, read)?;
+    let mut ra = recover(rule.ra_kind, rule.ra_offset, lr, cfa, regs, top, read)?;
     if rule.flags & RULE_FLAG_MANGLED_RA != 0 {
         // Strip the pointer-authentication code (48-bit user address space).
         ra &= (1u64 << 48) - 1;
     }
-    let fp = recover(rule.fp_kind, rule.fp_offset, regs.fp, read)?;
+    let fp = recover(rule.fp_kind, rule.fp_offset, regs.fp, cfa, regs, top, read)?;
     Ok(Step::Caller {
         regs: Regs {
             pc: ra,
@@ -283,9 +359,8 @@ pub struct WalkState {
     pub exact_pc: u32,
     pub frames_from_table: u32,
     pub frames_from_fp: u32,
-    /// Index of the mapping of the previous frame (a search shortcut).
-    pub mapping_hint: u32,
-    pub _pad: u32,
+    /// What the previous frame's lookup found (a search shortcut).
+    pub cache: LookupCache,
     pub stack: UserStack,
 }
 
@@ -299,7 +374,7 @@ impl WalkState {
         self.exact_pc = 0;
         self.frames_from_table = 0;
         self.frames_from_fp = 0;
-        self.mapping_hint = 0;
+        self.cache = LookupCache::EMPTY;
         self.stack.len = 0;
     }
 
@@ -320,8 +395,7 @@ impl Default for WalkState {
             exact_pc: 0,
             frames_from_table: 0,
             frames_from_fp: 0,
-            mapping_hint: 0,
-            _pad: 0,
+            cache: LookupCache::EMPTY,
             stack: UserStack::default(),
         }
     }
@@ -354,7 +428,7 @@ pub fn walk_step<T: Tables>(
         pc.wrapping_sub(1)
     };
     let top_regs = if top { Some(&st.top) } else { None };
-    let result = match find_rule(t, lookup_pc, &mut st.mapping_hint) {
+    let result = match find_rule(t, lookup_pc, &mut st.cache) {
         Lookup::Rule(rule) => {
             st.frames_from_table += 1;
             step_rule(&rule, &st.regs, top_regs, read)
@@ -414,3 +488,9 @@ unsafe impl aya::Pod for WalkState {}
 
 const _: () = assert!(core::mem::size_of::<WalkState>() <= crate::budget::MAX_SCRATCH_BYTES);
 const _: () = assert!(TOP_REGS.is_power_of_two());
+const _: () = assert!(core::mem::size_of::<LookupCache>() == 48);
+// No implicit padding (aya::Pod).
+const _: () = assert!(
+    core::mem::size_of::<WalkState>()
+        == 24 + 8 * TOP_REGS + 8 + 16 + 48 + core::mem::size_of::<UserStack>()
+);

@@ -34,7 +34,14 @@ pub fn walk_regs(regs: &pt_regs) -> Regs {
 #[cfg(bpf_target_arch = "x86_64")]
 #[inline(always)]
 pub fn dwarf_regs(r: &pt_regs, out: &mut [u64; TOP_REGS]) {
-    *out = [0; TOP_REGS];
+    // Word stores: a plain `[0; TOP_REGS]` becomes a call to `memset`, a byte loop on
+    // the BPF target.
+    let mut i = 17;
+    while i < TOP_REGS {
+        // SAFETY: `i` < TOP_REGS; volatile only keeps LLVM from forming a memset.
+        unsafe { core::ptr::write_volatile(&mut out[i], 0) };
+        i += 1;
+    }
     out[0] = r.rax;
     out[1] = r.rdx;
     out[2] = r.rcx;

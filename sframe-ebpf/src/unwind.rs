@@ -26,6 +26,7 @@ use sframe_common::{
     sample::{DEFERRED_PAGE, DEFERRED_PAGES, DeferredSample},
     stack::{CountKey, UserStack},
     step::{Tables, WalkState, walk_step},
+    window::{StackWindow, WINDOW_BYTES},
 };
 
 use crate::{
@@ -48,6 +49,9 @@ static RULES: Array<RuleEntry> = Array::with_max_entries(MAX_RULES, 0);
 
 #[map]
 static SCRATCH: PerCpuArray<WalkState> = PerCpuArray::with_max_entries(1, 0);
+/// The window of user stack the walk reads from (see `sframe_common::window`).
+#[map]
+static WINDOW: PerCpuArray<StackWindow> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 static STACKS: HashMap<u64, UserStack> = HashMap::with_max_entries(MAX_STACKS, 0);
 #[map]
@@ -117,6 +121,7 @@ impl Tables for BpfTables {
 struct LoopCtx {
     state: *mut WalkState,
     process: *const ProcessEntry,
+    window: *mut StackWindow,
 }
 
 #[inline(always)]
@@ -125,15 +130,34 @@ fn read_user(addr: u64) -> Option<u64> {
     unsafe { bpf_probe_read_user(addr as *const u64) }.ok()
 }
 
+/// Copies `len` bytes of user memory from `start` into the window.
+#[inline(always)]
+fn fill_window(window: &mut StackWindow, start: u64, len: u64) -> bool {
+    // The bound, restated for the verifier.
+    if len > WINDOW_BYTES as u64 {
+        return false;
+    }
+    // SAFETY: `words` holds WINDOW_BYTES bytes; bpf_probe_read_user checks the source.
+    unsafe {
+        bpf_probe_read_user_raw(
+            window.words.as_mut_ptr().cast(),
+            len as u32,
+            start as *const c_void,
+        ) == 0
+    }
+}
+
 unsafe extern "C" fn walk_callback(_index: u32, ctx: *mut c_void) -> i64 {
     // SAFETY: `ctx` is the LoopCtx on the caller's stack; its pointers are a per-CPU map
     // value and a PROCESSES value, valid during the loop.
     let ctx = unsafe { &*(ctx as *const LoopCtx) };
     let state = unsafe { &mut *ctx.state };
+    let window = unsafe { &mut *ctx.window };
     let mut tables = BpfTables {
         process: ctx.process,
     };
-    if walk_step(state, &mut tables, &mut read_user) {
+    let mut read = |addr| window.read(addr, fill_window, read_user);
+    if walk_step(state, &mut tables, &mut read) {
         0
     } else {
         1
@@ -250,16 +274,22 @@ fn defer(key: &CountKey, pt: &pt_regs) -> bool {
 /// Walks the user stack; stores it in STACKS and returns the outcome (and its key).
 #[inline(always)]
 fn walk(tgid: u32, pt: &pt_regs, stack_key: &mut u64) -> u32 {
-    let Some(state) = SCRATCH.get_ptr_mut(0) else {
+    let (Some(state), Some(window)) = (SCRATCH.get_ptr_mut(0), WINDOW.get_ptr_mut(0)) else {
         return WalkOutcome::NoScratch as u32;
     };
+    // SAFETY: per-CPU, used by this program only; a new sample starts with no window.
+    unsafe { (*window).clear() };
     // SAFETY: per-CPU scratch, used by this program only, never concurrently on one CPU.
     let st = unsafe { &mut *state };
     st.start(regs::walk_regs(pt));
     regs::dwarf_regs(pt, &mut st.top);
     match PROCESSES.get_ptr(tgid) {
         Some(process) => {
-            let mut loop_ctx = LoopCtx { state, process };
+            let mut loop_ctx = LoopCtx {
+                state,
+                process,
+                window,
+            };
             // SAFETY: bpf_loop with a static callback and a pointer to the stack.
             unsafe {
                 bpf_loop(
@@ -284,6 +314,11 @@ fn walk(tgid: u32, pt: &pt_regs, stack_key: &mut u64) -> u32 {
         u64::from(st.frames_from_fp),
     );
     let k = st.stack_key();
+    // Most stacks are stored already: a lookup takes no bucket lock, an insert does.
+    if STACKS.get_ptr(k).is_some() {
+        *stack_key = k;
+        return st.outcome;
+    }
     // A reference to the scratch copy: passing the 2 KiB stack by value would put it on
     // the 512-byte BPF stack.
     #[allow(

@@ -369,7 +369,7 @@ mod tests {
 
     use sframe_common::{
         CfaRule, WalkOutcome,
-        step::{Lookup, Regs, WalkState, find_rule, walk},
+        step::{Lookup, LookupCache, Regs, WalkState, find_rule, walk},
     };
 
     use super::*;
@@ -434,7 +434,7 @@ mod tests {
         let bias = 0x5555_0000_0000;
         let (mut h, _) = host(t, bias);
         for addr in from..to {
-            let got = match find_rule(&mut h, addr + bias, &mut 0) {
+            let got = match find_rule(&mut h, addr + bias, &mut { LookupCache::EMPTY }) {
                 Lookup::Rule(r) => Some(r),
                 Lookup::NoRule => None,
                 other => panic!("{addr:#x}: {other:?}"),
@@ -493,7 +493,7 @@ mod tests {
         ] {
             let bias = 0x5555_0000_0000;
             let (mut h, _) = host(&t, bias);
-            let got = match find_rule(&mut h, addr + bias, &mut 0) {
+            let got = match find_rule(&mut h, addr + bias, &mut { LookupCache::EMPTY }) {
                 Lookup::Rule(r) => Some(r),
                 _ => None,
             };
