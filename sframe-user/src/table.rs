@@ -332,7 +332,7 @@ impl DoubleEndedIterator for Rows<'_> {
 impl ExactSizeIterator for Rows<'_> {}
 
 /// Slots of [`TableBuilder`]'s rule cache (a power of two).
-const CACHE_SLOTS: usize = 1024;
+const CACHE_SLOTS: usize = 256;
 
 /// Builds an [`UnwindTable`] function by function, keeping each distinct rule once.
 #[derive(Debug)]
@@ -494,6 +494,14 @@ impl TableBuilder {
         mut functions: Vec<Function>,
     ) -> UnwindTable {
         debug_assert!(functions.windows(2).all(|w| w[0].end() <= w[1].start));
+        let used: u64 = functions.iter().map(|f| u64::from(f.row_count)).sum();
+        if used == self.table.rows.len() as u64 {
+            // Every row is used (the usual case: nothing was cut or dropped).
+            self.table.source = source;
+            self.table.functions = functions;
+            self.table.rules.shrink_to_fit();
+            return self.table;
+        }
         // Move each function's rows down to the next free slot, in row order: a slot
         // is never written before its row was moved.
         let mut order: Vec<u32> = (0..functions.len() as u32).collect();

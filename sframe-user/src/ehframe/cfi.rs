@@ -397,9 +397,11 @@ struct Converter<'e, 'b> {
 }
 
 /// Bytes of CFI per row in real objects are 5.9 to 6.7 (libc, libstdc++, python3,
-/// libLLVM): room for the rows is reserved from the section size, so that their vector
-/// seldom grows (a growth copies it) and keeps little slack.
-const CFI_BYTES_PER_ROW: usize = 6;
+/// libLLVM): room for the rows is reserved from the section size (2 rows per 11 bytes),
+/// so that their vector seldom grows (a growth copies it) and keeps little slack.
+const fn rows_for_cfi_bytes(len: usize) -> usize {
+    len / 11 * 2
+}
 
 impl<'e, 'b> Converter<'e, 'b> {
     /// For a section of `section_len` bytes and `fdes` FDEs.
@@ -413,7 +415,7 @@ impl<'e, 'b> Converter<'e, 'b> {
         let budget = section_len
             .saturating_add(64)
             .min(crate::sframe::MAX_ROWS as usize);
-        builder.reserve(0, section_len / CFI_BYTES_PER_ROW);
+        builder.reserve(0, rows_for_cfi_bytes(section_len));
         Self {
             kind,
             env: *env,
