@@ -111,8 +111,7 @@ pub(crate) fn convert_eh_frame(
     stats: &mut DeriveStats,
     builder: &mut TableBuilder,
 ) -> Result<Vec<Candidate>, EhFrameError> {
-    let fdes = check_fde_count(eh.data, env.endian, CfiSection::EhFrame)?;
-    let patched = without_flag_augmentations(eh.data, env.endian, true);
+    let (fdes, patched) = prescan(eh.data, env.endian, CfiSection::EhFrame)?;
     let data = patched.as_deref().unwrap_or(eh.data);
     let mut section = EhFrame::new(data, env.endian);
     section.set_address_size(env.address_size);
@@ -156,8 +155,7 @@ pub(crate) fn convert_debug_frame(
     stats: &mut DeriveStats,
     builder: &mut TableBuilder,
 ) -> Result<Vec<Candidate>, EhFrameError> {
-    let fdes = check_fde_count(df.data, env.endian, kind)?;
-    let patched = without_flag_augmentations(df.data, env.endian, false);
+    let (fdes, patched) = prescan(df.data, env.endian, kind)?;
     let data = patched.as_deref().unwrap_or(df.data);
     let mut section = DebugFrame::new(data, env.endian);
     section.set_address_size(env.address_size);
@@ -172,30 +170,6 @@ pub(crate) fn convert_debug_frame(
 /// change the rows, which gimli rejects as unknown: AArch64 `B` (return addresses signed
 /// with the B key; the signature is stripped the same way) and `G` (MTE-tagged frames).
 const FLAG_AUGMENTATIONS: &[u8] = b"BG";
-
-/// A copy of the section in which every CIE's augmentation string has its
-/// [`FLAG_AUGMENTATIONS`] removed, `None` when no CIE has one. The copy keeps every
-/// length and offset: the string gets shorter by k bytes and the code alignment factor
-/// after it (a ULEB128, in CIE versions 1 and 3) longer by k redundant bytes with the
-/// same value.
-fn without_flag_augmentations(data: &[u8], endian: RunTimeEndian, is_eh: bool) -> Option<Vec<u8>> {
-    let mut out: Option<Vec<u8>> = None;
-    let mut offset = 0usize;
-    while offset < data.len() {
-        let Ok(Some(header)) = entry_header(data, offset, endian, is_eh) else {
-            break;
-        };
-        if header.is_cie
-            && let Some(body) = data.get(offset..header.end)
-            && let Some((at, fixed)) = patch_cie(body, is_eh)
-        {
-            let copy = out.get_or_insert_with(|| data.to_vec());
-            copy[offset + at..offset + at + fixed.len()].copy_from_slice(&fixed);
-        }
-        offset = header.end;
-    }
-    out
-}
 
 /// For one CIE entry (length field included): where the augmentation string starts and
 /// what replaces it up to the end of the code alignment factor, when it has flags to drop.
@@ -250,18 +224,23 @@ fn patch_cie(entry: &[u8], is_eh: bool) -> Option<(usize, Vec<u8>)> {
 /// functions). Sections with more are refused before any FDE is evaluated.
 pub const MAX_FDES: u64 = crate::sframe::MAX_FUNCTIONS as u64;
 
-/// Counts the section's FDEs from the entry headers alone (a few nanoseconds each) and
-/// refuses a section with more than [`MAX_FDES`].
-fn check_fde_count(
+/// One walk over the entry headers before any FDE is evaluated (a few nanoseconds an
+/// entry): counts the FDEs, refusing a section with more than [`MAX_FDES`], and, when a
+/// CIE's augmentation string has [`FLAG_AUGMENTATIONS`], returns a copy of the section
+/// without them. The copy keeps every length and offset: the string gets shorter by k
+/// bytes and the code alignment factor after it (a ULEB128, in CIE versions 1 and 3)
+/// longer by k redundant bytes with the same value.
+fn prescan(
     data: &[u8],
     endian: RunTimeEndian,
     section: CfiSection,
-) -> Result<usize, EhFrameError> {
+) -> Result<(usize, Option<Vec<u8>>), EhFrameError> {
     let is_eh = section == CfiSection::EhFrame;
     let mut fdes = 0u64;
+    let mut patched: Option<Vec<u8>> = None;
     let mut offset = 0usize;
     while offset < data.len() {
-        // A bad header ends the count; the conversion reports it.
+        // A bad header ends the walk; the conversion reports it.
         let Ok(Some(header)) = entry_header(data, offset, endian, is_eh) else {
             break;
         };
@@ -274,10 +253,15 @@ fn check_fde_count(
                     limit: MAX_FDES,
                 });
             }
+        } else if let Some(entry) = data.get(offset..header.end)
+            && let Some((at, fixed)) = patch_cie(entry, is_eh)
+        {
+            let copy = patched.get_or_insert_with(|| data.to_vec());
+            copy[offset + at..offset + at + fixed.len()].copy_from_slice(&fixed);
         }
         offset = header.end;
     }
-    Ok(fdes as usize)
+    Ok((fdes as usize, patched))
 }
 
 /// The `.eh_frame` offsets of the FDEs listed in `.eh_frame_hdr`, sorted, deduplicated.

@@ -120,3 +120,26 @@ pub fn complete_through(stacks: &[(Vec<String>, bool, u64)], chain: &[&str]) -> 
     }
     (good, total, bad.join("\n"))
 }
+
+/// Asserts that `pid` has at least `min_total` samples in `snap` and that at least 95 %
+/// of them are complete stacks through `chain` (outermost first); `what` names the case.
+pub fn assert_complete_through(
+    profiler: &Profiler,
+    snap: &Snapshot,
+    pid: u32,
+    chain: &[&str],
+    min_total: u64,
+    what: &str,
+) {
+    let stacks = stacks_of(profiler, snap, &profiler.targets(), &[pid].into());
+    let (good, total, bad) = complete_through(&stacks, chain);
+    eprintln!("{what}: pid {pid}: {good} of {total} complete through {chain:?}");
+    assert!(
+        total >= min_total,
+        "{what}: too few samples of pid {pid}: {total}"
+    );
+    assert!(
+        good as f64 >= 0.95 * total as f64,
+        "{what}: pid {pid}: {good} of {total} complete through {chain:?}:\n{bad}"
+    );
+}
