@@ -83,6 +83,7 @@ pub fn load() -> Result<Ebpf, LoadError> {
 pub fn load_with(config: &LoadConfig) -> Result<Ebpf, LoadError> {
     use sframe_common::layout::{PAGE_BLOCK, ROW_BLOCK};
     raise_memlock_limit();
+    ensure_tracefs();
     let offsets = TracepointOffsets::read();
     let self_tgid = std::process::id();
     let mut loader = EbpfLoader::new();
@@ -146,11 +147,55 @@ impl TracepointOffsets {
     }
 }
 
+/// Where tracefs may be mounted, in the order the kernel's tools look.
+const TRACEFS_ROOTS: [&str; 2] = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"];
+
 /// The format file of tracepoint `category/event`, from tracefs.
 pub fn tracepoint_format(event: &str) -> Option<String> {
-    ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
+    TRACEFS_ROOTS
         .iter()
         .find_map(|root| std::fs::read_to_string(format!("{root}/events/{event}/format")).ok())
+}
+
+/// Mounts tracefs on `/sys/kernel/tracing` when no tracefs is mounted (minimal VMs
+/// and containers without systemd's automount), as perf does: the lifecycle
+/// tracepoints are attached through it. Needs CAP_SYS_ADMIN; without it, or on a
+/// kernel without tracefs, a warning says why and the lifecycle is then only seen
+/// through walker misses and periodic checks.
+pub fn ensure_tracefs() {
+    if TRACEFS_ROOTS
+        .iter()
+        .any(|root| std::path::Path::new(root).join("events").is_dir())
+    {
+        return;
+    }
+    match mount_tracefs(TRACEFS_ROOTS[0]) {
+        Ok(()) => log::info!("mounted tracefs on {}", TRACEFS_ROOTS[0]),
+        Err(err) => warn!(
+            "no tracefs mounted and mounting it on {} failed: {err}",
+            TRACEFS_ROOTS[0]
+        ),
+    }
+}
+
+fn mount_tracefs(target: &str) -> std::io::Result<()> {
+    let target = std::ffi::CString::new(target)?;
+    let fstype = c"tracefs";
+    // SAFETY: NUL-terminated strings that outlive the call; no mount data.
+    let ret = unsafe {
+        libc::mount(
+            fstype.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            std::ptr::null(),
+        )
+    };
+    if ret == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 /// Parses `field:TYPE NAME;\toffset:N;` lines of a tracepoint format file.
