@@ -4,15 +4,20 @@
 //!
 //! Layout, chosen for memory (issue 4: a table should cost at most twice the size of its
 //! rows encoded as SFrame, about 7.5 bytes per row): a function is a 24-byte record
-//! pointing into one array of 8-byte rows (start offset, rule index), and the rules are
-//! kept once per table (an object has a few hundred distinct rules for tens of
-//! thousands of rows). A row that held its [`UnwindRule`] would take 36 bytes, plus a
+//! pointing into one array of 6-byte rows (start offset, 16-bit rule index), and the
+//! rules are kept once per table (an object has a few hundred distinct rules for tens
+//! of thousands of rows; a table holds at most [`MAX_RULES`], as many as the kernel's
+//! rule dictionary). A row that held its [`UnwindRule`] would take 36 bytes, plus a
 //! vector per function. [`Row`] and [`FunctionRows`] are the owned value forms, for
 //! building and comparing tables.
 
-use std::collections::HashMap;
-
 use sframe_common::UnwindRule;
+
+/// Most distinct rules one table holds (16-bit row indices, 0 meaning "no rule"). Real
+/// objects have hundreds; the kernel's rule dictionary, shared by all objects, holds
+/// 65,536. Rows of rules past the limit are stored without a rule and counted
+/// ([`TableBuilder::rows_over_rule_limit`]).
+pub const MAX_RULES: usize = u16::MAX as usize;
 
 /// Architecture of the object the rows describe.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -103,28 +108,37 @@ impl Function {
     }
 }
 
-/// A row as stored: start offset and rule index (0: no rule; `i + 1`: the table's
-/// rule `i`).
+/// A row as stored, in 6 bytes: start offset (two 16-bit halves, so that the row is
+/// 2-byte aligned) and rule index (0: no rule; `i + 1`: the table's rule `i`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CompactRow {
-    start_offset: u32,
-    rule: u32,
+    start_low: u16,
+    start_high: u16,
+    rule: u16,
 }
 
+const _: () = assert!(size_of::<CompactRow>() == 6);
+
 impl CompactRow {
-    /// The same row starting at `start_offset`.
-    pub(crate) fn at(self, start_offset: u32) -> Self {
+    fn new(start_offset: u32, rule: u16) -> Self {
         Self {
-            start_offset,
-            rule: self.rule,
+            start_low: start_offset as u16,
+            start_high: (start_offset >> 16) as u16,
+            rule,
         }
     }
+    /// The same row starting at `start_offset`.
+    pub(crate) fn at(self, start_offset: u32) -> Self {
+        Self::new(start_offset, self.rule)
+    }
+    #[inline]
     pub fn start_offset(&self) -> u32 {
-        self.start_offset
+        u32::from(self.start_low) | u32::from(self.start_high) << 16
     }
     /// Index of the row's rule in [`UnwindTable::rules`]; `None` for "no rule here".
+    #[inline]
     pub fn rule_index(&self) -> Option<usize> {
-        (self.rule as usize).checked_sub(1)
+        usize::from(self.rule).checked_sub(1)
     }
 }
 
@@ -291,7 +305,7 @@ pub struct Rows<'a> {
 impl<'a> Rows<'a> {
     fn resolve(&self, r: &CompactRow) -> Row {
         Row {
-            start_offset: r.start_offset,
+            start_offset: r.start_offset(),
             rule: r.rule_index().and_then(|i| self.rules.get(i).copied()),
         }
     }
@@ -331,22 +345,27 @@ impl DoubleEndedIterator for Rows<'_> {
 
 impl ExactSizeIterator for Rows<'_> {}
 
-/// Slots of [`TableBuilder`]'s rule cache (a power of two).
-const CACHE_SLOTS: usize = 256;
-
 /// Builds an [`UnwindTable`] function by function, keeping each distinct rule once.
 #[derive(Debug)]
 pub struct TableBuilder {
     table: UnwindTable,
-    index: HashMap<UnwindRule, u32>,
-    /// A direct-mapped cache in front of `index` (an object has a few hundred distinct
-    /// rules, so nearly every row hits it): slot → (rule, stored index).
-    cache: Vec<Option<(UnwindRule, u32)>>,
+    index: RuleIndex,
+    /// Rows whose rule was new when the table already had [`MAX_RULES`].
+    over_limit: u64,
 }
 
-/// A cheap hash of a rule, for the cache slot.
+/// The rules of a table by value: an open-addressing hash set of 16-bit rule numbers
+/// (`i + 1` for the table's rule `i`, 0 for an empty slot) over the table's rule vector,
+/// kept at most half full. 2 bytes a slot instead of the 40 a map entry with the rule
+/// would take: a few KiB for an object's few hundred rules.
+#[derive(Debug, Default)]
+struct RuleIndex {
+    slots: Vec<u16>,
+}
+
+/// A hash of a rule, spread over the high bits (the slot is taken from the top).
 #[inline(always)]
-fn quick_hash(r: &UnwindRule) -> usize {
+fn rule_hash(r: &UnwindRule) -> u64 {
     use sframe_common::{CfaBase, RegRule};
     let reg = |x: &RegRule| -> u64 {
         match *x {
@@ -371,15 +390,69 @@ fn quick_hash(r: &UnwindRule) -> usize {
         ^ reg(&r.ra).rotate_left(13)
         ^ reg(&r.fp).rotate_left(37)
         ^ u64::from(r.flags.0) << 58;
-    (h.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 54) as usize & (CACHE_SLOTS - 1)
+    h.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+impl RuleIndex {
+    /// The slot holding `rule`, or the empty slot where it belongs.
+    #[inline(always)]
+    fn probe(&self, rule: &UnwindRule, rules: &[UnwindRule]) -> usize {
+        let mask = self.slots.len() - 1;
+        let bits = self.slots.len().trailing_zeros();
+        let mut i = (rule_hash(rule) >> (64 - bits)) as usize;
+        loop {
+            match self.slots[i] {
+                0 => return i,
+                n if rules.get(usize::from(n) - 1) == Some(rule) => return i,
+                _ => i = (i + 1) & mask,
+            }
+        }
+    }
+
+    /// The number of `rule` (`i + 1`), adding it to `rules` when new; 0 when it is new
+    /// and `rules` holds [`MAX_RULES`] already.
+    #[inline(always)]
+    fn intern(&mut self, rule: UnwindRule, rules: &mut Vec<UnwindRule>) -> u16 {
+        if self.slots.is_empty() {
+            self.rebuild(rules, 64);
+        }
+        let i = self.probe(&rule, rules);
+        match self.slots[i] {
+            0 => self.insert(rule, rules, i),
+            n => n,
+        }
+    }
+
+    #[inline(never)]
+    fn insert(&mut self, rule: UnwindRule, rules: &mut Vec<UnwindRule>, slot: usize) -> u16 {
+        if rules.len() >= MAX_RULES {
+            return 0;
+        }
+        rules.push(rule);
+        // At most MAX_RULES rules: the number fits.
+        let n = rules.len() as u16;
+        self.slots[slot] = n;
+        if rules.len() * 2 > self.slots.len() {
+            self.rebuild(rules, self.slots.len() * 2);
+        }
+        n
+    }
+
+    fn rebuild(&mut self, rules: &[UnwindRule], slots: usize) {
+        self.slots = vec![0; slots];
+        for (k, rule) in rules.iter().enumerate() {
+            let i = self.probe(rule, rules);
+            self.slots[i] = (k + 1) as u16;
+        }
+    }
 }
 
 impl TableBuilder {
     pub fn new(arch: Arch, source: Source) -> Self {
         Self {
             table: UnwindTable::new(arch, source),
-            index: HashMap::new(),
-            cache: vec![None; CACHE_SLOTS],
+            index: RuleIndex::default(),
+            over_limit: 0,
         }
     }
 
@@ -389,32 +462,22 @@ impl TableBuilder {
         self.table.rows.reserve(rows);
     }
 
+    /// Rows stored without their rule because it would have been rule number
+    /// [`MAX_RULES`] + 1 (crafted input only).
+    pub fn rows_over_rule_limit(&self) -> u64 {
+        self.over_limit
+    }
+
     #[inline(always)]
-    fn intern(&mut self, rule: Option<UnwindRule>) -> u32 {
+    fn intern(&mut self, rule: Option<UnwindRule>) -> u16 {
         let Some(rule) = rule else {
             return 0;
         };
-        let slot = quick_hash(&rule);
-        if let Some(Some((r, i))) = self.cache.get(slot)
-            && *r == rule
-        {
-            return *i;
+        let n = self.index.intern(rule, &mut self.table.rules);
+        if n == 0 {
+            self.over_limit += 1;
         }
-        self.intern_miss(rule, slot)
-    }
-
-    #[inline(never)]
-    fn intern_miss(&mut self, rule: UnwindRule, slot: usize) -> u32 {
-        let rules = &mut self.table.rules;
-        let i = *self.index.entry(rule).or_insert_with(|| {
-            rules.push(rule);
-            // Rules are at most one per row, and rows are counted in u32 below.
-            u32::try_from(rules.len()).unwrap_or(u32::MAX)
-        });
-        if let Some(c) = self.cache.get_mut(slot) {
-            *c = Some((rule, i));
-        }
-        i
+        n
     }
 
     /// Appends a function with these rows (sorted by start offset).
@@ -447,10 +510,7 @@ impl TableBuilder {
         }
         for r in rows {
             let rule = self.intern(r.rule);
-            self.table.rows.push(CompactRow {
-                start_offset: r.start_offset,
-                rule,
-            });
+            self.table.rows.push(CompactRow::new(r.start_offset, rule));
         }
         Self::span(first, self.table.rows.len())
     }
@@ -599,6 +659,40 @@ mod tests {
         );
         assert_eq!(t.rows(g).next_back().map(|r| r.start_offset), Some(8));
         assert!(t.heap_bytes() >= 6 * 8 + 2 * size_of::<Function>());
+    }
+
+    #[test]
+    fn rows_are_six_bytes_and_rules_past_the_limit_are_counted() {
+        assert_eq!(size_of::<CompactRow>(), 6);
+        let mut b = TableBuilder::new(Arch::Amd64, Source::Synthesized);
+        // Every rule twice (the second time found through the index, after its
+        // rebuilds), then one past the limit, stored without a rule and counted. Start
+        // offsets above 16 bits check both halves.
+        let n = MAX_RULES;
+        let want = |i: usize| {
+            if i < 2 * n {
+                rule((i % n) as i32)
+            } else {
+                None
+            }
+        };
+        let start = |i: usize| 0xfff0 + 3 * i as u32;
+        let rows = (0..=2 * n).map(|i| Row {
+            start_offset: start(i),
+            rule: if i < 2 * n { want(i) } else { rule(n as i32) },
+        });
+        let span = b.push_rows(rows);
+        assert_eq!(b.rows_over_rule_limit(), 1);
+        let t = b.finish_with(
+            Source::Synthesized,
+            vec![Function::from_parts(0, u32::MAX, PcType::Inc, span)],
+        );
+        assert_eq!(t.rules().len(), MAX_RULES);
+        let got: Vec<Row> = t.rows(&t.functions()[0]).collect();
+        assert_eq!(got.len(), 2 * n + 1);
+        for (i, r) in got.iter().enumerate() {
+            assert_eq!((r.start_offset, r.rule), (start(i), want(i)), "row {i}");
+        }
     }
 
     #[test]

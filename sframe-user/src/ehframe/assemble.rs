@@ -5,26 +5,35 @@
 //! Functions are descriptors into the deriver's [`TableBuilder`]: cutting one pushes
 //! the rows of the part kept, and rows left unused are dropped when the table is made.
 
-use super::cfi::{Candidate, Origin};
+use super::cfi::{ADDRESS_LIMIT, Candidate, Origin};
 use super::error::{CfiSection, FdeError, SkipReason, Warning};
 use super::plt::{self, PltSection};
 use super::stats::DeriveStats;
 use crate::table::{Arch, Function, PcType, TableBuilder};
 
+/// `debug` came from `debug_section` (the object's `.debug_frame` or its separate
+/// debug file's).
 pub(crate) fn assemble(
     arch: Arch,
     builder: &mut TableBuilder,
     eh: Vec<Candidate>,
-    debug: Vec<Candidate>,
+    (debug, debug_section): (Vec<Candidate>, CfiSection),
     plts: &[PltSection<'_>],
     stats: &mut DeriveStats,
 ) -> Vec<Function> {
-    let mut base = dedupe(builder, eh, stats);
-    let debug = dedupe(builder, debug, stats);
+    let mut base = dedupe(builder, eh, CfiSection::EhFrame, stats);
+    let debug = dedupe(builder, debug, debug_section, stats);
     if !debug.is_empty() {
-        base = fill_gaps(builder, base, debug, stats);
+        base = fill_gaps(builder, base, (debug, debug_section), stats);
     }
     for p in plts {
+        if p.address.saturating_add(p.size) > ADDRESS_LIMIT {
+            stats.warnings.push(Warning::PltLayout {
+                section: p.kind.name(),
+                address: p.address,
+            });
+            continue;
+        }
         if cfi_covers(builder, &base, p.address, p.address.saturating_add(p.size)) {
             continue;
         }
@@ -53,7 +62,7 @@ pub(crate) fn assemble(
             None => {}
         }
     }
-    // In place: a candidate is larger than a function.
+    // In place: a candidate is the size of a function.
     base.into_iter().map(|c| c.function()).collect()
 }
 
@@ -76,11 +85,12 @@ fn drop_candidate(origin: Origin, stats: &mut DeriveStats) {
 fn dedupe(
     builder: &mut TableBuilder,
     mut cands: Vec<Candidate>,
+    section: CfiSection,
     stats: &mut DeriveStats,
 ) -> Vec<Candidate> {
     // Equal ranges keep their enumeration order (the first listed wins), without the
     // buffer a stable sort allocates.
-    cands.sort_unstable_by_key(|c| (c.start(), std::cmp::Reverse(c.end()), c.origin().index));
+    cands.sort_unstable_by_key(|c| (c.start(), std::cmp::Reverse(c.end()), c.index()));
     // Compacted in place: `kept` never passes the candidate being looked at.
     let mut kept = 0;
     for i in 0..cands.len() {
@@ -91,12 +101,14 @@ fn dedupe(
             kept += 1;
             continue;
         }
-        match slice(builder, &c.function(), prev_end, c.end()) {
-            Some(function) => {
-                cands[kept] = Candidate::new(&function, c.origin());
+        match slice(builder, &c.function(), prev_end, c.end())
+            .and_then(|function| c.with_function(&function))
+        {
+            Some(cut) => {
+                cands[kept] = cut;
                 kept += 1;
             }
-            None => drop_candidate(c.origin(), stats),
+            None => drop_candidate(c.origin(section), stats),
         }
     }
     cands.truncate(kept);
@@ -108,7 +120,7 @@ fn dedupe(
 fn fill_gaps(
     builder: &mut TableBuilder,
     base: Vec<Candidate>,
-    extra: Vec<Candidate>,
+    (extra, section): (Vec<Candidate>, CfiSection),
     stats: &mut DeriveStats,
 ) -> Vec<Candidate> {
     let mut added = Vec::new();
@@ -131,12 +143,14 @@ fn fill_gaps(
         }
         let before = added.len();
         for (pa, pb) in pieces {
-            if let Some(function) = slice(builder, &c.function(), pa, pb) {
-                added.push(Candidate::new(&function, c.origin()));
+            if let Some(piece) =
+                slice(builder, &c.function(), pa, pb).and_then(|f| c.with_function(&f))
+            {
+                added.push(piece);
             }
         }
         if added.len() == before {
-            drop_candidate(c.origin(), stats);
+            drop_candidate(c.origin(section), stats);
         }
     }
     let mut all = base;
@@ -173,36 +187,44 @@ fn cfi_covers(builder: &TableBuilder, base: &[Candidate], a: u64, b: u64) -> boo
     cursor >= b
 }
 
-/// Replaces whatever covers `[a, b)` in `base` by `fns`, keeping the parts of functions
-/// that stick out of the range.
+/// Most candidates one PLT section adds to the list: its synthesized functions (PLT0
+/// and the block of entries) and the two parts of functions that stick out of it. The
+/// deriver reserves this much room per PLT section up front, so that
+/// [`replace_range`] never reallocates the candidate list.
+pub(crate) const ROOM_PER_PLT: usize = 4;
+
+/// Replaces whatever covers `[a, b)` in `base` (sorted, non-overlapping) by `fns`,
+/// keeping the parts of functions that stick out of the range. In place: the list
+/// grows by at most [`ROOM_PER_PLT`].
 fn replace_range(
     builder: &mut TableBuilder,
-    base: Vec<Candidate>,
+    mut base: Vec<Candidate>,
     a: u64,
     b: u64,
-    fns: Vec<Function>,
+    mut fns: Vec<Function>,
 ) -> Vec<Candidate> {
-    let plt_origin = Origin {
-        section: CfiSection::EhFrame,
-        index: u32::MAX,
-        offset: 0,
-    };
-    let mut out = Vec::with_capacity(base.len() + fns.len());
-    for c in base {
-        if c.end() <= a || c.start() >= b {
-            out.push(c);
-            continue;
-        }
-        let f = c.function();
-        for (pa, pb) in [(f.start, a), (b, f.end())] {
-            if let Some(function) = slice(builder, &f, pa, pb) {
-                out.push(Candidate::new(&function, c.origin()));
-            }
-        }
+    // Non-overlapping and sorted by start, so sorted by end too.
+    let lo = base.partition_point(|c| c.end() <= a);
+    let hi = lo + base[lo..].partition_point(|c| c.start() < b);
+    let mut front = None;
+    let mut back = None;
+    if lo < hi {
+        let (first, last) = (base[lo], base[hi - 1]);
+        front = slice(builder, &first.function(), first.start(), a)
+            .and_then(|f| first.with_function(&f));
+        back = slice(builder, &last.function(), b, last.end()).and_then(|f| last.with_function(&f));
     }
-    out.extend(fns.iter().map(|f| Candidate::new(f, plt_origin)));
-    out.sort_unstable_by_key(Candidate::start);
-    out
+    fns.sort_unstable_by_key(|f| f.start);
+    // Synthesized functions have no FDE: index and offset say so.
+    let new = front
+        .into_iter()
+        .chain(
+            fns.iter()
+                .filter_map(|f| Candidate::new(f, u32::MAX, u32::MAX)),
+        )
+        .chain(back);
+    base.splice(lo..hi, new);
+    base
 }
 
 /// The part `[a, b)` of `f` (clamped to `f`), its rows rebased and pushed anew;
@@ -263,22 +285,9 @@ mod tests {
         Function::from_parts(start, size, PcType::Inc, span)
     }
 
-    fn cand(
-        b: &mut TableBuilder,
-        start: u64,
-        size: u32,
-        r: &[(u32, i32)],
-        section: CfiSection,
-    ) -> Candidate {
+    fn cand(b: &mut TableBuilder, start: u64, size: u32, r: &[(u32, i32)]) -> Candidate {
         let f = func(b, start, size, r);
-        Candidate::new(
-            &f,
-            Origin {
-                section,
-                index: 0,
-                offset: 0,
-            },
-        )
+        Candidate::new(&f, 0, 0).unwrap()
     }
 
     fn table(b: TableBuilder, fns: Vec<Function>) -> Vec<FunctionRows> {
@@ -287,8 +296,29 @@ mod tests {
     }
 
     #[test]
-    fn candidates_are_small() {
-        assert_eq!(size_of::<Candidate>(), 32);
+    fn candidates_pack_into_a_function_and_read_back() {
+        assert_eq!(size_of::<Candidate>(), 24);
+        let mut b = TableBuilder::new(Arch::Amd64, Source::EhFrame);
+        let f = func(&mut b, (1 << 48) - 0x20, 0x20, &[(0, 8)]);
+        let c = Candidate::new(&f, 0x3f_ffff, 0xdead_beef).unwrap();
+        let back = c.function();
+        assert!(back.same_range(&f));
+        assert_eq!(back.row_span(), f.row_span());
+        let o = c.origin(CfiSection::DebugFrame);
+        assert_eq!((o.index, o.offset), (0x3f_ffff, 0xdead_beef));
+        // Indices saturate; PCMASK rep sizes survive; out-of-range functions do not fit.
+        assert_eq!(Candidate::new(&f, u32::MAX, 0).unwrap().index(), 0x3f_ffff);
+        let plt = Function::from_parts(0x1000, 0x40, PcType::Mask { rep_size: 16 }, (7, 1));
+        assert!(
+            Candidate::new(&plt, 0, 0)
+                .unwrap()
+                .function()
+                .same_range(&plt)
+        );
+        let high = Function::from_parts(1 << 48, 0x10, PcType::Inc, (0, 1));
+        assert!(Candidate::new(&high, 0, 0).is_none());
+        let many = Function::from_parts(0x1000, 0x10, PcType::Inc, (1 << 26, 1));
+        assert!(Candidate::new(&many, 0, 0).is_none());
     }
 
     #[test]
@@ -310,12 +340,19 @@ mod tests {
             ..Default::default()
         };
         let mut b = TableBuilder::new(Arch::Amd64, Source::EhFrame);
-        let eh = vec![cand(&mut b, 100, 10, &[(0, 8)], CfiSection::EhFrame)];
+        let eh = vec![cand(&mut b, 100, 10, &[(0, 8)])];
         let df = vec![
-            cand(&mut b, 90, 30, &[(0, 16)], CfiSection::DebugFrame),
-            cand(&mut b, 102, 4, &[(0, 16)], CfiSection::DebugFrame),
+            cand(&mut b, 90, 30, &[(0, 16)]),
+            cand(&mut b, 102, 4, &[(0, 16)]),
         ];
-        let out = assemble(Arch::Amd64, &mut b, eh, df, &[], &mut stats);
+        let out = assemble(
+            Arch::Amd64,
+            &mut b,
+            eh,
+            (df, CfiSection::DebugFrame),
+            &[],
+            &mut stats,
+        );
         let spans: Vec<_> = out.iter().map(|f| (f.start, f.end())).collect();
         assert_eq!(spans, vec![(90, 100), (100, 110), (110, 120)]);
         assert_eq!(stats.fdes_skipped.get(&SkipReason::Overlap), Some(&1));
@@ -331,11 +368,18 @@ mod tests {
         let mut stats = DeriveStats::default();
         let mut b = TableBuilder::new(Arch::Amd64, Source::EhFrame);
         let eh = vec![
-            cand(&mut b, 100, 10, &[(0, 8)], CfiSection::EhFrame),
-            cand(&mut b, 105, 10, &[(0, 8), (2, 16)], CfiSection::EhFrame),
-            cand(&mut b, 100, 4, &[(0, 8)], CfiSection::EhFrame),
+            cand(&mut b, 100, 10, &[(0, 8)]),
+            cand(&mut b, 105, 10, &[(0, 8), (2, 16)]),
+            cand(&mut b, 100, 4, &[(0, 8)]),
         ];
-        let out = assemble(Arch::Amd64, &mut b, eh, vec![], &[], &mut stats);
+        let out = assemble(
+            Arch::Amd64,
+            &mut b,
+            eh,
+            (vec![], CfiSection::DebugFrame),
+            &[],
+            &mut stats,
+        );
         let spans: Vec<_> = out.iter().map(|f| (f.start, f.end())).collect();
         assert_eq!(spans, vec![(100, 110), (110, 115)]);
         let out = table(b, out);

@@ -81,6 +81,9 @@ pub(crate) struct Env {
     pub address_size: u8,
     pub text: Option<u64>,
     pub got: Option<u64>,
+    /// Room to keep in each section's candidate list for functions added after the
+    /// conversion (synthesized PLT rows), so that adding them does not reallocate it.
+    pub extra_functions: usize,
 }
 
 impl Env {
@@ -129,6 +132,7 @@ pub(crate) fn convert_eh_frame(
                 stats.used_eh_frame_hdr = !offsets.is_empty();
                 for (index, &offset) in offsets.iter().enumerate() {
                     stats.fdes_seen += 1;
+                    let offset = offset as usize;
                     let partial = section.partial_fde_from_offset(&bases, EhFrameOffset(offset));
                     let result = partial
                         .map_err(|e| (SkipReason::from_gimli(e), Some(e)))
@@ -264,14 +268,15 @@ fn prescan(
     Ok((fdes as usize, patched))
 }
 
-/// The `.eh_frame` offsets of the FDEs listed in `.eh_frame_hdr`, sorted, deduplicated.
+/// The `.eh_frame` offsets of the FDEs listed in `.eh_frame_hdr`, sorted, deduplicated
+/// (4 bytes each: they are held while the whole section converts).
 fn hdr_fde_offsets(
     hdr: &SectionData<'_>,
     eh: &SectionData<'_>,
     env: &Env,
     bases: &BaseAddresses,
     fdes: usize,
-) -> Result<Vec<usize>, gimli::Error> {
+) -> Result<Vec<u32>, gimli::Error> {
     let parsed = EhFrameHdr::new(hdr.data, env.endian).parse(bases, env.address_size)?;
     let eh_ptr = parsed.eh_frame_ptr().direct()?;
     if eh_ptr != eh.address {
@@ -292,8 +297,8 @@ fn hdr_fde_offsets(
         let off = fde_ptr
             .direct()?
             .checked_sub(eh_ptr)
-            .and_then(|o| usize::try_from(o).ok())
-            .filter(|&o| o < eh.data.len())
+            .and_then(|o| u32::try_from(o).ok())
+            .filter(|&o| (o as usize) < eh.data.len())
             .ok_or(gimli::Error::OffsetOutOfBounds)?;
         offsets.push(off);
     }
@@ -312,54 +317,92 @@ pub(crate) struct Origin {
     pub offset: u32,
 }
 
+/// Functions start and end below this address (48 bits: no user-space code of x86-64
+/// or AArch64 lives above); FDEs beyond it are skipped as [`SkipReason::TooLarge`].
+pub(crate) const ADDRESS_LIMIT: u64 = 1 << 48;
+/// Bits of a candidate's row index, row count and FDE index (the FDE index saturates).
+const ROW_BITS: u32 = 26;
+const COUNT_BITS: u32 = 24;
+const INDEX_BITS: u32 = 22;
+
 /// A converted FDE: its function (rows in the deriver's [`TableBuilder`]) and where it
-/// came from, in 32 bytes (the deriver holds one per FDE until the table is done).
+/// came from (FDE index and offset; the section is the list's), packed into 24 bytes,
+/// the size of a [`Function`]: the deriver holds one per FDE until the table is done,
+/// and the list then becomes the table's function list in place, without a copy.
+/// Layout: start (48 bits) with the FDE index's low 16 bits above it; size; first row
+/// (26 bits) with the index's high 6 bits; row count (24 bits) with the PCMASK
+/// `rep_size` above it (0: PCINC); the FDE offset.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Candidate {
-    start: u64,
+    start_index: u64,
     size: u32,
-    first_row: u32,
-    row_count: u32,
-    index: u32,
+    row_index: u32,
+    count_rep: u32,
     offset: u32,
-    pc_type: PcType,
-    section: CfiSection,
 }
 
+const _: () = assert!(size_of::<Candidate>() == size_of::<Function>());
+
 impl Candidate {
-    pub fn new(f: &Function, origin: Origin) -> Self {
+    /// `None` when the function does not fit the packing: it ends above
+    /// [`ADDRESS_LIMIT`], its first row is at 2^26 or beyond, or it has 2^24 rows or more
+    /// (only crafted input gets there).
+    pub fn new(f: &Function, index: u32, offset: u32) -> Option<Self> {
         let (first_row, row_count) = f.row_span();
-        Self {
-            start: f.start,
-            size: f.size,
-            first_row,
-            row_count,
-            index: origin.index,
-            offset: origin.offset,
-            pc_type: f.pc_type,
-            section: origin.section,
+        if f.end() > ADDRESS_LIMIT || first_row >> ROW_BITS != 0 || row_count >> COUNT_BITS != 0 {
+            return None;
         }
+        let index = index.min((1 << INDEX_BITS) - 1);
+        let rep = match f.pc_type {
+            PcType::Inc => 0,
+            PcType::Mask { rep_size } => u32::from(rep_size.max(1)),
+        };
+        Some(Self {
+            start_index: f.start | u64::from(index & 0xffff) << 48,
+            size: f.size,
+            row_index: first_row | (index >> 16) << ROW_BITS,
+            count_rep: row_count | rep << COUNT_BITS,
+            offset,
+        })
     }
     pub fn function(&self) -> Function {
+        let rep = (self.count_rep >> COUNT_BITS) as u8;
+        let pc_type = if rep == 0 {
+            PcType::Inc
+        } else {
+            PcType::Mask { rep_size: rep }
+        };
         Function::from_parts(
-            self.start,
+            self.start(),
             self.size,
-            self.pc_type,
-            (self.first_row, self.row_count),
+            pc_type,
+            (
+                self.row_index & ((1 << ROW_BITS) - 1),
+                self.count_rep & ((1 << COUNT_BITS) - 1),
+            ),
         )
     }
-    pub fn origin(&self) -> Origin {
+    /// A part of this candidate's function (or its rows pushed anew): same origin.
+    pub fn with_function(&self, f: &Function) -> Option<Self> {
+        Self::new(f, self.index(), self.offset)
+    }
+    /// FDE index in its section's enumeration order (saturated at 2^22 − 1).
+    pub fn index(&self) -> u32 {
+        (self.start_index >> 48) as u32 | (self.row_index >> ROW_BITS) << 16
+    }
+    /// Where it came from, `section` being its list's.
+    pub fn origin(&self, section: CfiSection) -> Origin {
         Origin {
-            section: self.section,
-            index: self.index,
+            section,
+            index: self.index(),
             offset: self.offset,
         }
     }
     pub fn start(&self) -> u64 {
-        self.start
+        self.start_index & (ADDRESS_LIMIT - 1)
     }
     pub fn end(&self) -> u64 {
-        self.start.saturating_add(u64::from(self.size))
+        self.start().saturating_add(u64::from(self.size))
     }
 }
 
@@ -406,7 +449,7 @@ impl<'e, 'b> Converter<'e, 'b> {
             ctx: UnwindContext::new(),
             cies: HashMap::new(),
             budget,
-            functions: Vec::with_capacity(fdes),
+            functions: Vec::with_capacity(fdes.saturating_add(env.extra_functions)),
             builder,
             scratch: Vec::new(),
         }
@@ -429,12 +472,25 @@ impl<'e, 'b> Converter<'e, 'b> {
                 if self.kind != CfiSection::EhFrame {
                     stats.fdes_from_debug_frame += 1;
                 }
-                let origin = Origin {
-                    section: self.kind,
-                    index: u32::try_from(index).unwrap_or(u32::MAX),
-                    offset: u32::try_from(offset).unwrap_or(u32::MAX),
-                };
-                self.functions.push(Candidate::new(&f, origin));
+                let index32 = u32::try_from(index).unwrap_or(u32::MAX);
+                let offset32 = u32::try_from(offset).unwrap_or(u32::MAX);
+                match Candidate::new(&f, index32, offset32) {
+                    Some(c) => self.functions.push(c),
+                    // Addresses were checked: only a row array past 2^26 gets here.
+                    None => {
+                        stats.fdes_converted -= 1;
+                        if self.kind != CfiSection::EhFrame {
+                            stats.fdes_from_debug_frame -= 1;
+                        }
+                        stats.skip(FdeError {
+                            section: self.kind,
+                            index,
+                            offset,
+                            reason: SkipReason::RowBudget,
+                            source: None,
+                        });
+                    }
+                }
             }
             Err((reason, source)) => stats.skip(FdeError {
                 section: self.kind,
@@ -455,7 +511,7 @@ impl<'e, 'b> Converter<'e, 'b> {
         section: &S,
         data: &'e [u8],
         bases: &BaseAddresses,
-        already: &[usize],
+        already: &[u32],
         stats: &mut DeriveStats,
     ) where
         S: UnwindSection<R<'e>>,
@@ -480,7 +536,8 @@ impl<'e, 'b> Converter<'e, 'b> {
                     break;
                 }
             };
-            if !header.is_cie && already.binary_search(&offset).is_err() {
+            let listed = u32::try_from(offset).is_ok_and(|o| already.binary_search(&o).is_ok());
+            if !header.is_cie && !listed {
                 stats.fdes_seen += 1;
                 let result = section
                     .partial_fde_from_offset(bases, S::Offset::from(offset))
@@ -555,6 +612,7 @@ impl<'e, 'b> Converter<'e, 'b> {
         let end = start
             .checked_add(len)
             .filter(|&e| self.env.address_size >= 8 || e <= u64::from(u32::MAX) + 1)
+            .filter(|&e| e <= ADDRESS_LIMIT)
             .ok_or((SkipReason::TooLarge, None))?;
 
         let ra_col = fde.cie().return_address_register();

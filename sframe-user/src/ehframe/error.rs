@@ -72,7 +72,8 @@ pub enum SkipReason {
     TooManyRegisterRules,
     /// The FDE covers no code.
     Empty,
-    /// The FDE covers more than 4 GiB or wraps around the address space.
+    /// The FDE covers more than 4 GiB, wraps around the address space or ends above
+    /// 2^48 (where no user-space code lives).
     TooLarge,
     /// The FDE's range is entirely covered by a preferred entry (an earlier FDE, or
     /// `.eh_frame` over `.debug_frame`, or synthesized PLT rows).
@@ -129,4 +130,9 @@ pub enum Warning {
     DebugFile { path: PathBuf, reason: String },
     #[error("{section} at {address:#x}: unrecognized PLT layout, not synthesized")]
     PltLayout { section: &'static str, address: u64 },
+    #[error(
+        "more than {limit} distinct rules: {rows} rows kept without a rule",
+        limit = crate::table::MAX_RULES
+    )]
+    RuleLimit { rows: u64 },
 }

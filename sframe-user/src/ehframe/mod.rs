@@ -181,6 +181,7 @@ fn derive(
         address_size: 8,
         text: s.text_address,
         got: s.got_address,
+        extra_functions: s.plts.len().saturating_mul(assemble::ROOM_PER_PLT),
     };
     let mut stats = DeriveStats::default();
     // Rows go straight into the table's row array (each distinct rule once); the
@@ -193,10 +194,12 @@ fn derive(
         None => Vec::new(),
     };
     let mut debug = Vec::new();
+    let mut debug_section = CfiSection::DebugFrame;
     if let Some(df) = &s.debug_frame {
         debug =
             cfi::convert_debug_frame(df, CfiSection::DebugFrame, &env, &mut stats, &mut builder)?;
     } else if let Some(df) = &separate_debug_frame {
+        debug_section = CfiSection::DebugFrameSeparate;
         debug = cfi::convert_debug_frame(
             df,
             CfiSection::DebugFrameSeparate,
@@ -212,7 +215,19 @@ fn derive(
     } else {
         Source::Synthesized
     };
-    let functions = assemble::assemble(s.arch, &mut builder, eh, debug, s.plts, &mut stats);
+    let functions = assemble::assemble(
+        s.arch,
+        &mut builder,
+        eh,
+        (debug, debug_section),
+        s.plts,
+        &mut stats,
+    );
+    if builder.rows_over_rule_limit() > 0 {
+        stats.warnings.push(Warning::RuleLimit {
+            rows: builder.rows_over_rule_limit(),
+        });
+    }
     let table = builder.finish_with(source, functions);
     stats.count_table(&table);
     Ok(Derived { table, stats })

@@ -73,6 +73,10 @@ pub enum SFrameError {
         limit: u32,
     },
     #[error(
+        "table limit: the rows have more than {limit} distinct rules, more than one table holds"
+    )]
+    TooManyRules { limit: u32 },
+    #[error(
         "layout check: FDE offset {fdeoff} is after FRE offset {freoff} (header offsets 20/24)"
     )]
     SubsectionOrder { fdeoff: u32, freoff: u32 },

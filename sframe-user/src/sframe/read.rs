@@ -1410,6 +1410,11 @@ impl<'a> Section<'a> {
             });
             b.push(fde.start, fde.size, fde.pc_type, rows);
         }
+        if b.rows_over_rule_limit() > 0 {
+            return Err(SFrameError::TooManyRules {
+                limit: crate::table::MAX_RULES as u32,
+            });
+        }
         Ok(b.finish())
     }
 }
@@ -1502,5 +1507,67 @@ impl<'a> Iterator for FreIter<'_, 'a> {
     fn size_hint(&self) -> (usize, Option<usize>) {
         let n = (self.num_fres - self.next.min(self.num_fres)) as usize;
         (0, Some(n))
+    }
+    // Internal iteration (`for_each`, `fold`, `sum`, ...): one loop per start-address
+    // width and byte order, so the width is not tested per row.
+    #[inline(always)]
+    fn fold<B, F: FnMut(B, Fre<'a>) -> B>(self, init: B, f: F) -> B {
+        match (self.big_endian, self.fre_type) {
+            (false, 0) => self.fold_g::<false, 1, B, F>(init, f),
+            (false, 1) => self.fold_g::<false, 2, B, F>(init, f),
+            (false, _) => self.fold_g::<false, 4, B, F>(init, f),
+            (true, 0) => self.fold_g::<true, 1, B, F>(init, f),
+            (true, 1) => self.fold_g::<true, 2, B, F>(init, f),
+            (true, _) => self.fold_g::<true, 4, B, F>(init, f),
+        }
+    }
+}
+
+impl<'a> FreIter<'_, 'a> {
+    #[inline(always)]
+    fn fold_g<const BE: bool, const AW: usize, B, F: FnMut(B, Fre<'a>) -> B>(
+        self,
+        init: B,
+        mut f: F,
+    ) -> B {
+        let mut acc = init;
+        let mut off = self.off;
+        let area = self.area;
+        for index in self.next..self.num_fres {
+            let Some(h) = area.get(off..off + AW + 1) else {
+                break;
+            };
+            let start = match AW {
+                1 => u32::from(h[0]),
+                2 => {
+                    let b = [h[0], h[1]];
+                    u32::from(if BE {
+                        u16::from_be_bytes(b)
+                    } else {
+                        u16::from_le_bytes(b)
+                    })
+                }
+                _ => {
+                    let b = [h[0], h[1], h[2], h[3]];
+                    if BE {
+                        u32::from_be_bytes(b)
+                    } else {
+                        u32::from_le_bytes(b)
+                    }
+                }
+            };
+            let info = h[AW];
+            let code = (info >> 5) & 3;
+            let len = AW + 1 + (usize::from((info >> 1) & 0xf) << code);
+            let Some(words) = area.get(off + AW + 1..off + len) else {
+                break;
+            };
+            if code == 3 {
+                break;
+            }
+            acc = f(acc, Fre::new(index, off, start, info, words, BE, len));
+            off += len;
+        }
+        acc
     }
 }

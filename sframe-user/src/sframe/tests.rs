@@ -689,6 +689,18 @@ fn fast_validation_matches_reference_on_mutations() {
                         assert_eq!(Ok(fde), fast.fde_reference(fde.index));
                         let rows: Vec<_> = fast.rows(&fde).collect();
                         assert_eq!(rows, fast.rows_reference(&fde));
+                        // Internal iteration (`fold`, specialized per width) agrees.
+                        let mut folded = Vec::new();
+                        fast.rows(&fde).for_each(|r| folded.push(r));
+                        assert_eq!(folded, rows);
+                        // So does a fold started part-way (lookups resume there).
+                        let mut rest = fast.rows(&fde);
+                        let first = rest.next();
+                        let tail = rest.fold(Vec::new(), |mut v, r| {
+                            v.push(r);
+                            v
+                        });
+                        assert_eq!(first.into_iter().chain(tail).collect::<Vec<_>>(), rows);
                     }
                 }
             }

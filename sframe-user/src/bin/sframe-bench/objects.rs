@@ -286,14 +286,16 @@ pub(crate) fn table_memory_section(doc: &mut String, objects: &[ObjectBench]) {
         doc,
         "\n### Table memory in user space\n\n\
          Method: the same tables in the profiler's memory before flattening. *Table bytes*\n\
-         is `UnwindTable::heap_bytes()`: 24 bytes per function, 8 per row (start offset,\n\
-         rule index) and {} per distinct rule, vector capacities included. *Peak heap*\n\
+         is `UnwindTable::heap_bytes()`: {} bytes per function, {} per row (start offset,\n\
+         16-bit rule index) and {} per distinct rule, vector capacities included. *Peak heap*\n\
          is the most heap bytes allocated at once while one `table_for_elf` runs (ELF\n\
          parse, CFI evaluation, assembly; the returned table included, the file's bytes\n\
          not), counted by this binary's global allocator. Both are compared with the size\n\
          of the same rows encoded as SFrame version 3 (the generated section of the table\n\
          above: what issue 4 derives rows into, and what `gen` writes).\n\n\
          Goal (issue 4): memory ≤ {GOAL_MEMORY_RATIO}× the size of the rows produced.\n",
+        size_of::<sframe_user::table::Function>(),
+        size_of::<sframe_user::table::CompactRow>(),
         size_of::<sframe_common::UnwindRule>()
     );
     doc.push_str(
