@@ -284,6 +284,73 @@ struct Walk {
     /// End of the last FRE data range, while the ranges come in order.
     prev_end: usize,
     out_of_order: bool,
+    /// The address index, counted during the pass when the first and last FDEs say
+    /// what range the functions span (checked at the end).
+    index: Option<IndexFill>,
+}
+
+/// An [`AddrIndex`] being counted in the validation pass, for functions expected to
+/// span `[base, end)` in on-disk order.
+struct IndexFill {
+    base: i64,
+    end: i128,
+    shift: u32,
+    counts: Vec<u32>,
+    /// Every start fell in a bucket.
+    ok: bool,
+}
+
+impl IndexFill {
+    /// The shift giving at most 2n buckets over `[base, end)`, and its bucket count.
+    fn shape(base: i64, end: i128, n: u32) -> (u32, usize) {
+        let span = (end - i128::from(base)).max(0) as u128;
+        let n = u128::from(n.max(1));
+        let mut shift = 0u32;
+        while shift < 127 && (span >> shift) >= 2 * n {
+            shift += 1;
+        }
+        (shift, (span >> shift) as usize + 1)
+    }
+
+    fn new(base: i64, end: i128, n: u32) -> Self {
+        let (shift, buckets) = Self::shape(base, end, n);
+        Self {
+            base,
+            end,
+            shift,
+            counts: vec![0u32; buckets + 1],
+            ok: true,
+        }
+    }
+
+    #[inline(always)]
+    fn add(&mut self, start: i64) {
+        let d = i128::from(start) - i128::from(self.base);
+        let b = if d < 0 {
+            usize::MAX
+        } else {
+            ((d as u128) >> self.shift) as usize
+        };
+        match self.counts.get_mut(b.wrapping_add(1)) {
+            Some(c) => *c += 1,
+            None => self.ok = false,
+        }
+    }
+
+    /// The index, when the functions did span `[base, end)` as expected.
+    fn finish(mut self, first: i64, end: i128) -> Option<AddrIndex> {
+        if !self.ok || first != self.base || end != self.end {
+            return None;
+        }
+        for b in 1..self.counts.len() {
+            self.counts[b] += self.counts[b - 1];
+        }
+        Some(AddrIndex {
+            base: self.base,
+            shift: self.shift,
+            counts: self.counts,
+        })
+    }
 }
 
 impl Walk {
@@ -299,6 +366,9 @@ impl Walk {
         }
         self.prev_start = fde.rel_start;
         self.order.push(fde.rel_start, fde.size);
+        if let Some(fill) = &mut self.index {
+            fill.add(fde.rel_start);
+        }
         let data_start = fde.fres_offset - self.attr_size;
         self.total_fres += u64::from(fde.num_fres);
         self.used += (end - data_start) as u64;
@@ -742,17 +812,31 @@ impl<'a> Section<'a> {
             ..base_checks
         };
         let attr_size = if V3 { FDE_ATTR_SIZE_V3 } else { 0 };
+        // The first and last FDEs' starts say the range a simple section spans: the
+        // address index is then counted in this pass (the end confirms the guess).
+        let n = h.num_fdes;
+        let index = match (
+            self.fde_start_size(0),
+            n.checked_sub(1).and_then(|l| self.fde_start_size(l)),
+        ) {
+            (Some((first, _)), Some((last, size))) if last >= first => Some(IndexFill::new(
+                first,
+                i128::from(last) + i128::from(size),
+                n,
+            )),
+            _ => None,
+        };
         let mut w = Walk {
             sorted: h.sorted(),
             attr_size,
             prev_start: i64::MIN,
             order: OrderCheck::new(),
+            index,
             ..Walk::default()
         };
         let mut checkpoints = Vec::new();
         // Functions whose FREs can be checked in a pair: no checkpoints, not FLEX.
         let pairable = |f: &Fde| !f.flex && f.num_fres <= CHECKPOINT_STEP;
-        let n = h.num_fdes;
         let mut i = 0;
         while i < n {
             let Some(a) = scan::fde_g::<V3, BE>(&self.fmt, data, area, i) else {
@@ -812,16 +896,20 @@ impl<'a> Section<'a> {
             return false;
         }
         let mut order = w.order;
+        let mut fill = w.index;
         if w.unsorted {
             self.build_sorted_index();
             order = OrderCheck::new();
             for (start, size) in self.starts_sorted() {
                 order.push(start, size);
             }
+            fill = None;
         }
         self.checkpoints = checkpoints;
         if let (true, Some(base), Some((_, end))) = (order.simple, order.first, order.prev) {
-            self.addr_index = Some(self.build_addr_index(base, end));
+            self.addr_index = fill
+                .and_then(|f| f.finish(base, end))
+                .or_else(|| Some(self.build_addr_index(base, end)));
         }
         true
     }
@@ -837,14 +925,8 @@ impl<'a> Section<'a> {
 
     /// The [`AddrIndex`] of a simple section whose functions span `[base, end)`.
     fn build_addr_index(&self, base: i64, end: i128) -> AddrIndex {
-        let n = self.header.num_fdes as usize;
-        let span = (end - i128::from(base)).max(0) as u128;
         // Smallest shift giving at most 2n buckets (n >= 1 here).
-        let mut shift = 0u32;
-        while shift < 127 && (span >> shift) >= 2 * n as u128 {
-            shift += 1;
-        }
-        let buckets = (span >> shift) as usize + 1;
+        let (shift, buckets) = IndexFill::shape(base, end, self.header.num_fdes);
         let mut counts = vec![0u32; buckets + 1];
         for (start, _) in self.starts_sorted() {
             let b = ((i128::from(start) - i128::from(base)) as u128 >> shift) as usize;

@@ -116,12 +116,14 @@ fn reader_bench(objects: &[ObjectBench], args: &Args) -> Result<ReaderBench> {
         let (checksum, ms) = time_ms(|| -> Result<i64> {
             let section = parse(&bytes)?;
             let mut checksum = 0i64;
-            for fde in section.functions() {
-                for fre in section.rows(&fde) {
+            // Internal iteration: the row iterator's `fold` runs one loop per FRE
+            // start-address width.
+            section.functions().for_each(|fde| {
+                section.rows(&fde).for_each(|fre| {
                     let rule = section.rule(&fde, &fre);
                     checksum = checksum.wrapping_add(i64::from(rule.cfa.offset));
-                }
-            }
+                })
+            });
             Ok(checksum)
         });
         std::hint::black_box(checksum?);
@@ -228,8 +230,8 @@ fn reader_section(doc: &mut String, r: &ReaderBench) {
          {} FDEs and {} rows. Each figure is the median (min–max) of {} runs of wall-clock\n\
          time; MB/s are section bytes per second.\n\n\
          - *open + validate + iterate*: `Section::parse` (every check of the reader, one\n\
-         \x20 pass), then `functions()`, `rows()` and `rule()` on every FDE and FRE (nothing\n\
-         \x20 allocated per FDE or FRE).\n\
+         \x20 pass), then `functions()`, `rows()` (both iterated with `for_each`) and `rule()`\n\
+         \x20 on every FDE and FRE (nothing allocated per FDE or FRE).\n\
          - *reference validation*: `Section::parse_reference`, the careful decoders that\n\
          \x20 name the failed check, and that the fast pass falls back to on malformed input.\n\
          - *find_fre*: {LOOKUPS} pseudo-random PCs inside the functions; beside it, the same\n\
