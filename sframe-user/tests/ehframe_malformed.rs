@@ -477,6 +477,7 @@ fn ten_million_fdes_are_refused_before_conversion() {
 #[test]
 fn flag_augmentations_b_and_g_are_understood() {
     use sframe_common::RuleFlags;
+    use sframe_user::sframe::{Section, WriteOptions, WriteVersion, write_section};
     let mut eh = EhFrame::default();
     let plain = eh.cie("zR", &[]);
     let b = eh.cie("zRB", &[]);
@@ -517,5 +518,58 @@ fn flag_augmentations_b_and_g_are_understood() {
     );
     for (_, r) in &rows {
         assert!(r.flags.contains(RuleFlags::MANGLED_RA), "{r:?}");
+        assert!(r.flags.contains(RuleFlags::PAUTH_KEY_B), "{r:?}");
     }
+
+    // The A key (no `B`), and the state toggled back by the second negate_ra_state
+    // (autiasp before the return): paciasp; stp; ...; ldp; autiasp; ret.
+    let mut eh = EhFrame::default();
+    let a_key = eh.cie_with("zR", &[4, 0x78, 30], &[0x0c, 31, 0]);
+    let b_key = eh.cie_with("zRB", &[4, 0x78, 30], &[0x0c, 31, 0]);
+    // negate; advance 1; def_cfa_offset 16; x29, x30 saved; advance 2; restore x29,
+    // x30 (0xdd, 0xde); def_cfa_offset 0; advance 1; negate (autiasp)
+    let body: &[u8] = &[
+        0x2d, 0x41, 0x0e, 16, 0x9d, 2, 0x9e, 1, 0x42, 0xdd, 0xde, 0x0e, 0, 0x41, 0x2d,
+    ];
+    eh.fde(a_key, 0x5000, 0x20, body);
+    eh.fde(b_key, 0x6000, 0x20, body);
+    let d = eh.derive_for(Arch::Aarch64 { big_endian: false });
+    assert_eq!(d.stats.fdes_converted, 2, "{:?}", d.stats.errors);
+    for (f, key_b) in d.table.to_function_rows().iter().zip([false, true]) {
+        let rows: Vec<_> = f
+            .rows
+            .iter()
+            .map(|r| (r.start_offset, r.rule.unwrap()))
+            .collect();
+        // 0: signed, CFA sp+0; 4: frame set up; 12: frame torn down (still signed);
+        // 16: authenticated again, RA plain in x30.
+        let at: Vec<u32> = rows.iter().map(|r| r.0).collect();
+        assert_eq!(at, [0, 4, 12, 16], "{rows:?}");
+        for (i, (_, r)) in rows.iter().enumerate() {
+            let signed = i < 3;
+            assert_eq!(
+                r.flags.contains(RuleFlags::MANGLED_RA),
+                signed,
+                "{i}: {r:?}"
+            );
+            assert_eq!(
+                r.flags.contains(RuleFlags::PAUTH_KEY_B),
+                signed && key_b,
+                "{i}: {r:?}"
+            );
+        }
+        assert_eq!(rows[3].1.ra, RegRule::Unchanged);
+        assert_eq!(rows[2].1.cfa, rows[3].1.cfa);
+    }
+    // The key survives SFrame version 3 (stored per function, read back on signed rows).
+    let (bytes, _) = write_section(
+        &d.table,
+        &WriteOptions {
+            version: WriteVersion::V3,
+            section_vaddr: 0,
+        },
+    )
+    .unwrap();
+    let back = Section::parse(&bytes, 0).unwrap().to_table().unwrap();
+    assert_eq!(back.to_function_rows(), d.table.to_function_rows());
 }

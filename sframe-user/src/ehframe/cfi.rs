@@ -114,13 +114,18 @@ pub(crate) fn convert_eh_frame(
     stats: &mut DeriveStats,
     builder: &mut TableBuilder,
 ) -> Result<Vec<Candidate>, EhFrameError> {
-    let (fdes, patched) = prescan(eh.data, env.endian, CfiSection::EhFrame)?;
+    let Prescan {
+        fdes,
+        patched,
+        key_b_cies,
+    } = prescan(eh.data, env.endian, CfiSection::EhFrame)?;
     let data = patched.as_deref().unwrap_or(eh.data);
     let mut section = EhFrame::new(data, env.endian);
     section.set_address_size(env.address_size);
     section.set_vendor(env.regs.vendor());
     let bases = env.bases(CfiSection::EhFrame, eh, hdr.map(|h| h.address));
     let mut conv = Converter::new(CfiSection::EhFrame, env, data.len(), fdes, builder);
+    conv.key_b_cies = key_b_cies;
 
     // The header's table is what the runtime unwinder searches, so its FDEs come first;
     // the walk then adds any FDE the table does not list (and everything when there is
@@ -159,13 +164,18 @@ pub(crate) fn convert_debug_frame(
     stats: &mut DeriveStats,
     builder: &mut TableBuilder,
 ) -> Result<Vec<Candidate>, EhFrameError> {
-    let (fdes, patched) = prescan(df.data, env.endian, kind)?;
+    let Prescan {
+        fdes,
+        patched,
+        key_b_cies,
+    } = prescan(df.data, env.endian, kind)?;
     let data = patched.as_deref().unwrap_or(df.data);
     let mut section = DebugFrame::new(data, env.endian);
     section.set_address_size(env.address_size);
     section.set_vendor(env.regs.vendor());
     let bases = env.bases(kind, df, None);
     let mut conv = Converter::new(kind, env, data.len(), fdes, builder);
+    conv.key_b_cies = key_b_cies;
     conv.walk(&section, data, &bases, &[], stats);
     Ok(conv.functions)
 }
@@ -175,9 +185,10 @@ pub(crate) fn convert_debug_frame(
 /// with the B key; the signature is stripped the same way) and `G` (MTE-tagged frames).
 const FLAG_AUGMENTATIONS: &[u8] = b"BG";
 
-/// For one CIE entry (length field included): where the augmentation string starts and
-/// what replaces it up to the end of the code alignment factor, when it has flags to drop.
-fn patch_cie(entry: &[u8], is_eh: bool) -> Option<(usize, Vec<u8>)> {
+/// For one CIE entry (length field included): where the augmentation string starts,
+/// what replaces it up to the end of the code alignment factor, and whether `B` was
+/// among the flags dropped, when it has flags to drop.
+fn patch_cie(entry: &[u8], is_eh: bool) -> Option<(usize, Vec<u8>, bool)> {
     // Length (4, or 4 + 8 for 64-bit DWARF), CIE id (4, or 8 in a 64-bit
     // `.debug_frame`), version.
     let wide = entry.get(..4)? == [0xff; 4];
@@ -221,27 +232,38 @@ fn patch_cie(entry: &[u8], is_eh: bool) -> Option<(usize, Vec<u8>)> {
     fixed.extend(std::iter::repeat_n(0x80, dropped - 1));
     fixed.push(0);
     debug_assert_eq!(fixed.len(), caf_at + caf_len - aug_at);
-    Some((aug_at, fixed))
+    Some((aug_at, fixed, aug.contains(&b'B')))
 }
 
 /// Most FDEs one CFI section may have (as many as an SFrame section may have
 /// functions). Sections with more are refused before any FDE is evaluated.
 pub const MAX_FDES: u64 = crate::sframe::MAX_FUNCTIONS as u64;
 
+/// What [`prescan`] found.
+struct Prescan {
+    fdes: usize,
+    /// The section without the flag augmentations, when a CIE had some.
+    patched: Option<Vec<u8>>,
+    /// Offsets of the CIEs whose augmentation had `B` (AArch64 return addresses
+    /// signed with the B key), in order.
+    key_b_cies: Vec<u32>,
+}
+
 /// One walk over the entry headers before any FDE is evaluated (a few nanoseconds an
 /// entry): counts the FDEs, refusing a section with more than [`MAX_FDES`], and, when a
 /// CIE's augmentation string has [`FLAG_AUGMENTATIONS`], returns a copy of the section
-/// without them. The copy keeps every length and offset: the string gets shorter by k
-/// bytes and the code alignment factor after it (a ULEB128, in CIE versions 1 and 3)
-/// longer by k redundant bytes with the same value.
+/// without them (and which CIEs had `B`). The copy keeps every length and offset: the
+/// string gets shorter by k bytes and the code alignment factor after it (a ULEB128,
+/// in CIE versions 1 and 3) longer by k redundant bytes with the same value.
 fn prescan(
     data: &[u8],
     endian: RunTimeEndian,
     section: CfiSection,
-) -> Result<(usize, Option<Vec<u8>>), EhFrameError> {
+) -> Result<Prescan, EhFrameError> {
     let is_eh = section == CfiSection::EhFrame;
     let mut fdes = 0u64;
     let mut patched: Option<Vec<u8>> = None;
+    let mut key_b_cies = Vec::new();
     let mut offset = 0usize;
     while offset < data.len() {
         // A bad header ends the walk; the conversion reports it.
@@ -258,14 +280,21 @@ fn prescan(
                 });
             }
         } else if let Some(entry) = data.get(offset..header.end)
-            && let Some((at, fixed)) = patch_cie(entry, is_eh)
+            && let Some((at, fixed, key_b)) = patch_cie(entry, is_eh)
         {
             let copy = patched.get_or_insert_with(|| data.to_vec());
             copy[offset + at..offset + at + fixed.len()].copy_from_slice(&fixed);
+            if key_b && let Ok(o) = u32::try_from(offset) {
+                key_b_cies.push(o);
+            }
         }
         offset = header.end;
     }
-    Ok((fdes as usize, patched))
+    Ok(Prescan {
+        fdes: fdes as usize,
+        patched,
+        key_b_cies,
+    })
 }
 
 /// The `.eh_frame` offsets of the FDEs listed in `.eh_frame_hdr`, sorted, deduplicated
@@ -421,6 +450,8 @@ struct Converter<'e, 'b> {
     builder: &'b mut TableBuilder,
     /// The rows of the FDE being converted.
     scratch: Vec<Row>,
+    /// CIEs whose FDEs sign return addresses with the B key ([`Prescan`]).
+    key_b_cies: Vec<u32>,
 }
 
 /// Bytes of CFI per row in real objects are 5.9 to 6.7 (libc, libstdc++, python3,
@@ -452,6 +483,7 @@ impl<'e, 'b> Converter<'e, 'b> {
             functions: Vec::with_capacity(fdes.saturating_add(env.extra_functions)),
             builder,
             scratch: Vec::new(),
+            key_b_cies: Vec::new(),
         }
     }
 
@@ -622,11 +654,14 @@ impl<'e, 'b> Converter<'e, 'b> {
         if fde.is_signal_trampoline() {
             base_flags = base_flags.with(RuleFlags::SIGNAL);
         }
+        let key_b = u32::try_from(fde.cie().offset())
+            .is_ok_and(|o| self.key_b_cies.binary_search(&o).is_ok());
         let eval = RowEval {
             regs: self.env.regs,
             ra_col,
             ra_undefined,
             base_flags,
+            key_b,
         };
 
         let mut rows = std::mem::take(&mut self.scratch);
@@ -795,6 +830,8 @@ struct RowEval {
     ra_col: Register,
     ra_undefined: bool,
     base_flags: RuleFlags,
+    /// The CIE had the `B` augmentation: signed return addresses use the B key.
+    key_b: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -835,6 +872,9 @@ impl RowEval {
             && matches!(row.register(gimli::AArch64::RA_SIGN_STATE), gimli::RegisterRule::Constant(v) if v & 1 == 1)
         {
             flags = flags.with(RuleFlags::MANGLED_RA);
+            if self.key_b {
+                flags = flags.with(RuleFlags::PAUTH_KEY_B);
+            }
         }
         Some(UnwindRule { cfa, ra, fp, flags })
     }
