@@ -226,6 +226,24 @@ impl UnwindTable {
         }
     }
 
+    /// The function containing `pc` and the row that holds there (for PCMASK
+    /// functions, the row of `(pc - start) % rep_size`), as SFrame's lookup finds it;
+    /// `None` outside every function.
+    pub fn find_row(&self, pc: u64) -> Option<(&Function, Row)> {
+        let i = self.functions.partition_point(|f| f.end() <= pc);
+        let f = self.functions.get(i).filter(|f| f.start <= pc)?;
+        let off = pc - f.start;
+        let off = match f.pc_type {
+            PcType::Inc => off,
+            PcType::Mask { rep_size } => off % u64::from(rep_size.max(1)),
+        };
+        let rows = self.compact_rows(f);
+        let k = rows
+            .partition_point(|r| u64::from(r.start_offset()) <= off)
+            .checked_sub(1)?;
+        Some((f, self.rows(f).get(k)?))
+    }
+
     /// Every function with its rows, owned (to compare or edit a table).
     pub fn to_function_rows(&self) -> Vec<FunctionRows> {
         self.functions

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use sframe_support::{as_binutils_2_40, have_tool, objdump_sframe, probe_addresses, tokens};
+use sframe_user::ehframe::derive_from_elf;
 use sframe_user::sframe::{Section, lookup_line};
 
 const BIN: &str = env!("CARGO_BIN_EXE_sframe-user");
@@ -346,6 +347,22 @@ fn gen_round_trips() {
                 .unwrap()
                 .to_table()
                 .unwrap();
+            // ... which are the derived rows themselves (nothing left out for these
+            // objects; outermost rows as SFrame stores them: CFA base and flags only).
+            assert!(report.contains("left out: 0 rows"), "{report}");
+            assert!(report.contains("rows by kind: plain "), "{report}");
+            let derived = derive_from_elf(&std::fs::read(path).unwrap()).unwrap();
+            let as_stored = |t: &sframe_user::table::UnwindTable| {
+                let mut fns = t.to_function_rows();
+                for r in fns.iter_mut().flat_map(|f| f.rows.iter_mut()) {
+                    if let Some(rule) = r.rule.as_mut().filter(|r| r.is_outermost()) {
+                        rule.cfa.offset = 0;
+                        rule.fp = sframe_common::RegRule::Unchanged;
+                    }
+                }
+                fns
+            };
+            assert_eq!(as_stored(&standalone), as_stored(&derived.table), "{name}");
             let elf = std::fs::read(&out_elf).unwrap();
             let added = Section::from_elf_bytes(&elf).unwrap();
             assert_eq!(format!("{:#x}", added.section_vaddr()), addr);
@@ -478,5 +495,37 @@ fn system_objects_check_gen_dump() {
         assert_eq!(o.status.code(), Some(0), "{name}: {}", stderr(&o));
         let text = stdout(&o);
         assert!(text.contains("SFRAME_VERSION_3") && text.contains("func idx [100]"));
+        // gen then dump equals dump --from-eh-frame, line for line (but the file name).
+        let addr = report
+            .split("for address ")
+            .nth(1)
+            .and_then(|s| s.split(',').next())
+            .unwrap();
+        let raw = run(&[
+            "dump",
+            "--raw",
+            out.to_str().unwrap(),
+            "--section-addr",
+            addr,
+        ]);
+        assert_eq!(raw.status.code(), Some(0), "{name}: {}", stderr(&raw));
+        let body = |t: &str| -> Vec<String> {
+            t.lines()
+                .filter(|l| !l.contains("file format"))
+                .map(str::to_string)
+                .collect()
+        };
+        assert_eq!(body(&stdout(&raw)), body(&text), "{name}");
+        // The report counts rows and code bytes by kind, and they add up.
+        let kinds = report
+            .lines()
+            .find(|l| l.trim_start().starts_with("rows by kind:"))
+            .unwrap_or_else(|| panic!("{name}: {report}"));
+        let rows: u64 = kinds
+            .split(" (")
+            .filter_map(|part| part.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum();
+        let derived = derive_from_elf(&std::fs::read(path).unwrap()).unwrap();
+        assert_eq!(rows, derived.stats.rows, "{name}: {kinds}");
     }
 }

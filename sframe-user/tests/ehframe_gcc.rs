@@ -3,12 +3,15 @@
 //! the same code (as printed by `objdump --sframe`): on every PC where both have a row
 //! SFrame can express, they must agree.
 
+mod cfi_support;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use object::{Object, ObjectSection, ObjectSymbol};
 use sframe_common::{CfaBase, CfaRule, RegRule, UnwindRule};
 use sframe_user::ehframe::{Derived, RowCategory, derive_from_elf};
+use sframe_user::sframe::WriteVersion;
 use sframe_user::table::{FunctionRows, PcType, Source};
 
 const LIB_C: &str = r#"
@@ -302,6 +305,13 @@ fn check_variant(name: &str, flags: &[&str], frame_pointer: bool) {
             bad[..bad.len().min(20)].join("\n")
         );
         assert!(compared > 20, "{name}/{obj}: only {compared} PCs compared");
+        // Written as SFrame and read back, every row is found as derived: v3 keeps the
+        // DRAP/AVX functions' FLEX rows of `main`; v2 takes the library (default rows).
+        let rt = cfi_support::sframe_round_trip(&d.table, WriteVersion::V3, 0x40_0000);
+        assert!(rt.pcs >= d.stats.rows, "{name}/{obj}: {rt:?}");
+        if obj == "libt.so" {
+            cfi_support::sframe_round_trip(&d.table, WriteVersion::V2, 0x40_0000);
+        }
     }
 
     let data = std::fs::read(dir.join("main")).unwrap();
@@ -346,7 +356,35 @@ fn check_variant(name: &str, flags: &[&str], frame_pointer: bool) {
     let (start, _) = symbol(&data, "_start");
     assert_eq!(rule_at(&d, start).unwrap().ra, RegRule::Undefined);
 
-    // DRAP: CFA = r10 first, then *(rbp - N).
+    // DRAP: CFA = r10 first, then *(rbp - N); the per-object counts see those rows.
+    let mut drap_rows = [0u64; 7];
+    for f in ["drap", "avx"] {
+        let (addr, _) = symbol(&data, f);
+        for r in function_at(&d, addr).rows {
+            drap_rows[RowCategory::of(r.rule.as_ref()) as usize] += 1;
+        }
+    }
+    let cats = &d.stats.categories;
+    for cat in [RowCategory::CfaOtherReg, RowCategory::CfaDeref] {
+        let i = cat as usize;
+        assert!(
+            drap_rows[i] >= 2,
+            "{name}: {cat:?} rows of drap/avx: {drap_rows:?}"
+        );
+        assert!(
+            cats[i].rows >= drap_rows[i] && cats[i].bytes > 0,
+            "{name}: {cats:?}"
+        );
+    }
+    assert_eq!(cats.iter().map(|c| c.rows).sum::<u64>(), d.stats.rows);
+    assert_eq!(
+        cats.iter().map(|c| c.bytes).sum::<u64>(),
+        d.stats.code_bytes
+    );
+    assert!(
+        d.stats.category(RowCategory::Outermost).rows >= 1,
+        "{name}: _start"
+    );
     for f in ["drap", "avx"] {
         let (addr, _) = symbol(&data, f);
         let func = function_at(&d, addr);
@@ -385,6 +423,19 @@ fn check_variant(name: &str, flags: &[&str], frame_pointer: bool) {
         .collect();
     assert_eq!(rules, vec![(0, CfaRule::sp(8)), (11, CfaRule::sp(16))]);
     assert!(d.stats.plt_functions >= 2);
+    // .plt.got (here `__cxa_finalize@plt`, `jmp *GOT(%rip)`): the caller's frame, CFA
+    // sp+8 and RA at CFA-8, at every byte.
+    let got = file
+        .section_by_name(".plt.got")
+        .unwrap_or_else(|| panic!("{name}: the executable has a .plt.got"));
+    for pc in got.address()..got.address() + got.size() {
+        let r = rule_at(&d, pc).unwrap_or_else(|| panic!("{name}: .plt.got {pc:#x}"));
+        assert_eq!(
+            (r.cfa, r.ra),
+            (CfaRule::sp(8), RegRule::AtCfa(-8)),
+            "{pc:#x}"
+        );
+    }
 
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -123,6 +123,78 @@ fn well_formed_reference() {
     );
 }
 
+/// Return address and frame pointer held in other registers (`DW_CFA_register`), as
+/// hand-written assembly and some trampolines have them: FLEX rows, counted by kind,
+/// and kept through SFrame version 3.
+#[test]
+fn register_held_return_address_and_frame_pointer() {
+    use sframe_user::ehframe::RowCategory;
+    use sframe_user::sframe::{Section, WriteOptions, WriteVersion, write_section};
+    let mut eh = EhFrame::default();
+    let cie = eh.cie("zR", &[]);
+    // 0: RA in rax (DW_CFA_register 16, 0); advance 2; RA back at CFA-8 (offset r16, 1)
+    // and rbp held in rbx (DW_CFA_register 6, 3); advance 2; rbp restored (same_value).
+    eh.fde(
+        cie,
+        0x3000,
+        0x10,
+        &[0x09, 16, 0, 0x42, 0x90, 1, 0x09, 6, 3, 0x42, 0x08, 6],
+    );
+    let d = eh.derive();
+    assert_eq!(d.stats.fdes_converted, 1, "{:?}", d.stats.errors);
+    let f = &d.table.to_function_rows()[0];
+    let rows: Vec<_> = f
+        .rows
+        .iter()
+        .map(|r| (r.start_offset, r.rule.unwrap()))
+        .collect();
+    assert_eq!(rows.len(), 3, "{rows:?}");
+    assert_eq!(
+        (rows[0].0, rows[0].1.cfa, rows[0].1.ra, rows[0].1.fp),
+        (0, CfaRule::sp(8), RegRule::InReg(0), RegRule::Unchanged)
+    );
+    assert_eq!(
+        (rows[1].0, rows[1].1.ra, rows[1].1.fp),
+        (2, RegRule::AtCfa(-8), RegRule::InReg(3))
+    );
+    assert_eq!(
+        (rows[2].0, rows[2].1.ra, rows[2].1.fp),
+        (4, RegRule::AtCfa(-8), RegRule::Unchanged)
+    );
+    let count = |c: RowCategory| d.stats.category(c);
+    assert_eq!(
+        (
+            count(RowCategory::RaInRegister).rows,
+            count(RowCategory::RaInRegister).bytes
+        ),
+        (1, 2)
+    );
+    assert_eq!(
+        (
+            count(RowCategory::OtherFlex).rows,
+            count(RowCategory::OtherFlex).bytes
+        ),
+        (1, 2)
+    );
+    assert_eq!(
+        (
+            count(RowCategory::Plain).rows,
+            count(RowCategory::Plain).bytes
+        ),
+        (1, 12)
+    );
+    let (bytes, _) = write_section(
+        &d.table,
+        &WriteOptions {
+            version: WriteVersion::V3,
+            section_vaddr: 0,
+        },
+    )
+    .unwrap();
+    let back = Section::parse(&bytes, 0).unwrap().to_table().unwrap();
+    assert_eq!(back.to_function_rows(), d.table.to_function_rows());
+}
+
 #[test]
 fn truncated_cie_ends_the_walk() {
     let mut eh = EhFrame::default();

@@ -528,6 +528,7 @@ fn gen_cmd(a: &GenArgs) -> Res<i32> {
         enc.dropped_functions,
         derived.stats.category(RowCategory::NoRule).rows,
     ));
+    report.push_str(&categories_line(&derived.stats));
     if let (Some(plan), Some(out_elf)) = (plan, &a.elf) {
         let elf = elf_add::add_sframe(&data, &plan, &enc.bytes)
             .map_err(|e| fail(&a.file, 2, format!("{e:#}")))?;
@@ -767,6 +768,31 @@ fn check(a: &CheckArgs) -> Res<i32> {
     Ok(if res.bad.is_empty() { 0 } else { 1 })
 }
 
+/// One line: the derived rows and bytes of code in each [`RowCategory`], how many rows
+/// are signal frames or have a signed RA, and the code bytes without any rule.
+fn categories_line(stats: &DeriveStats) -> String {
+    let mut line = String::from("  rows by kind:");
+    for cat in RowCategory::ALL {
+        let c = stats.category(cat);
+        line.push_str(&format!(" {} {} ({} B),", cat.name(), c.rows, c.bytes));
+    }
+    line.push_str(&format!(
+        " signal {}, mangled RA {}\n",
+        stats.signal_rows, stats.mangled_ra_rows,
+    ));
+    if stats.exec_bytes > 0 {
+        line.push_str(&format!(
+            "  executable code: {} bytes ({} of padding between functions left out), {} \
+with a rule, {} without\n",
+            stats.exec_code_bytes(),
+            stats.padding_bytes,
+            stats.exec_bytes_with_rule,
+            stats.exec_bytes_without_rule(),
+        ));
+    }
+    line
+}
+
 fn summary(name: &str, version: u8, r: &CheckResult, stats: &DeriveStats) -> String {
     format!(
         "{name}: SFrame v{version} vs .eh_frame: {} ranges ({} bytes) disagree; {} bytes agree; \
@@ -779,5 +805,5 @@ only in .sframe; {} FDEs converted, {} skipped\n",
         r.sframe_only_bytes,
         stats.fdes_converted,
         stats.skipped_total(),
-    )
+    ) + &categories_line(stats)
 }

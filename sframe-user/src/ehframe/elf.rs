@@ -29,6 +29,8 @@ pub(crate) struct ElfCfi<'a> {
     pub text: Option<u64>,
     pub got: Option<u64>,
     pub plts: Vec<PltSection<'a>>,
+    /// Sections with `SHF_EXECINSTR` and contents, for the coverage counts.
+    pub exec: Vec<SectionData<'a>>,
     pub build_id: Option<&'a [u8]>,
     pub debuglink: Option<&'a [u8]>,
     pub warnings: Vec<Warning>,
@@ -58,6 +60,7 @@ pub(crate) fn parse<'a>(data: &'a [u8]) -> Result<ElfCfi<'a>, EhFrameError> {
         text: None,
         got: None,
         plts: Vec::new(),
+        exec: Vec::new(),
         // Malformed notes only cost the debug file lookup.
         build_id: file.build_id().ok().flatten(),
         debuglink: file.gnu_debuglink().ok().flatten().map(|(name, _crc)| name),
@@ -76,6 +79,11 @@ pub(crate) fn parse<'a>(data: &'a [u8]) -> Result<ElfCfi<'a>, EhFrameError> {
             section.data().ok().filter(|d| !d.is_empty())
         };
         let sd = contents.map(|data| SectionData { data, address });
+        if header.sh_flags(endian) & u64::from(elf::SHF_EXECINSTR) != 0
+            && let Some(s) = sd
+        {
+            out.exec.push(s);
+        }
         match name {
             ".eh_frame" => out.eh_frame = sd,
             ".eh_frame_hdr" => out.eh_frame_hdr = sd,

@@ -17,6 +17,7 @@
 
 mod assemble;
 mod cfi;
+mod coverage;
 mod elf;
 mod error;
 mod expr;
@@ -145,6 +146,7 @@ pub fn derive_from_elf_with(data: &[u8], options: &DeriveOptions) -> Result<Deri
         plts: &info.plts,
     };
     let mut derived = derive(&sections, info.endian, separate)?;
+    coverage::count(&derived.table, &info.exec, &mut derived.stats);
     warnings.append(&mut derived.stats.warnings);
     derived.stats.warnings = warnings;
     derived.stats.debug_file = used_debug_file;

@@ -43,6 +43,19 @@ impl RowCategory {
         Self::NoRule,
     ];
 
+    /// A short name for reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Plain => "plain",
+            Self::Outermost => "outermost",
+            Self::CfaDeref => "cfa-deref",
+            Self::CfaOtherReg => "cfa-other-register",
+            Self::RaInRegister => "ra-in-register",
+            Self::OtherFlex => "other-flex",
+            Self::NoRule => "no-rule",
+        }
+    }
+
     pub fn of(rule: Option<&UnwindRule>) -> Self {
         let Some(rule) = rule else {
             return Self::NoRule;
@@ -109,6 +122,14 @@ pub struct DeriveStats {
     pub mangled_ra_rows: u64,
     /// Bytes of code covered by functions of the table (with or without a rule).
     pub code_bytes: u64,
+    /// Bytes of the object's executable sections (`SHF_EXECINSTR`; 0 when the CFI
+    /// came without its ELF file, e.g. the vDSO's).
+    pub exec_bytes: u64,
+    /// Of those, the alignment padding (NOPs, `int3`, zeros) that ends a gap between
+    /// functions: never executed, so not code that lacks a rule.
+    pub padding_bytes: u64,
+    /// Of the executable bytes, those a row with a rule covers.
+    pub exec_bytes_with_rule: u64,
 }
 
 impl DeriveStats {
@@ -130,6 +151,18 @@ impl DeriveStats {
     /// Bytes of code that have a rule (any category but [`RowCategory::NoRule`]).
     pub fn bytes_with_rule(&self) -> u64 {
         self.code_bytes - self.category(RowCategory::NoRule).bytes
+    }
+
+    /// Bytes of executable code, padding between functions left out.
+    pub fn exec_code_bytes(&self) -> u64 {
+        self.exec_bytes.saturating_sub(self.padding_bytes)
+    }
+
+    /// Bytes of executable code (padding left out) without a rule: code no FDE
+    /// covers, and rows without a rule.
+    pub fn exec_bytes_without_rule(&self) -> u64 {
+        self.exec_code_bytes()
+            .saturating_sub(self.exec_bytes_with_rule)
     }
 
     /// Fills the table-derived counters (functions, rows, categories, code bytes).

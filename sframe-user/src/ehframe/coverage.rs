@@ -1,0 +1,239 @@
+//! How much of an object's executable code the table gives a rule: the bytes of its
+//! `SHF_EXECINSTR` sections, less the alignment padding between functions (which is
+//! never executed), against the bytes covered by rows with a rule.
+
+use super::cfi::SectionData;
+use super::stats::DeriveStats;
+use crate::table::{Arch, PcType, UnwindTable};
+
+/// Largest run checked for padding at the end of a gap between functions (padding is
+/// what aligns the next function: at most a page).
+const MAX_PADDING: usize = 4096;
+
+/// Fills the executable-code counters of `stats` from the object's executable sections.
+/// Allocates nothing: functions are sorted and disjoint, and so are their row spans.
+pub(crate) fn count(table: &UnwindTable, exec: &[SectionData<'_>], stats: &mut DeriveStats) {
+    stats.exec_bytes = exec.iter().map(|s| s.data.len() as u64).sum();
+    stats.exec_bytes_with_rule = 0;
+    stats.padding_bytes = 0;
+    let fns = table.functions();
+    for s in exec {
+        let (a, b) = (s.address, s.address.saturating_add(s.data.len() as u64));
+        let clip = |lo: u64, hi: u64| hi.min(b).saturating_sub(lo.max(a));
+        let mut cursor = a;
+        let first = fns.partition_point(|f| f.end() <= a);
+        for f in fns[first..].iter().take_while(|f| f.start < b) {
+            stats.padding_bytes += gap_padding(table.arch, s, cursor, f.start.min(b));
+            cursor = cursor.max(f.end().min(b));
+            let (block, blocks) = match f.pc_type {
+                PcType::Inc => (u64::from(f.size), 1),
+                PcType::Mask { rep_size } => {
+                    let r = u64::from(rep_size.max(1));
+                    (r, u64::from(f.size) / r)
+                }
+            };
+            let mut rows = table.rows(f).peekable();
+            while let Some(r) = rows.next() {
+                let lo = u64::from(r.start_offset).min(block);
+                let hi = rows
+                    .peek()
+                    .map_or(block, |n| u64::from(n.start_offset))
+                    .min(block);
+                if r.rule.is_none() || lo >= hi {
+                    continue;
+                }
+                if blocks == 1 || (lo == 0 && hi == block) {
+                    let end = if blocks == 1 { hi } else { block * blocks };
+                    stats.exec_bytes_with_rule += clip(f.start + lo, f.start + end);
+                } else {
+                    for k in 0..blocks {
+                        let base = f.start + k * block;
+                        stats.exec_bytes_with_rule += clip(base + lo, base + hi);
+                    }
+                }
+            }
+        }
+        stats.padding_bytes += gap_padding(table.arch, s, cursor, b);
+    }
+}
+
+/// The padding that ends the gap `[lo, hi)` of section `s` (none when empty).
+fn gap_padding(arch: Arch, s: &SectionData<'_>, lo: u64, hi: u64) -> u64 {
+    if lo >= hi {
+        return 0;
+    }
+    let at = |x: u64| (x - s.address) as usize;
+    s.data
+        .get(at(lo)..at(hi))
+        .map_or(0, |gap| trailing_padding(arch, gap) as u64)
+}
+
+/// The length of the longest suffix of `gap` (up to [`MAX_PADDING`]) made only of
+/// padding instructions: x86-64 NOPs of every length the assemblers emit (`nop`,
+/// `xchg %ax,%ax`, `nopl`/`nopw` with prefixes), `int3` and zero bytes; AArch64 `nop`
+/// words and zero words.
+pub(crate) fn trailing_padding(arch: Arch, gap: &[u8]) -> usize {
+    let from = gap.len().saturating_sub(MAX_PADDING);
+    match arch {
+        Arch::Amd64 => x86_trailing_padding(&gap[from..]),
+        Arch::Aarch64 { big_endian } => aarch64_padding(&gap[from..], big_endian),
+        Arch::S390x => 0,
+    }
+}
+
+/// Trailing AArch64 `nop` (0xd503201f) and zero words.
+fn aarch64_padding(gap: &[u8], big_endian: bool) -> usize {
+    let words = gap.len() / 4;
+    let tail = &gap[gap.len() - words * 4..];
+    tail.rchunks_exact(4)
+        .take_while(|w| {
+            let w = [w[0], w[1], w[2], w[3]];
+            let v = if big_endian {
+                u32::from_be_bytes(w)
+            } else {
+                u32::from_le_bytes(w)
+            };
+            v == 0xd503_201f || v == 0
+        })
+        .count()
+        * 4
+}
+
+/// The longest suffix of `gap` (at most [`MAX_PADDING`] bytes) that decodes as x86-64
+/// padding instructions. From the end: the suffix from `i` is padding when the
+/// instruction at `i` is, and so is the suffix after it (linear time).
+fn x86_trailing_padding(gap: &[u8]) -> usize {
+    let n = gap.len().min(MAX_PADDING);
+    let gap = &gap[gap.len() - n..];
+    let mut ok = [false; MAX_PADDING + 1];
+    ok[n] = true;
+    let mut start = n;
+    for i in (0..n).rev() {
+        if let Some(len) = x86_padding_len(&gap[i..])
+            && ok[i + len]
+        {
+            ok[i] = true;
+            start = i;
+        }
+    }
+    n - start
+}
+
+/// The length of the padding instruction at the start of `b`, if it is one.
+fn x86_padding_len(b: &[u8]) -> Option<usize> {
+    match *b.first()? {
+        0x90 | 0xcc | 0x00 => return Some(1),
+        _ => {}
+    }
+    // Operand-size and CS-segment prefixes, as in `data16 cs nopw 0x0(%rax,%rax,1)`.
+    let prefixes = b
+        .iter()
+        .take(14)
+        .take_while(|&&c| c == 0x66 || c == 0x2e)
+        .count();
+    let rest = &b[prefixes..];
+    match rest {
+        [0x90, ..] if prefixes > 0 => Some(prefixes + 1),
+        [0x0f, 0x1f, modrm, ..] => {
+            let (md, rm) = (modrm >> 6, modrm & 7);
+            if md == 3 || (modrm >> 3) & 7 != 0 {
+                return None;
+            }
+            let sib = usize::from(rm == 4);
+            let base5 = rm == 4 && rest.get(3).is_some_and(|s| s & 7 == 5);
+            let disp = match md {
+                0 if rm == 5 || base5 => 4,
+                1 => 1,
+                2 => 4,
+                _ => 0,
+            };
+            let len = prefixes + 3 + sib + disp;
+            (len <= b.len()).then_some(len)
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn x86_nops_of_every_length_are_padding() {
+        let nops: [&[u8]; 11] = [
+            &[0x90],
+            &[0x66, 0x90],
+            &[0x0f, 0x1f, 0x00],
+            &[0x0f, 0x1f, 0x40, 0x00],
+            &[0x0f, 0x1f, 0x44, 0x00, 0x00],
+            &[0x66, 0x0f, 0x1f, 0x44, 0x00, 0x00],
+            &[0x0f, 0x1f, 0x80, 0, 0, 0, 0],
+            &[0x0f, 0x1f, 0x84, 0x00, 0, 0, 0, 0],
+            &[0x66, 0x0f, 0x1f, 0x84, 0x00, 0, 0, 0, 0],
+            &[0x66, 0x2e, 0x0f, 0x1f, 0x84, 0x00, 0, 0, 0, 0],
+            &[0x66, 0x66, 0x2e, 0x0f, 0x1f, 0x84, 0x00, 0, 0, 0, 0],
+        ];
+        for n in nops {
+            assert_eq!(x86_padding_len(n), Some(n.len()), "{n:x?}");
+        }
+        // ret, then a 10-byte nopw and int3s: everything after the ret.
+        let gap = [
+            0xc3, 0x66, 0x2e, 0x0f, 0x1f, 0x84, 0x00, 0, 0, 0, 0, 0xcc, 0xcc,
+        ];
+        assert_eq!(trailing_padding(Arch::Amd64, &gap), gap.len() - 1);
+        // Code is not padding: mov %rdi,%rax; ret.
+        assert_eq!(trailing_padding(Arch::Amd64, &[0x48, 0x89, 0xf8, 0xc3]), 0);
+        let a64 = [0xc0, 0x03, 0x5f, 0xd6, 0x1f, 0x20, 0x03, 0xd5, 0, 0, 0, 0];
+        let arch = Arch::Aarch64 { big_endian: false };
+        assert_eq!(trailing_padding(arch, &a64), 8);
+    }
+
+    #[test]
+    fn coverage_counts_rows_with_rules_and_padding_in_gaps() {
+        use crate::table::{FunctionRows, Row, Source};
+        use sframe_common::{CfaRule, RegRule, RuleFlags, UnwindRule};
+        let rule = Some(UnwindRule {
+            cfa: CfaRule::sp(8),
+            ra: RegRule::AtCfa(-8),
+            fp: RegRule::Unchanged,
+            flags: RuleFlags::default(),
+        });
+        let row = |start_offset, rule| Row { start_offset, rule };
+        // [0x1000, 0x1010): 12 bytes with a rule, 4 without; gap of 8 padding bytes;
+        // [0x1018, 0x1020) with a rule; then 8 bytes of code no FDE covers.
+        let t = UnwindTable::from_functions(
+            Arch::Amd64,
+            Source::EhFrame,
+            [
+                FunctionRows {
+                    start: 0x1000,
+                    size: 16,
+                    pc_type: PcType::Inc,
+                    rows: vec![row(0, rule), row(12, None)],
+                },
+                FunctionRows {
+                    start: 0x1018,
+                    size: 8,
+                    pc_type: PcType::Inc,
+                    rows: vec![row(0, rule)],
+                },
+            ],
+        );
+        let mut code = vec![0x90u8; 0x28];
+        code[0x10..0x18].copy_from_slice(&[0x0f, 0x1f, 0x84, 0, 0, 0, 0, 0]);
+        code[0x20..0x28].copy_from_slice(&[0x48, 0x89, 0xf8, 0x48, 0x89, 0xf8, 0xc3, 0xc3]);
+        let mut stats = DeriveStats::default();
+        count(
+            &t,
+            &[SectionData {
+                data: &code,
+                address: 0x1000,
+            }],
+            &mut stats,
+        );
+        assert_eq!(stats.exec_bytes, 0x28);
+        assert_eq!(stats.exec_bytes_with_rule, 12 + 8);
+        assert_eq!(stats.padding_bytes, 8);
+        assert_eq!(stats.exec_code_bytes(), 0x28 - 8);
+    }
+}
