@@ -522,6 +522,9 @@ fn system_objects_check_gen_dump() {
             .find(|l| l.trim_start().starts_with("rows by kind:"))
             .unwrap_or_else(|| panic!("{name}: {report}"));
         let rows: u64 = kinds
+            .split(" signal ")
+            .next()
+            .unwrap()
             .split(" (")
             .filter_map(|part| part.rsplit(' ').next()?.parse::<u64>().ok())
             .sum();
