@@ -699,6 +699,11 @@ impl ObjectStore {
         match result {
             Ok(p) => {
                 self.stats.loads += 1;
+                log::info!(
+                    "{path}: {} rows from {}",
+                    info.table_rows,
+                    info.source.map_or("?", crate::table::Source::describe)
+                );
                 info.placement = Some(p);
             }
             Err(e) => {

@@ -151,6 +151,20 @@ pub enum Source {
     Synthesized,
 }
 
+impl Source {
+    /// Where the rows came from, for logs and reports.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Source::SFrame { version: 1 } => "its .sframe (version 1)",
+            Source::SFrame { version: 2 } => "its .sframe (version 2)",
+            Source::SFrame { .. } => "its .sframe",
+            Source::EhFrame => ".eh_frame",
+            Source::DebugFrame => ".debug_frame",
+            Source::Synthesized => "synthesized PLT rows",
+        }
+    }
+}
+
 /// All functions of one object, sorted by start address, non-overlapping (the producers'
 /// contract; the table does not reorder what it is given).
 #[derive(Clone, Debug)]

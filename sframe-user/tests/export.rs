@@ -181,6 +181,16 @@ fn prometheus_exporter_serves_fixture_stacks() {
         value_of(&text, "sframe_table_rows ", |_| true).is_some_and(|v| v > 0.0),
         "{text}"
     );
+    // libc's table comes from its .eh_frame (Debian has no .sframe).
+    assert!(
+        value_of(
+            &text,
+            "sframe_objects_by_source{source=\"eh_frame\"} ",
+            |_| true
+        )
+        .is_some_and(|v| v >= 1.0),
+        "{text}"
+    );
     assert!(
         value_of(&text, "sframe_stack_frames_count ", |_| true).is_some_and(|v| v > 0.0),
         "{text}"

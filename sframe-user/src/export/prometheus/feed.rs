@@ -73,6 +73,14 @@ impl Feed {
             outcomes: snap.outcomes,
             counters: snap.counters,
             objects_loaded: objects.iter().filter(|o| o.placement.is_some()).count() as u64,
+            objects_by_source: objects
+                .iter()
+                .filter(|o| o.placement.is_some())
+                .filter_map(|o| o.source)
+                .fold([0; 4], |mut n, s| {
+                    n[super::source_index(s)] += 1;
+                    n
+                }),
             objects_failed: profiler.store.failed_objects,
             rows_in_use,
             row_capacity,

@@ -52,6 +52,26 @@ struct OutcomeLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SourceLabels {
+    source: &'static str,
+}
+
+/// Where an object's table came from, as the `source` label of
+/// `sframe_objects_by_source` names it (indexed like [`Health::objects_by_source`]).
+pub const TABLE_SOURCES: [&str; 4] = ["sframe", "eh_frame", "debug_frame", "plt_only"];
+
+/// The index of `source` in [`TABLE_SOURCES`].
+pub fn source_index(source: crate::table::Source) -> usize {
+    use crate::table::Source;
+    match source {
+        Source::SFrame { .. } => 0,
+        Source::EhFrame => 1,
+        Source::DebugFrame => 2,
+        Source::Synthesized => 3,
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct EventLabels {
     event: &'static str,
 }
@@ -64,6 +84,8 @@ pub struct Health {
     /// Objects with a table in the kernel, and objects whose table failed.
     pub objects_loaded: u64,
     pub objects_failed: u64,
+    /// Loaded objects by the source of their table ([`TABLE_SOURCES`]).
+    pub objects_by_source: [u64; 4],
     pub rows_in_use: u64,
     pub row_capacity: u64,
     /// Kernel table memory in use (rows, pages, objects, rules).
@@ -89,6 +111,7 @@ pub struct Metrics {
     frames: Histogram,
     objects_loaded: Gauge,
     objects_failed: Gauge,
+    objects_by_source: Family<SourceLabels, Gauge>,
     rows_in_use: Gauge,
     row_capacity: Gauge,
     table_bytes: Gauge,
@@ -146,6 +169,12 @@ impl Metrics {
             &mut registry,
             "sframe_objects_failed",
             "Objects whose table could not be built or loaded",
+        );
+        let objects_by_source = Family::<SourceLabels, Gauge>::default();
+        registry.register(
+            "sframe_objects_by_source",
+            "Objects with unwind tables in the kernel, by where the table came from: their .sframe, rows derived from .eh_frame or .debug_frame, or synthesized PLT rows only",
+            objects_by_source.clone(),
         );
         let rows_in_use = gauge(
             &mut registry,
@@ -227,6 +256,7 @@ impl Metrics {
             frames,
             objects_loaded,
             objects_failed,
+            objects_by_source,
             rows_in_use,
             row_capacity,
             table_bytes,
@@ -293,6 +323,11 @@ impl Metrics {
         let as_i64 = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         self.objects_loaded.set(as_i64(health.objects_loaded));
         self.objects_failed.set(as_i64(health.objects_failed));
+        for (source, n) in TABLE_SOURCES.iter().zip(health.objects_by_source) {
+            self.objects_by_source
+                .get_or_create(&SourceLabels { source })
+                .set(as_i64(n));
+        }
         self.rows_in_use.set(as_i64(health.rows_in_use));
         self.row_capacity.set(as_i64(health.row_capacity));
         self.table_bytes.set(as_i64(health.table_bytes));
@@ -374,6 +409,7 @@ mod tests {
         m.record(7, "prog", "main;idle", 2, 1);
         let mut health = Health {
             objects_loaded: 3,
+            objects_by_source: [1, 2, 0, 0],
             rows_in_use: 1000,
             row_capacity: 4000,
             table_bytes: 4096,
@@ -401,6 +437,9 @@ mod tests {
             "sframe_events_total{event=\"samples\"} 6",
             "sframe_stack_frames_count 6",
             "sframe_objects_loaded 3",
+            "sframe_objects_by_source{source=\"sframe\"} 1",
+            "sframe_objects_by_source{source=\"eh_frame\"} 2",
+            "sframe_objects_by_source{source=\"plt_only\"} 0",
             "sframe_table_rows 1000",
             "sframe_table_bytes 4096",
             "sframe_bpf_run_time_seconds_total 2.0",
