@@ -137,3 +137,45 @@ pub(crate) fn median(v: &[f64]) -> f64 {
     let mut v = v.to_vec();
     stats(&mut v).map_or(f64::NAN, |s| s.0)
 }
+
+/// While alive, the process runs on one CPU (the one it is on): single-threaded
+/// timings are then "on one core" and not moved between CPUs. The previous CPU set is
+/// restored on drop; without permission to change it, nothing changes.
+pub(crate) struct PinnedToOneCpu {
+    previous: Option<libc::cpu_set_t>,
+}
+
+impl PinnedToOneCpu {
+    pub(crate) fn new() -> Self {
+        // SAFETY: cpu_set_t is plain data; the calls get a valid pointer and its size.
+        unsafe {
+            let mut previous: libc::cpu_set_t = std::mem::zeroed();
+            if libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut previous) != 0 {
+                return Self { previous: None };
+            }
+            let cpu = libc::sched_getcpu();
+            if cpu < 0 {
+                return Self { previous: None };
+            }
+            let mut one: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu as usize, &mut one);
+            if libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &one) != 0 {
+                return Self { previous: None };
+            }
+            Self {
+                previous: Some(previous),
+            }
+        }
+    }
+}
+
+impl Drop for PinnedToOneCpu {
+    fn drop(&mut self) {
+        if let Some(previous) = &self.previous {
+            // SAFETY: as in `new`, with the set read there.
+            unsafe {
+                libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), previous);
+            }
+        }
+    }
+}
