@@ -562,6 +562,55 @@ fn gcc_debug_frame_and_separate_debug_file() {
     let d = derive_from_elf_with(&stripped, &opts).unwrap();
     assert_eq!(d.stats.debug_file.as_deref(), Some(by_id.as_path()));
     assert!(d.stats.fdes_from_debug_frame >= 2);
+
+    // Without build-ids, the .gnu_debuglink's CRC-32 decides: the right file is used,
+    // a different file of the same name is not (and the warning says why).
+    run(Command::new("gcc").current_dir(&dir).args([
+        "-O2",
+        "-g",
+        "-fno-asynchronous-unwind-tables",
+        "-Wl,--build-id=none",
+        "-fPIC",
+        "-shared",
+        "-o",
+        "libn.so",
+        "lib.c",
+    ]));
+    run(Command::new("objcopy").current_dir(&dir).args([
+        "--only-keep-debug",
+        "libn.so",
+        "libn.debug",
+    ]));
+    run(Command::new("objcopy").current_dir(&dir).args([
+        "--strip-debug",
+        "--add-gnu-debuglink=libn.debug",
+        "libn.so",
+        "libn.stripped.so",
+    ]));
+    let n_path = dir.join("libn.stripped.so");
+    let n_stripped = std::fs::read(&n_path).unwrap();
+    let n_opts = DeriveOptions {
+        debug_root: Some(dir.join("no-such-root")),
+        object_path: Some(n_path.clone()),
+    };
+    let d = derive_from_elf_with(&n_stripped, &n_opts).unwrap();
+    assert_eq!(
+        d.stats.debug_file.as_deref(),
+        Some(dir.join("libn.debug").as_path())
+    );
+    let mut other = std::fs::read(dir.join("libn.debug")).unwrap();
+    other.extend_from_slice(b"not the same file");
+    std::fs::write(dir.join("libn.debug"), &other).unwrap();
+    let d = derive_from_elf_with(&n_stripped, &n_opts).unwrap();
+    assert_eq!(d.stats.debug_file, None);
+    assert!(
+        d.stats
+            .warnings
+            .iter()
+            .any(|w| w.to_string().contains("CRC-32")),
+        "{:?}",
+        d.stats.warnings
+    );
     let uncompressed = derive_from_elf(&data).unwrap().table.to_function_rows();
 
     // Compressed `.debug_frame` (SHF_COMPRESSED, as Debian's debug files ship it), in

@@ -33,6 +33,8 @@ pub(crate) struct ElfCfi<'a> {
     pub exec: Vec<SectionData<'a>>,
     pub build_id: Option<&'a [u8]>,
     pub debuglink: Option<&'a [u8]>,
+    /// The CRC-32 of the debug file that `.gnu_debuglink` names.
+    pub debuglink_crc: Option<u32>,
     pub warnings: Vec<Warning>,
 }
 
@@ -64,6 +66,7 @@ pub(crate) fn parse<'a>(data: &'a [u8]) -> Result<ElfCfi<'a>, EhFrameError> {
         // Malformed notes only cost the debug file lookup.
         build_id: file.build_id().ok().flatten(),
         debuglink: file.gnu_debuglink().ok().flatten().map(|(name, _crc)| name),
+        debuglink_crc: file.gnu_debuglink().ok().flatten().map(|(_name, crc)| crc),
         warnings: Vec::new(),
     };
 

@@ -272,7 +272,21 @@ fn read_debug_file(
             elf::parse(&bytes).ok().and_then(|d| d.build_id),
         ) {
             (Some(a), Some(b)) => a == b,
-            _ => true,
+            // Without two build-ids, the debuglink's CRC-32 of the whole file says
+            // whether it is the object's debug file.
+            _ => match info.debuglink_crc {
+                Some(crc) if crc32fast::hash(&bytes) != crc => {
+                    warnings.push(Warning::DebugFile {
+                        path,
+                        reason: format!(
+                            "CRC-32 {:#010x} differs from the .gnu_debuglink's {crc:#010x}",
+                            crc32fast::hash(&bytes)
+                        ),
+                    });
+                    continue;
+                }
+                _ => true,
+            },
         };
         if !id_matches {
             warnings.push(Warning::DebugFile {
