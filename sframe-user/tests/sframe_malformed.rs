@@ -332,3 +332,59 @@ fn count_length_and_fre_bounds_say_where() {
         fde1,
     );
 }
+
+/// With a fixed FP offset in the header, a DEFAULT row has no FP word: a word in its
+/// place is leftover (the kernel's reader rejects it; libsframe would ignore it and use
+/// the fixed offset, so accepting it would hide what the producer meant).
+#[test]
+fn fixed_fp_offset_leaves_no_room_for_an_fp_word() {
+    // AMD64 (fixed RA and FP): the CFA word only.
+    let mut spec = build::amd64_fixed_fp();
+    spec.funcs[0].fres[1] = Fre::fp(1, &[16, -24]);
+    let b = build(&spec);
+    let fre = b.fre[0][1];
+    rejects(
+        &b.bytes,
+        SFrameError::LeftoverDataWords {
+            fde: 0,
+            fre: 1,
+            offset: fre,
+            count: 2,
+            max: 1,
+        },
+        "word count check",
+        fre,
+    );
+    // AArch64 (no fixed RA) with a fixed FP offset: CFA and RA words.
+    let mut spec = build::aarch64_v3(false, false);
+    spec.fixed_fp = -16;
+    spec.funcs.remove(0); // the FLEX function
+    let b = build(&spec);
+    let fre = b.fre[0][1];
+    rejects(
+        &b.bytes,
+        SFrameError::LeftoverDataWords {
+            fde: 0,
+            fre: 1,
+            offset: fre,
+            count: 3,
+            max: 2,
+        },
+        "word count check",
+        fre,
+    );
+    // Two words there are the CFA and the RA.
+    spec.funcs[0].fres[1] = Fre::sp(4, &[16, -8]).mangled();
+    spec.funcs[0].fres[2] = Fre::fp(8, &[16, -8]).mangled();
+    let b = build(&spec);
+    let s = Section::parse(&b.bytes, VADDR).expect("valid");
+    let f = s.fde(0).unwrap();
+    let r = s.rule(&f, &s.rows(&f).nth(1).unwrap());
+    assert_eq!(
+        (r.ra, r.fp),
+        (
+            sframe_common::RegRule::AtCfa(-8),
+            sframe_common::RegRule::AtCfa(-16)
+        )
+    );
+}

@@ -152,6 +152,13 @@ impl Header {
             _ => FDE_SIZE_V3,
         }
     }
+    /// Most data words a DEFAULT (non-FLEX) row may carry: the CFA offset, then the RA
+    /// offset unless the header fixes it, then the FP offset unless the header fixes it
+    /// (a word for a fixed offset would be ignored: libsframe returns the fixed one, the
+    /// kernel's reader rejects the word as leftover, and so does this reader).
+    pub fn max_default_words(&self) -> usize {
+        3 - usize::from(self.cfa_fixed_ra_offset != 0) - usize::from(self.cfa_fixed_fp_offset != 0)
+    }
     pub fn sorted(&self) -> bool {
         self.flags & F_FDE_SORTED != 0
     }

@@ -811,7 +811,7 @@ impl<'a> Section<'a> {
         let (data, area) = (self.data, self.fre_area);
         let base_checks = FreChecks {
             size: 0,
-            max_words: if h.cfa_fixed_ra_offset != 0 { 2 } else { 3 },
+            max_words: h.max_default_words() as u32,
             mangled_ok: h.abi.is_aarch64(),
             empty_ok: h.version != 1,
         };
@@ -1212,7 +1212,7 @@ impl<'a> Section<'a> {
                     problem,
                 })?;
         } else {
-            let max = if h.cfa_fixed_ra_offset != 0 { 2 } else { 3 };
+            let max = h.max_default_words();
             if count > max {
                 return Err(SFrameError::LeftoverDataWords {
                     fde: fde.index,
