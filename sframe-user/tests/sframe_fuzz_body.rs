@@ -51,3 +51,32 @@ fn fuzz_body_on_random_inputs() {
         body::run(&buf);
     }
 }
+
+/// The hand-built samples (s390x, big-endian AArch64, FLEX-heavy v3, signal frames,
+/// fixed FP offset; see `sframe_support::build`), every truncation and byte mutation of
+/// each: the shapes the writer-made and gcc-made inputs lack (the fuzz corpus gets the
+/// same shapes from `fuzz/make-corpus.sh`).
+#[test]
+fn fuzz_body_on_mutated_hand_built_sections() {
+    for (name, spec) in sframe_support::build::samples() {
+        let b = sframe_support::build::build(&spec);
+        let s = seed(spec.vaddr, &b.bytes);
+        body::run(&s);
+        for len in 0..s.len() {
+            body::run(&s[..len]);
+        }
+        for pos in 8..s.len() {
+            for x in [0x01u8, 0x02, 0x04, 0x08, 0x10, 0x20, 0x40, 0x80, 0xff] {
+                let mut m = s.clone();
+                m[pos] ^= x;
+                body::run(&m);
+            }
+            for d in [1u8, 0xff] {
+                let mut m = s.clone();
+                m[pos] = m[pos].wrapping_add(d);
+                body::run(&m);
+            }
+        }
+        eprintln!("{name}: {} bytes mutated", s.len());
+    }
+}

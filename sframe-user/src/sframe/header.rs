@@ -9,6 +9,8 @@ pub const HEADER_SIZE: usize = 28;
 pub const F_FDE_SORTED: u8 = 0x1;
 pub const F_FRAME_POINTER: u8 = 0x2;
 pub const F_FDE_FUNC_START_PCREL: u8 = 0x4;
+/// Every flag some version defines.
+pub const KNOWN_FLAGS: u8 = F_FDE_SORTED | F_FRAME_POINTER | F_FDE_FUNC_START_PCREL;
 
 pub const ABI_AARCH64_BE: u8 = 1;
 pub const ABI_AARCH64_LE: u8 = 2;
@@ -150,6 +152,13 @@ impl Header {
             _ => FDE_SIZE_V3,
         }
     }
+    /// Most data words a DEFAULT (non-FLEX) row may carry: the CFA offset, then the RA
+    /// offset unless the header fixes it, then the FP offset unless the header fixes it
+    /// (a word for a fixed offset would be ignored: libsframe returns the fixed one, the
+    /// kernel's reader rejects the word as leftover, and so does this reader).
+    pub fn max_default_words(&self) -> usize {
+        3 - usize::from(self.cfa_fixed_ra_offset != 0) - usize::from(self.cfa_fixed_fp_offset != 0)
+    }
     pub fn sorted(&self) -> bool {
         self.flags & F_FDE_SORTED != 0
     }
@@ -181,8 +190,16 @@ impl Header {
             3 => F_FDE_SORTED | F_FDE_FUNC_START_PCREL,
             _ => return Err(SFrameError::UnsupportedVersion { version }),
         };
-        if flags & !allowed != 0 {
+        if flags & !KNOWN_FLAGS != 0 {
             return Err(SFrameError::UnknownFlags { flags, version });
+        }
+        let foreign = flags & !allowed;
+        if foreign != 0 {
+            // The lowest such bit (there are at most two).
+            return Err(SFrameError::FlagNotInVersion {
+                flag: foreign & foreign.wrapping_neg(),
+                version,
+            });
         }
         let abi = Abi::from_code(pre[4]).ok_or(SFrameError::UnknownAbi { abi: pre[4] })?;
         if abi.is_big_endian() != (endian == Endian::Big) {

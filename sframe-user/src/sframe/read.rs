@@ -20,6 +20,11 @@ use super::header::{
 use super::scan::{self, CHECKPOINT_STEP, Checkpoint, FdeFormat, FreChecks};
 use crate::table::{Arch, PcType, Row, Source, TableBuilder, UnwindTable};
 
+/// Offsets of the header's count fields, named by the errors about them.
+pub const HDR_NUM_FDES: usize = 8;
+pub const HDR_NUM_FRES: usize = 12;
+pub const HDR_FRE_LEN: usize = 16;
+
 /// The maximum number of data words an FRE info byte can announce (4-bit field).
 pub const MAX_WORDS: usize = 15;
 
@@ -431,12 +436,17 @@ impl<'a> Section<'a> {
         let header = Header::parse(data)?;
         let hsize = header.size();
         let len = data.len();
-        for (what, count, limit) in [
-            ("FDEs", header.num_fdes, MAX_FUNCTIONS),
-            ("FREs", header.num_fres, MAX_ROWS),
+        for (what, count, limit, offset) in [
+            ("FDEs", header.num_fdes, MAX_FUNCTIONS, HDR_NUM_FDES),
+            ("FREs", header.num_fres, MAX_ROWS, HDR_NUM_FRES),
         ] {
             if count > limit {
-                return Err(SFrameError::LimitExceeded { what, count, limit });
+                return Err(SFrameError::LimitExceeded {
+                    what,
+                    count,
+                    limit,
+                    offset,
+                });
             }
         }
         if header.fdeoff > header.freoff {
@@ -646,19 +656,16 @@ impl<'a> Section<'a> {
         let fre_data = self.fres_start as u64 + u64::from(fre_off);
         let (num_fres, info, info2, rep_size, fres_offset) = if h.version == 3 {
             let attr = fre_data;
+            let attr_oob = SFrameError::FdeAttrOutOfBounds {
+                fde: index,
+                offset: off,
+                attr,
+            };
             if attr + FDE_ATTR_SIZE_V3 as u64 > self.fres_end as u64 {
-                return Err(SFrameError::FreDataOutOfBounds {
-                    fde: index,
-                    offset: attr,
-                    len: FDE_ATTR_SIZE_V3 as u64,
-                });
+                return Err(attr_oob);
             }
             let a = attr as usize;
-            let b = bytes::<5>(d, a).ok_or(SFrameError::FreDataOutOfBounds {
-                fde: index,
-                offset: attr,
-                len: FDE_ATTR_SIZE_V3 as u64,
-            })?;
+            let b = bytes::<5>(d, a).ok_or(attr_oob)?;
             (
                 u32::from(e.u16([b[0], b[1]])),
                 b[2],
@@ -675,10 +682,10 @@ impl<'a> Section<'a> {
                 0
             };
             if fre_data > self.fres_end as u64 {
-                return Err(SFrameError::FreDataOutOfBounds {
+                return Err(SFrameError::FreOffsetOutOfBounds {
                     fde: index,
-                    offset: fre_data,
-                    len: 0,
+                    offset: off,
+                    fres: fre_data,
                 });
             }
             (n, info, 0, rep, fre_data as usize)
@@ -717,9 +724,10 @@ impl<'a> Section<'a> {
         let mut flex = false;
         if h.version == 3 {
             if info2 & 0xe0 != 0 {
-                return Err(SFrameError::FdeReservedBits {
+                return Err(SFrameError::FdeInfo2ReservedBits {
                     fde: index,
-                    offset: off,
+                    // The attribute record: num_fres (2 bytes), info, info2, rep_size.
+                    offset: fres_offset - FDE_ATTR_SIZE_V3 + 3,
                     value: info2,
                 });
             }
@@ -803,7 +811,7 @@ impl<'a> Section<'a> {
         let (data, area) = (self.data, self.fre_area);
         let base_checks = FreChecks {
             size: 0,
-            max_words: if h.cfa_fixed_ra_offset != 0 { 2 } else { 3 },
+            max_words: h.max_default_words() as u32,
             mangled_ok: h.abi.is_aarch64(),
             empty_ok: h.version != 1,
         };
@@ -1064,12 +1072,14 @@ impl<'a> Section<'a> {
             return Err(SFrameError::FreCountMismatch {
                 header: h.num_fres,
                 found: total_fres,
+                offset: HDR_NUM_FRES,
             });
         }
         if used != u64::from(h.fre_len) {
             return Err(SFrameError::FreLenMismatch {
                 header: h.fre_len,
                 used,
+                offset: HDR_FRE_LEN,
             });
         }
         if ranges_out_of_order {
@@ -1131,10 +1141,19 @@ impl<'a> Section<'a> {
         )
         .map_err(|oob| {
             if oob {
+                // The FRE's length as far as its info byte (when in the section) says.
+                let aw = fde.addr_size();
+                let len = match self.data.get(off + aw) {
+                    Some(&info) if (info >> 5) & 3 != 3 => {
+                        aw + 1 + (usize::from((info >> 1) & 0xf) << ((info >> 5) & 3))
+                    }
+                    _ => aw + 1,
+                };
                 SFrameError::FreDataOutOfBounds {
                     fde: fde.index,
-                    offset: off as u64,
-                    len: fde.addr_size() as u64 + 1,
+                    fre: j,
+                    offset: off,
+                    len: len as u64,
                 }
             } else {
                 let info = self.data.get(off + fde.addr_size()).copied().unwrap_or(0);
@@ -1193,7 +1212,7 @@ impl<'a> Section<'a> {
                     problem,
                 })?;
         } else {
-            let max = if h.cfa_fixed_ra_offset != 0 { 2 } else { 3 };
+            let max = h.max_default_words();
             if count > max {
                 return Err(SFrameError::LeftoverDataWords {
                     fde: fde.index,
@@ -1301,7 +1320,7 @@ impl<'a> Section<'a> {
 
     fn base_from_dwarf(&self, reg: u32) -> Result<CfaBase, FlexProblem> {
         let (sp, fp) = self.header.abi.sp_fp_dwarf();
-        let reg = u16::try_from(reg).map_err(|_| FlexProblem::ReservedBit)?;
+        let reg = u16::try_from(reg).map_err(|_| FlexProblem::BadRegister)?;
         Ok(if reg == sp {
             CfaBase::Sp
         } else if reg == fp {
@@ -1446,7 +1465,7 @@ impl<'a> Section<'a> {
                     if c & 4 != 0 {
                         return Err(FlexProblem::ReservedBit);
                     }
-                    let reg = u16::try_from(c >> 3).map_err(|_| FlexProblem::ReservedBit)?;
+                    let reg = u16::try_from(c >> 3).map_err(|_| FlexProblem::BadRegister)?;
                     let rule = match (c & 1 != 0, c & 2 != 0) {
                         (false, true) => RegRule::AtCfa(off),
                         (false, false) => RegRule::ValCfa(off),

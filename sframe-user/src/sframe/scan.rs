@@ -272,7 +272,7 @@ pub fn fde_start_size(fmt: &FdeFormat, be: bool, data: &[u8], index: u32) -> Opt
 pub struct FreChecks {
     /// Function size: row starts must not exceed it.
     pub size: u32,
-    /// Most data words a (non-FLEX) row may carry: 2 with a fixed RA offset, else 3.
+    /// Most data words a (non-FLEX) row may carry ([`super::header::Header::max_default_words`]).
     pub max_words: u32,
     /// The mangled-RA bit is allowed (AArch64).
     pub mangled_ok: bool,

@@ -184,7 +184,8 @@ fn subsection_checks() {
         err(&m),
         SFrameError::FreCountMismatch {
             header: 4,
-            found: 3
+            found: 3,
+            offset: 12
         }
     ));
     let mut m = b.clone();
@@ -194,7 +195,8 @@ fn subsection_checks() {
         err(&m),
         SFrameError::FreLenMismatch {
             header: 10,
-            used: 9
+            used: 9,
+            offset: 16
         }
     ));
 }
@@ -255,10 +257,26 @@ fn fde_checks() {
     );
     let mut m = b.clone();
     put32(&mut m, 48 + 8, 14); // FRE offset past the FRE sub-section
-    assert!(matches!(
+    assert_eq!(
         err(&m),
-        SFrameError::FreDataOutOfBounds { fde: 1, .. }
-    ));
+        SFrameError::FreOffsetOutOfBounds {
+            fde: 1,
+            offset: 48,
+            fres: 68 + 14
+        }
+    );
+    let mut m = b.clone();
+    put32(&mut m, 48 + 12, 2); // FDE1 claims a second FRE, past the end of the section
+    put32(&mut m, 12, 4);
+    assert_eq!(
+        err(&m),
+        SFrameError::FreDataOutOfBounds {
+            fde: 1,
+            fre: 1,
+            offset: 77,
+            len: 2
+        }
+    );
     let mut m = b.clone();
     put32(&mut m, 48 + 8, 0); // FDE1 shares FDE0's first FRE (3 bytes, like its own)
     assert!(matches!(
@@ -795,6 +813,7 @@ fn ten_million_functions_are_refused_from_the_header() {
                 what: "FDEs",
                 count: 10_000_000,
                 limit: super::MAX_FUNCTIONS,
+                offset: 8,
             }
         ),
         "{e}"
@@ -804,6 +823,10 @@ fn ten_million_functions_are_refused_from_the_header() {
     put32(&mut m, 12, super::MAX_ROWS + 1);
     assert!(matches!(
         err(&m),
-        SFrameError::LimitExceeded { what: "FREs", .. }
+        SFrameError::LimitExceeded {
+            what: "FREs",
+            offset: 12,
+            ..
+        }
     ));
 }

@@ -1,6 +1,8 @@
 //! Helpers shared by the SFrame integration tests.
 #![allow(dead_code)]
 
+pub mod build;
+
 use std::path::PathBuf;
 
 /// One test vector: raw section bytes + the objdump text binutils printed for them.

@@ -10,6 +10,7 @@ use sframe_user::{
 
 use crate::{
     Args,
+    heap::{Allocs, count_allocs},
     objects::ObjectBench,
     util::{Rng, fmt_opt, fmt_stats, median, pct, ratio, time_ms},
 };
@@ -39,6 +40,9 @@ struct ReaderBench {
     open_reference_ms: Vec<f64>,
     /// Open + validate + `to_table`.
     to_table_ms: Vec<f64>,
+    /// Heap allocations of one (untimed) run of each measurement, in the order
+    /// iterate, open, reference, `to_table`.
+    allocs: [Allocs; 4],
     lookups: Vec<LookupBench>,
 }
 
@@ -74,6 +78,39 @@ fn parse(bytes: &[u8]) -> Result<Section<'_>> {
     Section::parse(bytes, 0).map_err(|e| anyhow::anyhow!("parse: {e}"))
 }
 
+/// Open + validate + iterate every function, row and rule; a checksum of the rules.
+fn open_validate_iterate(bytes: &[u8]) -> Result<i64> {
+    let section = parse(bytes)?;
+    let mut checksum = 0i64;
+    // Internal iteration: the row iterator's `fold` runs one loop per FRE
+    // start-address width.
+    section.functions().for_each(|fde| {
+        section.rows(&fde).for_each(|fre| {
+            let rule = section.rule(&fde, &fre);
+            checksum = checksum.wrapping_add(i64::from(rule.cfa.offset));
+        })
+    });
+    Ok(checksum)
+}
+
+/// The allocations of one run of each measurement (see [`ReaderBench::allocs`]).
+fn count_reader_allocs(bytes: &[u8]) -> Result<[Allocs; 4]> {
+    let (checksum, iterate) = count_allocs(|| open_validate_iterate(bytes));
+    std::hint::black_box(checksum?);
+    let (section, open) = count_allocs(|| parse(bytes).map(drop));
+    section?;
+    let (section, reference) = count_allocs(|| Section::parse_reference(bytes, 0).map(drop));
+    section.map_err(|e| anyhow::anyhow!("parse: {e}"))?;
+    let (table, to_table) = count_allocs(|| {
+        parse(bytes)?
+            .to_table()
+            .map(drop)
+            .map_err(|e| anyhow::anyhow!("to_table: {e}"))
+    });
+    table?;
+    Ok([iterate, open, reference, to_table])
+}
+
 fn write_v3(table: &UnwindTable) -> Result<(Vec<u8>, u32)> {
     write_section(
         table,
@@ -99,6 +136,7 @@ fn reader_bench(objects: &[ObjectBench], args: &Args) -> Result<ReaderBench> {
     let copies = READER_MIN_ROWS.div_ceil(rows);
     let table = replicate(&source.1.table, copies);
     let (bytes, functions) = write_v3(&table)?;
+    let allocs = count_reader_allocs(&bytes)?;
     let mut r = ReaderBench {
         origin: format!("{} (`{}`)", source.0.label, source.0.path.display()),
         copies,
@@ -110,22 +148,11 @@ fn reader_bench(objects: &[ObjectBench], args: &Args) -> Result<ReaderBench> {
         open_ms: Vec::new(),
         open_reference_ms: Vec::new(),
         to_table_ms: Vec::new(),
+        allocs,
         lookups: Vec::new(),
     };
     for _ in 0..reps {
-        let (checksum, ms) = time_ms(|| -> Result<i64> {
-            let section = parse(&bytes)?;
-            let mut checksum = 0i64;
-            // Internal iteration: the row iterator's `fold` runs one loop per FRE
-            // start-address width.
-            section.functions().for_each(|fde| {
-                section.rows(&fde).for_each(|fre| {
-                    let rule = section.rule(&fde, &fre);
-                    checksum = checksum.wrapping_add(i64::from(rule.cfa.offset));
-                })
-            });
-            Ok(checksum)
-        });
+        let (checksum, ms) = time_ms(|| open_validate_iterate(&bytes));
         std::hint::black_box(checksum?);
         r.iterate_ms.push(ms);
         let (section, ms) = time_ms(|| parse(&bytes));
@@ -236,8 +263,12 @@ fn reader_section(doc: &mut String, r: &ReaderBench) {
          \x20 name the failed check, and that the fast pass falls back to on malformed input.\n\
          - *find_fre*: {LOOKUPS} pseudo-random PCs inside the functions; beside it, the same\n\
          \x20 PCs through libsframe's algorithm as written (`find_fde_libsframe`, then the\n\
-         \x20 linear FRE scan of `find_fre_raw_linear`) on the same section.\n\n\
-         Goals (issue 3): open + validate + iterate ≥ {GOAL_READER_MBPS} MB/s; `find_fre`\n\
+         \x20 linear FRE scan of `find_fre_raw_linear`) on the same section.\n\
+         - *allocations*, *bytes allocated*: heap allocations (a growing `realloc`\n\
+         \x20 included) and the bytes they asked for during one more, untimed run, counted\n\
+         \x20 by this binary's allocator for the running thread.\n\n\
+         Goals (issue 3): open + validate + iterate ≥ {GOAL_READER_MBPS} MB/s and no\n\
+         allocation per row (at most one per function; ideally a handful); `find_fre`\n\
          < {GOAL_LOOKUP_NS} ns per PC on libc-sized sections (O(log n), no allocation).\n",
         r.origin,
         r.copies,
@@ -247,32 +278,52 @@ fn reader_section(doc: &mut String, r: &ReaderBench) {
         r.rows,
         r.reps,
     );
-    doc.push_str("| measurement | ms | MB/s | ns/row | goal |\n|---|---:|---:|---:|---|\n");
-    let met = mbps(&r.iterate_ms).is_some_and(|x| x >= GOAL_READER_MBPS);
-    let goal = format!(
-        "≥ {GOAL_READER_MBPS} MB/s: {}",
-        if met { "met" } else { "not met" }
+    doc.push_str(
+        "| measurement | ms | MB/s | ns/row | allocations | bytes allocated | goal |\n\
+         |---|---:|---:|---:|---:|---:|---|\n",
     );
-    for (name, v, goal) in [
-        ("open + validate + iterate", &r.iterate_ms, goal),
-        ("open + validate", &r.open_ms, String::new()),
+    let met = |ok: bool| if ok { "met" } else { "not met" };
+    let [
+        iterate_allocs,
+        open_allocs,
+        reference_allocs,
+        to_table_allocs,
+    ] = r.allocs;
+    let goal = format!(
+        "≥ {GOAL_READER_MBPS} MB/s: {}; ≤ 1 allocation per function ({}): {}",
+        met(mbps(&r.iterate_ms).is_some_and(|x| x >= GOAL_READER_MBPS)),
+        r.functions,
+        met(iterate_allocs.count <= u64::from(r.functions)),
+    );
+    for (name, v, allocs, goal) in [
+        (
+            "open + validate + iterate",
+            &r.iterate_ms,
+            iterate_allocs,
+            goal,
+        ),
+        ("open + validate", &r.open_ms, open_allocs, String::new()),
         (
             "open + reference validation",
             &r.open_reference_ms,
+            reference_allocs,
             "(baseline)".into(),
         ),
         (
             "open + validate + `to_table`",
             &r.to_table_ms,
-            String::new(),
+            to_table_allocs,
+            "(builds the table: O(rows) by design)".into(),
         ),
     ] {
         let _ = writeln!(
             doc,
-            "| {name} | {} | {} | {} | {goal} |",
+            "| {name} | {} | {} | {} | {} | {} | {goal} |",
             fmt_stats(v, 2),
             fmt_opt(mbps(v), 0),
             fmt_opt(ns_row(v), 1),
+            allocs.count,
+            allocs.bytes,
         );
     }
     doc.push_str(
@@ -307,5 +358,50 @@ pub(crate) fn section(doc: &mut String, objects: &[ObjectBench], args: &Args) {
         Err(err) => {
             let _ = writeln!(doc, "Not measured: {err:#}.");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use sframe_common::{CfaRule, RegRule, RuleFlags, UnwindRule};
+    use sframe_user::table::{Arch, PcType, Row, Source};
+
+    use super::*;
+
+    /// On a section of 5,000 functions and 100,000 rows, open + validate + iterate
+    /// allocates a handful of times, not per row (nor per function); the counter does
+    /// see the rows `to_table` allocates.
+    #[test]
+    fn open_validate_iterate_allocates_no_memory_per_row() {
+        let mut b = TableBuilder::new(Arch::Amd64, Source::Synthesized);
+        for f in 0..5_000u64 {
+            let rows = (0..20u32).map(|i| Row {
+                start_offset: i * 4,
+                rule: Some(UnwindRule {
+                    cfa: CfaRule::sp(8 + 8 * (i as i32 % 5)),
+                    ra: RegRule::AtCfa(-8),
+                    fp: RegRule::Unchanged,
+                    flags: RuleFlags::default(),
+                }),
+            });
+            b.push(0x10_000 + f * 0x100, 0x80, PcType::Inc, rows);
+        }
+        let table = b.finish();
+        let (bytes, functions) = write_v3(&table).unwrap();
+        assert_eq!(functions, 5_000);
+        let [iterate, open, _, to_table] = count_reader_allocs(&bytes).unwrap();
+        println!("iterate {iterate:?} open {open:?} to_table {to_table:?}");
+        assert!(iterate.count <= 32, "{iterate:?}");
+        assert_eq!(iterate, open, "iteration itself allocates");
+        // Bounded by the counts checked at open: the address index (at most 2 buckets
+        // of 4 bytes a function) and the lookup checkpoints (16 bytes each: one every
+        // 16 rows of a function with more than 16, from its first), whose vector grows
+        // by doubling (each growth counted in full: at most 4 times the final size).
+        let checkpoints = 100_000 / 16 + 5_000;
+        assert!(
+            iterate.bytes <= 8 * 5_000 + 4 * 16 * checkpoints,
+            "{iterate:?}"
+        );
+        assert!(to_table.bytes >= 100_000 * 6, "{to_table:?}");
     }
 }
