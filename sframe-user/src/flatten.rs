@@ -3,7 +3,9 @@
 //! a dictionary shared by all objects.
 //!
 //! Function boundaries become rows: where a function ends and the next does not start,
-//! a "no rule" row begins. PCMASK functions (PLT blocks) are expanded into plain rows.
+//! a "no rule" row begins, unless only alignment padding lies between them
+//! ([`crate::table::Function::padding_after`]): then the function's last row runs on
+//! to the next function (a PC there is never executed) and often merges with its first. PCMASK functions (PLT blocks) are expanded into plain rows.
 
 use std::collections::HashMap;
 
@@ -259,8 +261,10 @@ pub fn flatten(table: &UnwindTable, dict: &mut RuleDict) -> Result<FlatObject, F
             }
         }
         last_end = end;
+        // A "no rule" row where the function ends, unless the next one starts there or
+        // only alignment padding (never executed) lies between them.
         let next_start = functions.get(i + 1).map(|n| n.start);
-        if next_start != Some(end) {
+        if next_start != Some(end) && !(f.padding_after() && next_start.is_some()) {
             push(&mut events, end, 0);
         }
     }
@@ -465,6 +469,51 @@ mod tests {
             ),
         ]);
         check_every_address(&t, 0xf00, 0x1200);
+    }
+
+    #[test]
+    fn padding_after_a_function_needs_no_row_and_merges_with_the_next() {
+        let fns = vec![
+            func(
+                0x1000,
+                0x1b,
+                &[
+                    (0, Some(rule(8))),
+                    (1, Some(rule(16))),
+                    (0x1a, Some(rule(8))),
+                ],
+            ),
+            // Padding 0x101b..0x1020, then a function starting with the same rule.
+            func(0x1020, 0x10, &[(0, Some(rule(8))), (4, Some(rule(32)))]),
+            // The last function's trailing gap keeps its "no rule" row.
+            func(0x1040, 0x10, &[(0, Some(rule(8)))]),
+        ];
+        let plain = table(fns.clone());
+        let mut padded = table(fns);
+        padded.mark_padding_after(0);
+        padded.mark_padding_after(2);
+        let mut dict = RuleDict::default();
+        let a = flatten(&plain, &mut dict).unwrap();
+        let b = flatten(&padded, &mut dict).unwrap();
+        // The terminator at 0x101b and the next function's first row are gone.
+        assert_eq!(a.rows.len(), b.rows.len() + 2, "{:?}\n{:?}", a.rows, b.rows);
+        // Everywhere but the padding, the same rules; in the padding, the last rule of
+        // the function before it.
+        let bias = 0x5555_0000_0000;
+        let (mut h, _) = host(&padded, bias);
+        for addr in 0xf00..0x1100u64 {
+            let got = match find_rule(&mut h, addr + bias, &mut { LookupCache::EMPTY }) {
+                Lookup::Rule(r) => Some(r),
+                Lookup::NoRule => None,
+                other => panic!("{addr:#x}: {other:?}"),
+            };
+            let want = if (0x101b..0x1020).contains(&addr) {
+                encode_rule(&rule(8), Arch::Amd64)
+            } else {
+                model(&padded, addr)
+            };
+            assert_eq!(got, want, "address {addr:#x}");
+        }
     }
 
     #[test]

@@ -132,6 +132,7 @@ pub fn table_for_elf(data: &[u8], opts: &ObjTableOptions) -> Result<ObjectTable,
                 } else {
                     0
                 };
+                ehframe::mark_padding(data, &mut table);
                 return Ok(ObjectTable {
                     source: table.source,
                     table,

@@ -71,9 +71,14 @@ pub struct Function {
     pub start: u64,
     pub size: u32,
     pub pc_type: PcType,
+    /// The bytes from its end to the next function's start are alignment padding
+    /// (never executed): the kernel layout then needs no "no rule" row between them.
+    padding_after: bool,
     first_row: u32,
     row_count: u32,
 }
+
+const _: () = assert!(size_of::<Function>() == 24);
 
 impl Function {
     /// A function whose rows are `row_count` rows from `first_row` of the table (or
@@ -88,9 +93,15 @@ impl Function {
             start,
             size,
             pc_type,
+            padding_after: false,
             first_row,
             row_count,
         }
+    }
+    /// Whether the gap up to the next function is alignment padding (see
+    /// [`UnwindTable::mark_padding_after`]).
+    pub fn padding_after(&self) -> bool {
+        self.padding_after
     }
     pub fn end(&self) -> u64 {
         self.start.saturating_add(u64::from(self.size))
@@ -256,6 +267,14 @@ impl UnwindTable {
             .partition_point(|r| u64::from(r.start_offset()) <= off)
             .checked_sub(1)?;
         Some((f, self.rows(f).get(k)?))
+    }
+
+    /// Marks function `i` as followed by alignment padding up to the next function
+    /// (found by the object's code bytes; `ehframe::mark_padding`).
+    pub fn mark_padding_after(&mut self, i: usize) {
+        if let Some(f) = self.functions.get_mut(i) {
+            f.padding_after = true;
+        }
     }
 
     /// Every function with its rows, owned (to compare or edit a table).

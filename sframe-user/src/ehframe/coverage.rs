@@ -10,6 +10,32 @@ use crate::table::{Arch, PcType, UnwindTable};
 /// what aligns the next function: at most a page).
 const MAX_PADDING: usize = 4096;
 
+/// Marks each function followed, up to the next function in the same executable
+/// section, only by alignment padding (the whole gap; gaps over [`MAX_PADDING`] bytes
+/// and the gap at a section's end are never marked: code without unwind info may lie
+/// there, which must keep "no rule").
+pub(crate) fn mark_padding(table: &mut UnwindTable, exec: &[SectionData<'_>]) {
+    let arch = table.arch;
+    for s in exec {
+        let (a, b) = (s.address, s.address.saturating_add(s.data.len() as u64));
+        let first = table.functions().partition_point(|f| f.end() <= a);
+        let mut i = first;
+        while let (Some(f), Some(next)) = (table.functions().get(i), table.functions().get(i + 1)) {
+            if next.start >= b || f.start < a {
+                break;
+            }
+            let (lo, hi) = (f.end(), next.start);
+            if lo < hi && hi - lo <= MAX_PADDING as u64 {
+                let gap = &s.data[(lo - a) as usize..(hi - a) as usize];
+                if trailing_padding(arch, gap) == gap.len() {
+                    table.mark_padding_after(i);
+                }
+            }
+            i += 1;
+        }
+    }
+}
+
 /// Fills the executable-code counters of `stats` from the object's executable sections.
 /// Allocates nothing: functions are sorted and disjoint, and so are their row spans.
 pub(crate) fn count(table: &UnwindTable, exec: &[SectionData<'_>], stats: &mut DeriveStats) {
@@ -235,5 +261,26 @@ mod tests {
         assert_eq!(stats.exec_bytes_with_rule, 12 + 8);
         assert_eq!(stats.padding_bytes, 8);
         assert_eq!(stats.exec_code_bytes(), 0x28 - 8);
+        // Only the first function is followed by padding up to the next function; the
+        // second by code without rows, at the section's end.
+        let mut t = t;
+        let section = [SectionData {
+            data: &code,
+            address: 0x1000,
+        }];
+        mark_padding(&mut t, &section);
+        let marks: Vec<bool> = t.functions().iter().map(|f| f.padding_after()).collect();
+        assert_eq!(marks, [true, false]);
+        // A gap with code in it is not padding.
+        code[0x12] = 0xc3;
+        let mut t3 = UnwindTable::from_functions(t.arch, t.source, t.to_function_rows());
+        mark_padding(
+            &mut t3,
+            &[SectionData {
+                data: &code,
+                address: 0x1000,
+            }],
+        );
+        assert!(t3.functions().iter().all(|f| !f.padding_after()));
     }
 }

@@ -146,6 +146,7 @@ pub fn derive_from_elf_with(data: &[u8], options: &DeriveOptions) -> Result<Deri
         plts: &info.plts,
     };
     let mut derived = derive(&sections, info.endian, separate)?;
+    coverage::mark_padding(&mut derived.table, &info.exec);
     coverage::count(&derived.table, &info.exec, &mut derived.stats);
     warnings.append(&mut derived.stats.warnings);
     derived.stats.warnings = warnings;
@@ -233,6 +234,15 @@ fn derive(
     let table = builder.finish_with(source, functions);
     stats.count_table(&table);
     Ok(Derived { table, stats })
+}
+
+/// Marks the functions of `table` that are followed by alignment padding in the code of
+/// the ELF file `data` (see [`crate::table::Function::padding_after`]); nothing when the
+/// file does not parse.
+pub fn mark_padding(data: &[u8], table: &mut UnwindTable) {
+    if let Ok(info) = elf::parse(data) {
+        coverage::mark_padding(table, &info.exec);
+    }
 }
 
 /// Reads the first candidate debug file that exists, is not too large and (when both
