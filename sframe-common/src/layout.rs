@@ -129,6 +129,11 @@ pub const RULE_FLAG_CFA_DEREF: u8 = 1 << 0;
 pub const RULE_FLAG_SIGNAL: u8 = 1 << 1;
 /// The RA is signed (AArch64 pointer authentication).
 pub const RULE_FLAG_MANGLED_RA: u8 = 1 << 2;
+/// An AMD64 PLT block of 16-byte, 16-aligned entries (`jmp *GOT; push N; jmp PLT0`):
+/// from byte `fp_offset` of each entry on (the lazy-binding `push`), the CFA is 8
+/// bytes further; the FP is unchanged. One row covers the whole block instead of two
+/// per entry. [`RuleEntry::at`] resolves it for a PC.
+pub const RULE_FLAG_PLT16: u8 = 1 << 3;
 
 /// One deduplicated rule.
 #[repr(C)]
@@ -157,6 +162,21 @@ impl RuleEntry {
 
     pub const fn is_none(&self) -> bool {
         self.cfa_base == CFA_BASE_NONE
+    }
+
+    /// The rule that holds at `pc`: a [`RULE_FLAG_PLT16`] rule resolved for the byte of
+    /// its PLT entry that `pc` is at; any other rule as it is.
+    #[inline(always)]
+    pub fn at(&self, pc: u64) -> RuleEntry {
+        let mut r = *self;
+        if r.flags & RULE_FLAG_PLT16 != 0 {
+            if (pc & 15) as i64 >= i64::from(r.fp_offset) {
+                r.cfa_offset = r.cfa_offset.wrapping_add(8);
+            }
+            r.flags &= !RULE_FLAG_PLT16;
+            r.fp_offset = 0;
+        }
+        r
     }
 }
 

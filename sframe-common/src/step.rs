@@ -273,7 +273,8 @@ fn recover(
 }
 
 /// Applies `rule` to `regs`. `top` holds the DWARF registers of the interrupted frame,
-/// only for the top frame.
+/// only for the top frame. (A PLT rule is resolved at `regs.pc`: PLT code only jumps,
+/// so its frame is never a caller's, whose PC would be a return address.)
 #[inline(always)]
 pub fn step_rule(
     rule: &RuleEntry,
@@ -281,6 +282,7 @@ pub fn step_rule(
     top: Option<&[u64; TOP_REGS]>,
     read: &mut impl FnMut(u64) -> Option<u64>,
 ) -> Result<Step, WalkOutcome> {
+    let rule = &rule.at(regs.pc);
     let base = match rule.cfa_base {
         CFA_BASE_SP => regs.sp,
         CFA_BASE_FP => regs.fp,

@@ -138,6 +138,45 @@ pub fn encode_rule(rule: &UnwindRule, arch: Arch) -> Option<RuleEntry> {
     })
 }
 
+/// The rule of an AMD64 PLT block that one [`RULE_FLAG_PLT16`] row expresses: 16-byte
+/// entries at a 16-aligned start, two rows each, the second (from byte `t`, the `push`)
+/// the first with the CFA 8 bytes further, SP-based, FP unchanged. Returns the first
+/// row's rule and `t`.
+fn plt16_rule(
+    table: &UnwindTable,
+    f: &crate::table::Function,
+    rows: &[CompactRow],
+) -> Option<(UnwindRule, u8)> {
+    if table.arch != Arch::Amd64
+        || f.pc_type != (PcType::Mask { rep_size: 16 })
+        || !f.start.is_multiple_of(16)
+        || !f.size.is_multiple_of(16)
+    {
+        return None;
+    }
+    let [a, b] = rows else {
+        return None;
+    };
+    let t = b.start_offset();
+    let first = *table.rules().get(a.rule_index()?)?;
+    let second = *table.rules().get(b.rule_index()?)?;
+    let shifted = UnwindRule {
+        cfa: sframe_common::CfaRule {
+            offset: first.cfa.offset.checked_add(8)?,
+            ..first.cfa
+        },
+        ..first
+    };
+    (a.start_offset() == 0
+        && (1..16).contains(&t)
+        && first.cfa.base == CfaBase::Sp
+        && !first.cfa.deref
+        && first.fp == RegRule::Unchanged
+        && !first.flags.contains(RuleFlags::SIGNAL)
+        && second == shifted)
+        .then_some((first, t as u8))
+}
+
 /// One object in the kernel layout (row and page indices relative to the object).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FlatObject {
@@ -230,6 +269,18 @@ pub fn flatten(table: &UnwindTable, dict: &mut RuleDict) -> Result<FlatObject, F
                         push(&mut events, addr, rule);
                     }
                 }
+            }
+            PcType::Mask { rep_size } if let Some(rule) = plt16_rule(table, f, rows) => {
+                let id = match encode_rule(&rule.0, table.arch) {
+                    Some(mut e) => {
+                        e.flags |= RULE_FLAG_PLT16;
+                        e.fp_offset = i16::from(rule.1);
+                        dict.intern(e)?
+                    }
+                    None => 0,
+                };
+                debug_assert_eq!(rep_size, 16);
+                push(&mut events, f.start, id);
             }
             PcType::Mask { rep_size } => {
                 let rep = u64::from(rep_size);
@@ -373,7 +424,7 @@ mod tests {
 
     use sframe_common::{
         CfaRule, WalkOutcome,
-        step::{Lookup, LookupCache, Regs, WalkState, find_rule, walk},
+        step::{Lookup, LookupCache, Regs, Step, WalkState, find_rule, step_rule, walk},
     };
 
     use super::*;
@@ -439,7 +490,7 @@ mod tests {
         let (mut h, _) = host(t, bias);
         for addr in from..to {
             let got = match find_rule(&mut h, addr + bias, &mut { LookupCache::EMPTY }) {
-                Lookup::Rule(r) => Some(r),
+                Lookup::Rule(r) => Some(r.at(addr + bias)),
                 Lookup::NoRule => None,
                 other => panic!("{addr:#x}: {other:?}"),
             };
@@ -552,10 +603,50 @@ mod tests {
 
     #[test]
     fn pcmask_blocks_are_expanded() {
-        let mut plt = func(0x2000, 0x40, &[(0, Some(rule(8))), (11, Some(rule(16)))]);
+        // Not the AMD64 PLT shape (the second row is not the first + 8): expanded.
+        let mut plt = func(0x2000, 0x40, &[(0, Some(rule(8))), (11, Some(rule(24)))]);
         plt.pc_type = PcType::Mask { rep_size: 16 };
         let t = table(vec![plt]);
         check_every_address(&t, 0x1ff0, 0x2050);
+        let flat = flatten(&t, &mut RuleDict::default()).unwrap();
+        assert!(flat.rows.len() >= 8, "{:?}", flat.rows);
+    }
+
+    #[test]
+    fn amd64_plt_blocks_are_one_row() {
+        // PLT0-like function, then 64 entries of `jmp *GOT; push; jmp` (CFA sp+8, then
+        // sp+16 from byte 11), then the same shape misaligned, which is expanded.
+        let plt0 = func(0x2000, 0x10, &[(0, Some(rule(16))), (6, Some(rule(24)))]);
+        let mut entries = func(0x2010, 0x400, &[(0, Some(rule(8))), (11, Some(rule(16)))]);
+        entries.pc_type = PcType::Mask { rep_size: 16 };
+        let mut odd = func(0x3008, 0x20, &[(0, Some(rule(8))), (11, Some(rule(16)))]);
+        odd.pc_type = PcType::Mask { rep_size: 16 };
+        let t = table(vec![plt0, entries, odd]);
+        check_every_address(&t, 0x1ff0, 0x3040);
+        let flat = flatten(&t, &mut RuleDict::default()).unwrap();
+        // PLT0's two rows, one for the block, a terminator, the odd block's 4 rows and
+        // its terminator (plus the page's first row).
+        assert!(flat.rows.len() <= 12, "{:?}", flat.rows);
+        // The walker applies it: at the push, the RA is 16 bytes up the stack.
+        let bias = 0x5555_0000_0000;
+        let (mut h, _) = host(&t, bias);
+        let Lookup::Rule(r) = find_rule(&mut h, bias + 0x2010 + 5 * 16 + 12, &mut {
+            LookupCache::EMPTY
+        }) else {
+            panic!("no rule in the PLT");
+        };
+        let regs = Regs {
+            pc: bias + 0x2010 + 5 * 16 + 12,
+            sp: 0x7ff0_0000,
+            fp: 1,
+        };
+        let mut read = |a: u64| (a == 0x7ff0_0008).then_some(bias + 0x1234);
+        match step_rule(&r, &regs, None, &mut read) {
+            Ok(Step::Caller { regs, .. }) => {
+                assert_eq!((regs.pc, regs.sp), (bias + 0x1234, 0x7ff0_0010));
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -136,8 +136,12 @@ pub fn section(doc: &mut String, objects: &[ObjectBench]) {
          - *fitted*: a map set whose `ROWS` and `PAGES` are sized to exactly this object's\n\
          \x20 flattened rows and page entries (`LoadConfig::max_rows`/`max_pages`), one object\n\
          \x20 per map set; their memlock per row of the object's table is the kernel's own\n\
-         \x20 figure of bytes per row. `OBJECTS` and `RULES` have fixed sizes whatever is\n\
-         \x20 loaded (shared by all objects) and are shown apart.\n\
+         \x20 figure of bytes per row. It includes what two maps cost whatever their size\n\
+         \x20 (each memory-mapped array's data rounded up to whole pages, plus a page of\n\
+         \x20 header: 8 to 16 KiB for `ROWS` and `PAGES`), which a shared map set pays\n\
+         \x20 once for all objects: small objects stay above the goal by this measure.\n\
+         \x20 `OBJECTS` and `RULES` have fixed sizes whatever is loaded (shared by all\n\
+         \x20 objects) and are shown apart.\n\
          - *share used*: rows × 4 + page entries × 4 + one {}-byte object entry + the\n\
          \x20 object's distinct rules × {}: what the object takes of a shared map set (the\n\
          \x20 default `--max-table-memory 20M`: {} rows, {} page entries).\n\n\
