@@ -5,7 +5,9 @@
 //! Function boundaries become rows: where a function ends and the next does not start,
 //! a "no rule" row begins, unless only alignment padding lies between them
 //! ([`crate::table::Function::padding_after`]): then the function's last row runs on
-//! to the next function (a PC there is never executed) and often merges with its first. PCMASK functions (PLT blocks) are expanded into plain rows.
+//! to the next function (a PC there is never executed) and often merges with its first.
+//! AMD64 PLT blocks of 16-byte entries become one row with [`RULE_FLAG_PLT16`]; other
+//! PCMASK functions are expanded into plain rows.
 
 use std::collections::HashMap;
 
