@@ -346,15 +346,24 @@ fn profiles_a_process_in_its_own_pid_and_mount_namespace() {
 /// A C program with `n` functions (to give its table many rows) that spins in
 /// `evict_work` for `secs`; `salt` makes each build a different object.
 fn many_functions(salt: u32, n: usize, secs: f64) -> String {
-    let mut s = String::from(
+    // Each function calls out with an array of its own size on the stack, so that it
+    // has rows of its own (entry, frame of its size, after the epilogue): leaf
+    // functions all have the one rule CFA = SP + 8, which the kernel layout merges
+    // across the padding between them. `salt` only changes a string, so that
+    // executables of different salts are distinct objects with the same rows.
+    let mut s = format!(
         "#include <time.h>\nvolatile unsigned long sink;\n\
-         static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); \
-         return t.tv_sec + t.tv_nsec / 1e9; }\n",
+         __attribute__((used)) static const char tag[] = \"evict fixture {salt}\";\n\
+         static double now(void) {{ struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); \
+         return t.tv_sec + t.tv_nsec / 1e9; }}\n\
+         __attribute__((noinline)) void use(volatile unsigned long *p) {{ sink += p[0]; }}\n",
     );
     for i in 0..n {
         s += &format!(
             "__attribute__((noinline)) unsigned long f{i}(unsigned long x) {{ \
-             unsigned long a[4] = {{x, x + {salt}, x * 3, x ^ {i}}}; sink += a[x & 3]; return a[(x + 1) & 3]; }}\n"
+             volatile unsigned long a[{len}]; a[0] = x; a[x % {len}] = x ^ {i}; use(a); \
+             return a[(x + 1) % {len}]; }}\n",
+            len = 4 + i % 13
         );
     }
     s += "__attribute__((noinline)) void evict_work(double secs) { double t = now(); \
