@@ -164,15 +164,22 @@ impl RuleEntry {
         self.cfa_base == CFA_BASE_NONE
     }
 
-    /// The rule that holds at `pc`: a [`RULE_FLAG_PLT16`] rule resolved for the byte of
-    /// its PLT entry that `pc` is at; any other rule as it is.
+    /// The CFA offset that holds at `pc`: for a [`RULE_FLAG_PLT16`] rule, 8 more from
+    /// byte `fp_offset` of the PLT entry `pc` is in; otherwise `cfa_offset`. (What the
+    /// walker uses, without copying the rule.)
     #[inline(always)]
+    pub fn cfa_offset_at(&self, pc: u64) -> i32 {
+        let past_push =
+            self.flags & RULE_FLAG_PLT16 != 0 && (pc & 15) as i64 >= i64::from(self.fp_offset);
+        self.cfa_offset.wrapping_add(8 * i32::from(past_push))
+    }
+
+    /// The rule that holds at `pc`, as a plain rule ([`RuleEntry::cfa_offset_at`]):
+    /// for comparing a PLT rule with the rows it stands for.
     pub fn at(&self, pc: u64) -> RuleEntry {
         let mut r = *self;
         if r.flags & RULE_FLAG_PLT16 != 0 {
-            if (pc & 15) as i64 >= i64::from(r.fp_offset) {
-                r.cfa_offset = r.cfa_offset.wrapping_add(8);
-            }
+            r.cfa_offset = self.cfa_offset_at(pc);
             r.flags &= !RULE_FLAG_PLT16;
             r.fp_offset = 0;
         }

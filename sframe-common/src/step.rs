@@ -282,7 +282,6 @@ pub fn step_rule(
     top: Option<&[u64; TOP_REGS]>,
     read: &mut impl FnMut(u64) -> Option<u64>,
 ) -> Result<Step, WalkOutcome> {
-    let rule = &rule.at(regs.pc);
     let base = match rule.cfa_base {
         CFA_BASE_SP => regs.sp,
         CFA_BASE_FP => regs.fp,
@@ -292,7 +291,8 @@ pub fn step_rule(
             None => return Err(WalkOutcome::TopFrameOnlyRule),
         },
     };
-    let mut cfa = add_signed(base, i64::from(rule.cfa_offset)).ok_or(WalkOutcome::NoProgress)?;
+    let mut cfa =
+        add_signed(base, i64::from(rule.cfa_offset_at(regs.pc))).ok_or(WalkOutcome::NoProgress)?;
     if rule.flags & RULE_FLAG_CFA_DEREF != 0 {
         cfa = read(cfa).ok_or(WalkOutcome::ReadFault)?;
     }

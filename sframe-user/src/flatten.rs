@@ -487,16 +487,25 @@ mod tests {
         (h, flat)
     }
 
+    /// The rule the kernel layout gives `pc` (a PLT rule resolved there), `None` for
+    /// "no rule"; panics on any other lookup outcome.
+    fn rule_in(h: &mut HostTables, pc: u64) -> Option<RuleEntry> {
+        match find_rule(h, pc, &mut { LookupCache::EMPTY }) {
+            Lookup::Rule(r) => Some(r.at(pc)),
+            Lookup::NoRule => None,
+            other => panic!("{pc:#x}: {other:?}"),
+        }
+    }
+
     fn check_every_address(t: &UnwindTable, from: u64, to: u64) {
         let bias = 0x5555_0000_0000;
         let (mut h, _) = host(t, bias);
         for addr in from..to {
-            let got = match find_rule(&mut h, addr + bias, &mut { LookupCache::EMPTY }) {
-                Lookup::Rule(r) => Some(r.at(addr + bias)),
-                Lookup::NoRule => None,
-                other => panic!("{addr:#x}: {other:?}"),
-            };
-            assert_eq!(got, model(t, addr), "address {addr:#x}");
+            assert_eq!(
+                rule_in(&mut h, addr + bias),
+                model(t, addr),
+                "address {addr:#x}"
+            );
         }
     }
 
@@ -555,11 +564,7 @@ mod tests {
         let bias = 0x5555_0000_0000;
         let (mut h, _) = host(&padded, bias);
         for addr in 0xf00..0x1100u64 {
-            let got = match find_rule(&mut h, addr + bias, &mut { LookupCache::EMPTY }) {
-                Lookup::Rule(r) => Some(r),
-                Lookup::NoRule => None,
-                other => panic!("{addr:#x}: {other:?}"),
-            };
+            let got = rule_in(&mut h, addr + bias);
             let want = if (0x101b..0x1020).contains(&addr) {
                 encode_rule(&rule(8), Arch::Amd64)
             } else {

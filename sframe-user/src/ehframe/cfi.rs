@@ -124,8 +124,14 @@ pub(crate) fn convert_eh_frame(
     section.set_address_size(env.address_size);
     section.set_vendor(env.regs.vendor());
     let bases = env.bases(CfiSection::EhFrame, eh, hdr.map(|h| h.address));
-    let mut conv = Converter::new(CfiSection::EhFrame, env, data.len(), fdes, builder);
-    conv.key_b_cies = key_b_cies;
+    let mut conv = Converter::new(
+        CfiSection::EhFrame,
+        env,
+        data.len(),
+        fdes,
+        key_b_cies,
+        builder,
+    );
 
     // The header's table is what the runtime unwinder searches, so its FDEs come first;
     // the walk then adds any FDE the table does not list (and everything when there is
@@ -174,8 +180,7 @@ pub(crate) fn convert_debug_frame(
     section.set_address_size(env.address_size);
     section.set_vendor(env.regs.vendor());
     let bases = env.bases(kind, df, None);
-    let mut conv = Converter::new(kind, env, data.len(), fdes, builder);
-    conv.key_b_cies = key_b_cies;
+    let mut conv = Converter::new(kind, env, data.len(), fdes, key_b_cies, builder);
     conv.walk(&section, data, &bases, &[], stats);
     Ok(conv.functions)
 }
@@ -462,12 +467,14 @@ const fn rows_for_cfi_bytes(len: usize) -> usize {
 }
 
 impl<'e, 'b> Converter<'e, 'b> {
-    /// For a section of `section_len` bytes and `fdes` FDEs.
+    /// For a section of `section_len` bytes and `fdes` FDEs, whose CIEs at the offsets
+    /// `key_b_cies` had the `B` augmentation.
     fn new(
         kind: CfiSection,
         env: &Env,
         section_len: usize,
         fdes: usize,
+        key_b_cies: Vec<u32>,
         builder: &'b mut TableBuilder,
     ) -> Self {
         let budget = section_len
@@ -483,7 +490,7 @@ impl<'e, 'b> Converter<'e, 'b> {
             functions: Vec::with_capacity(fdes.saturating_add(env.extra_functions)),
             builder,
             scratch: Vec::new(),
-            key_b_cies: Vec::new(),
+            key_b_cies,
         }
     }
 
@@ -498,31 +505,20 @@ impl<'e, 'b> Converter<'e, 'b> {
         offset: u64,
         stats: &mut DeriveStats,
     ) {
-        match result {
-            Ok(f) => {
+        let index32 = u32::try_from(index).unwrap_or(u32::MAX);
+        let offset32 = u32::try_from(offset).unwrap_or(u32::MAX);
+        // Addresses were checked in `convert_fde`: only a row array past 2^26 makes a
+        // function that does not fit a candidate.
+        let candidate = result.and_then(|f| {
+            Candidate::new(&f, index32, offset32).ok_or((SkipReason::RowBudget, None))
+        });
+        match candidate {
+            Ok(c) => {
                 stats.fdes_converted += 1;
                 if self.kind != CfiSection::EhFrame {
                     stats.fdes_from_debug_frame += 1;
                 }
-                let index32 = u32::try_from(index).unwrap_or(u32::MAX);
-                let offset32 = u32::try_from(offset).unwrap_or(u32::MAX);
-                match Candidate::new(&f, index32, offset32) {
-                    Some(c) => self.functions.push(c),
-                    // Addresses were checked: only a row array past 2^26 gets here.
-                    None => {
-                        stats.fdes_converted -= 1;
-                        if self.kind != CfiSection::EhFrame {
-                            stats.fdes_from_debug_frame -= 1;
-                        }
-                        stats.skip(FdeError {
-                            section: self.kind,
-                            index,
-                            offset,
-                            reason: SkipReason::RowBudget,
-                            source: None,
-                        });
-                    }
-                }
+                self.functions.push(c);
             }
             Err((reason, source)) => stats.skip(FdeError {
                 section: self.kind,

@@ -3,95 +3,88 @@
 //! never executed), against the bytes covered by rows with a rule.
 
 use super::cfi::SectionData;
-use super::stats::DeriveStats;
-use crate::table::{Arch, PcType, UnwindTable};
+use super::stats::row_spans;
+use crate::table::{Arch, Function, UnwindTable};
 
 /// Largest run checked for padding at the end of a gap between functions (padding is
 /// what aligns the next function: at most a page).
 const MAX_PADDING: usize = 4096;
 
-/// Marks each function followed, up to the next function in the same executable
-/// section, only by alignment padding (the whole gap; gaps over [`MAX_PADDING`] bytes
-/// and the gap at a section's end are never marked: code without unwind info may lie
-/// there, which must keep "no rule").
-pub(crate) fn mark_padding(table: &mut UnwindTable, exec: &[SectionData<'_>]) {
+/// What [`scan`] measured of an object's executable code.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ExecCoverage {
+    /// Bytes of the executable sections.
+    pub bytes: u64,
+    /// Alignment padding ending the gaps between (and around) functions.
+    pub padding: u64,
+    /// Bytes covered by a row with a rule.
+    pub with_rule: u64,
+}
+
+/// One pass over the object's executable sections: marks each function followed, up to
+/// the next function in the same section, only by alignment padding (the whole gap,
+/// at most [`MAX_PADDING`] bytes; the gap at a section's end is never marked, code
+/// without unwind info may follow there and must keep "no rule"), and counts the
+/// padding and the bytes with a rule. Allocates nothing: functions are sorted and
+/// disjoint, and so are their row spans.
+pub(crate) fn scan(table: &mut UnwindTable, exec: &[SectionData<'_>]) -> ExecCoverage {
     let arch = table.arch;
+    let mut out = ExecCoverage {
+        bytes: exec.iter().map(|s| s.data.len() as u64).sum(),
+        ..ExecCoverage::default()
+    };
     for s in exec {
         let (a, b) = (s.address, s.address.saturating_add(s.data.len() as u64));
+        let gap = |lo: u64, hi: u64| {
+            let at = |x: u64| (x - a) as usize;
+            (lo < hi).then(|| s.data.get(at(lo)..at(hi))).flatten()
+        };
         let first = table.functions().partition_point(|f| f.end() <= a);
+        let mut cursor = a;
+        let mut prev = None;
         let mut i = first;
-        while let (Some(f), Some(next)) = (table.functions().get(i), table.functions().get(i + 1)) {
-            if next.start >= b || f.start < a {
-                break;
-            }
-            let (lo, hi) = (f.end(), next.start);
-            if lo < hi && hi - lo <= MAX_PADDING as u64 {
-                let gap = &s.data[(lo - a) as usize..(hi - a) as usize];
-                if trailing_padding(arch, gap) == gap.len() {
-                    table.mark_padding_after(i);
+        while let Some(&f) = table.functions().get(i).filter(|f| f.start < b) {
+            if let Some(bytes) = gap(cursor, f.start.min(b)) {
+                let padding = trailing_padding(arch, bytes);
+                out.padding += padding as u64;
+                if let Some(p) = prev
+                    && padding == bytes.len()
+                {
+                    table.mark_padding_after(p);
                 }
             }
+            cursor = cursor.max(f.end().min(b));
+            prev = Some(i);
+            out.with_rule += ruled_bytes(table, &f, a, b);
             i += 1;
         }
+        out.padding += gap(cursor, b).map_or(0, |g| trailing_padding(arch, g) as u64);
     }
+    out
 }
 
-/// Fills the executable-code counters of `stats` from the object's executable sections.
-/// Allocates nothing: functions are sorted and disjoint, and so are their row spans.
-pub(crate) fn count(table: &UnwindTable, exec: &[SectionData<'_>], stats: &mut DeriveStats) {
-    stats.exec_bytes = exec.iter().map(|s| s.data.len() as u64).sum();
-    stats.exec_bytes_with_rule = 0;
-    stats.padding_bytes = 0;
-    let fns = table.functions();
-    for s in exec {
-        let (a, b) = (s.address, s.address.saturating_add(s.data.len() as u64));
-        let clip = |lo: u64, hi: u64| hi.min(b).saturating_sub(lo.max(a));
-        let mut cursor = a;
-        let first = fns.partition_point(|f| f.end() <= a);
-        for f in fns[first..].iter().take_while(|f| f.start < b) {
-            stats.padding_bytes += gap_padding(table.arch, s, cursor, f.start.min(b));
-            cursor = cursor.max(f.end().min(b));
-            let (block, blocks) = match f.pc_type {
-                PcType::Inc => (u64::from(f.size), 1),
-                PcType::Mask { rep_size } => {
-                    let r = u64::from(rep_size.max(1));
-                    (r, u64::from(f.size) / r)
-                }
-            };
-            let mut rows = table.rows(f).peekable();
-            while let Some(r) = rows.next() {
-                let lo = u64::from(r.start_offset).min(block);
-                let hi = rows
-                    .peek()
-                    .map_or(block, |n| u64::from(n.start_offset))
-                    .min(block);
-                if r.rule.is_none() || lo >= hi {
-                    continue;
-                }
-                if blocks == 1 || (lo == 0 && hi == block) {
-                    let end = if blocks == 1 { hi } else { block * blocks };
-                    stats.exec_bytes_with_rule += clip(f.start + lo, f.start + end);
+/// Bytes of `f` inside `[a, b)` that a row with a rule covers.
+fn ruled_bytes(table: &UnwindTable, f: &Function, a: u64, b: u64) -> u64 {
+    let clip = |lo: u64, hi: u64| hi.min(b).saturating_sub(lo.max(a));
+    row_spans(f, table.rows(f))
+        .filter(|s| s.row.rule.is_some() && s.lo < s.hi)
+        .map(|s| {
+            if s.blocks == 1 || (s.lo == 0 && s.hi == s.block) {
+                // One run: the row, or every entry of a PCMASK block whole.
+                let end = if s.blocks == 1 {
+                    s.hi
                 } else {
-                    for k in 0..blocks {
-                        let base = f.start + k * block;
-                        stats.exec_bytes_with_rule += clip(base + lo, base + hi);
-                    }
-                }
+                    s.block * s.blocks
+                };
+                clip(f.start + s.lo, f.start + end)
+            } else {
+                (0..s.blocks)
+                    .map(|k| f.start + k * s.block)
+                    .map(|base| clip(base + s.lo, base + s.hi))
+                    .sum()
             }
-        }
-        stats.padding_bytes += gap_padding(table.arch, s, cursor, b);
-    }
-}
-
-/// The padding that ends the gap `[lo, hi)` of section `s` (none when empty).
-fn gap_padding(arch: Arch, s: &SectionData<'_>, lo: u64, hi: u64) -> u64 {
-    if lo >= hi {
-        return 0;
-    }
-    let at = |x: u64| (x - s.address) as usize;
-    s.data
-        .get(at(lo)..at(hi))
-        .map_or(0, |gap| trailing_padding(arch, gap) as u64)
+        })
+        .sum()
 }
 
 /// The length of the longest suffix of `gap` (up to [`MAX_PADDING`]) made only of
@@ -216,7 +209,7 @@ mod tests {
 
     #[test]
     fn coverage_counts_rows_with_rules_and_padding_in_gaps() {
-        use crate::table::{FunctionRows, Row, Source};
+        use crate::table::{FunctionRows, PcType, Row, Source};
         use sframe_common::{CfaRule, RegRule, RuleFlags, UnwindRule};
         let rule = Some(UnwindRule {
             cfa: CfaRule::sp(8),
@@ -248,39 +241,38 @@ mod tests {
         let mut code = vec![0x90u8; 0x28];
         code[0x10..0x18].copy_from_slice(&[0x0f, 0x1f, 0x84, 0, 0, 0, 0, 0]);
         code[0x20..0x28].copy_from_slice(&[0x48, 0x89, 0xf8, 0x48, 0x89, 0xf8, 0xc3, 0xc3]);
-        let mut stats = DeriveStats::default();
-        count(
-            &t,
+        let mut t = t;
+        let got = scan(
+            &mut t,
             &[SectionData {
                 data: &code,
                 address: 0x1000,
             }],
-            &mut stats,
         );
-        assert_eq!(stats.exec_bytes, 0x28);
-        assert_eq!(stats.exec_bytes_with_rule, 12 + 8);
-        assert_eq!(stats.padding_bytes, 8);
-        assert_eq!(stats.exec_code_bytes(), 0x28 - 8);
+        assert_eq!(
+            got,
+            ExecCoverage {
+                bytes: 0x28,
+                padding: 8,
+                with_rule: 12 + 8,
+            }
+        );
         // Only the first function is followed by padding up to the next function; the
         // second by code without rows, at the section's end.
-        let mut t = t;
-        let section = [SectionData {
-            data: &code,
-            address: 0x1000,
-        }];
-        mark_padding(&mut t, &section);
         let marks: Vec<bool> = t.functions().iter().map(|f| f.padding_after()).collect();
         assert_eq!(marks, [true, false]);
         // A gap with code in it is not padding.
         code[0x12] = 0xc3;
         let mut t3 = UnwindTable::from_functions(t.arch, t.source, t.to_function_rows());
-        mark_padding(
+        let got = scan(
             &mut t3,
             &[SectionData {
                 data: &code,
                 address: 0x1000,
             }],
         );
+        assert_eq!(got.padding, 5, "the nopl's tail after the ret only");
+        assert!(t3.functions().iter().all(|f| !f.padding_after()));
         assert!(t3.functions().iter().all(|f| !f.padding_after()));
     }
 }

@@ -146,8 +146,10 @@ pub fn derive_from_elf_with(data: &[u8], options: &DeriveOptions) -> Result<Deri
         plts: &info.plts,
     };
     let mut derived = derive(&sections, info.endian, separate)?;
-    coverage::mark_padding(&mut derived.table, &info.exec);
-    coverage::count(&derived.table, &info.exec, &mut derived.stats);
+    let exec = coverage::scan(&mut derived.table, &info.exec);
+    derived.stats.exec_bytes = exec.bytes;
+    derived.stats.padding_bytes = exec.padding;
+    derived.stats.exec_bytes_with_rule = exec.with_rule;
     warnings.append(&mut derived.stats.warnings);
     derived.stats.warnings = warnings;
     derived.stats.debug_file = used_debug_file;
@@ -241,7 +243,7 @@ fn derive(
 /// file does not parse.
 pub fn mark_padding(data: &[u8], table: &mut UnwindTable) {
     if let Ok(info) = elf::parse(data) {
-        coverage::mark_padding(table, &info.exec);
+        coverage::scan(table, &info.exec);
     }
 }
 

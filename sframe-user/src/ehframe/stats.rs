@@ -175,11 +175,12 @@ impl DeriveStats {
         self.code_bytes = 0;
         for f in table.functions() {
             self.code_bytes += u64::from(f.size);
-            for (row, bytes) in row_spans(f, table.rows(f)) {
+            for span in row_spans(f, table.rows(f)) {
+                let row = span.row;
                 let cat = RowCategory::of(row.rule.as_ref());
                 let c = &mut self.categories[cat as usize];
                 c.rows += 1;
-                c.bytes += bytes;
+                c.bytes += span.bytes();
                 if let Some(rule) = &row.rule {
                     if rule.flags.contains(RuleFlags::SIGNAL) {
                         self.signal_rows += 1;
@@ -193,9 +194,28 @@ impl DeriveStats {
     }
 }
 
-/// Each row of `f` with the number of code bytes it covers.
-fn row_spans<'a>(f: &Function, rows: Rows<'a>) -> impl Iterator<Item = (Row, u64)> + 'a {
-    let (block, repeats) = match f.pc_type {
+/// Where one row of a function holds: offsets `[lo, hi)` of each of `blocks` blocks of
+/// `block` bytes from the function's start (PCINC: one block, the function; PCMASK:
+/// each entry).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RowSpan {
+    pub row: Row,
+    pub lo: u64,
+    pub hi: u64,
+    pub block: u64,
+    pub blocks: u64,
+}
+
+impl RowSpan {
+    /// Bytes of code the row covers, in all blocks.
+    pub fn bytes(&self) -> u64 {
+        self.hi.saturating_sub(self.lo) * self.blocks
+    }
+}
+
+/// Each row of `f` with where it holds.
+pub(crate) fn row_spans<'a>(f: &Function, rows: Rows<'a>) -> impl Iterator<Item = RowSpan> + 'a {
+    let (block, blocks) = match f.pc_type {
         PcType::Inc => (u64::from(f.size), 1),
         PcType::Mask { rep_size } if rep_size > 0 => {
             (u64::from(rep_size), u64::from(f.size) / u64::from(rep_size))
@@ -203,11 +223,11 @@ fn row_spans<'a>(f: &Function, rows: Rows<'a>) -> impl Iterator<Item = (Row, u64
         PcType::Mask { .. } => (0, 0),
     };
     let next = rows.clone().skip(1).map(Some).chain([None]);
-    rows.zip(next).map(move |(row, next)| {
-        let end = next.map_or(block, |next| u64::from(next.start_offset).min(block));
-        (
-            row,
-            end.saturating_sub(u64::from(row.start_offset)) * repeats,
-        )
+    rows.zip(next).map(move |(row, next)| RowSpan {
+        row,
+        lo: u64::from(row.start_offset).min(block),
+        hi: next.map_or(block, |next| u64::from(next.start_offset).min(block)),
+        block,
+        blocks,
     })
 }
