@@ -21,3 +21,23 @@ pub mod window;
 pub use outcome::{Counter, WalkOutcome};
 pub use rule::{CfaBase, CfaRule, RegRule, RuleFlags, UnwindRule};
 pub use sample::RawSample;
+
+/// `v`, through a volatile stack slot: LLVM can no longer see where it came from, so a
+/// bound applied to the result (a mask, a comparison) is emitted where the source says,
+/// for the verifier to see. libbpf's `barrier_var` does the same in C.
+#[inline(always)]
+pub fn opaque<T: Copy>(v: T) -> T {
+    // SAFETY: a read of a local that is initialized and aligned.
+    unsafe { core::ptr::read_volatile(&v) }
+}
+
+/// `i` masked into an array of `len` entries (a power of two), with the mask emitted
+/// where it stands (see [`opaque`]). The BPF side indexes every array this way: LLVM
+/// drops a mask it can prove redundant from an earlier comparison, and the verifiers of
+/// older kernels (6.1) do not learn a bound from a comparison of two registers, so the
+/// access would be rejected there.
+#[inline(always)]
+pub fn bounded(i: usize, len: usize) -> usize {
+    debug_assert!(len.is_power_of_two());
+    opaque(i) & (len - 1)
+}

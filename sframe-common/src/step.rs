@@ -265,7 +265,7 @@ fn recover(
         REG_AT_FP => at(regs.fp),
         REG_VAL_CFA => add_signed(cfa, off).ok_or(WalkOutcome::NoProgress),
         REG_IN_REG => match top {
-            Some(top) => Ok(top[(off as usize) & (TOP_REGS - 1)]),
+            Some(top) => Ok(top[crate::bounded(off as usize, TOP_REGS)]),
             None => Err(WalkOutcome::TopFrameOnlyRule),
         },
         _ => Err(WalkOutcome::NoRule),
@@ -417,7 +417,7 @@ pub fn walk_step<T: Tables>(
         return false;
     }
     let pc = st.regs.pc;
-    st.stack.frames[(i as usize) & (MAX_FRAMES - 1)] = pc;
+    st.stack.frames[crate::bounded(i as usize, MAX_FRAMES)] = pc;
     st.stack.len = i + 1;
     st.hash = mix(st.hash, pc);
 

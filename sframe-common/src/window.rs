@@ -83,7 +83,7 @@ impl StackWindow {
         }
         let off = addr.wrapping_sub(self.start);
         if off < self.len {
-            return Some(self.words[(off >> 3) as usize & (WINDOW_WORDS - 1)]);
+            return Some(self.word(off));
         }
         let (start, len) = refill_range(addr);
         if !fill(self, start, len) {
@@ -92,8 +92,19 @@ impl StackWindow {
         }
         self.start = start;
         self.len = len;
-        let off = addr - start;
-        Some(self.words[(off >> 3) as usize & (WINDOW_WORDS - 1)])
+        Some(self.word(addr - start))
+    }
+
+    /// The word at byte offset `off` of the window (masked into it).
+    #[inline(always)]
+    fn word(&self, off: u64) -> u64 {
+        // LLVM drops the mask where it can prove the offset small (after a refill it is
+        // the slack, at most 64), and keeps the proof in a register the verifier of
+        // older kernels (6.1) does not connect to the spilled copy it then loads: the
+        // access is rejected as unbounded. An opaque copy makes LLVM emit the mask
+        // right before the access, where every verifier sees it.
+        let i = crate::bounded((off >> 3) as usize, WINDOW_WORDS);
+        self.words[i]
     }
 }
 

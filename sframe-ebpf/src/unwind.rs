@@ -14,6 +14,7 @@ use aya_ebpf::{
     programs::{PerfEventContext, tracing::StackIdContext},
 };
 use sframe_common::{
+    bounded,
     budget::{
         MAX_COUNTS, MAX_FRAMES, MAX_KERNEL_STACKS, MAX_MAPPINGS, MAX_OBJECTS, MAX_PAGES,
         MAX_PROCESSES, MAX_ROWS, MAX_RULES, MAX_STACKS,
@@ -93,7 +94,7 @@ impl Tables for BpfTables {
     #[inline(always)]
     fn mapping(&mut self, index: u32) -> Option<MappingEntry> {
         // SAFETY: as above; the index is masked into the array.
-        Some(unsafe { (*self.process).mappings[index as usize & (MAX_MAPPINGS - 1)] })
+        Some(unsafe { (*self.process).mappings[bounded(index as usize, MAX_MAPPINGS)] })
     }
     #[inline(always)]
     fn object(&mut self, id: u32) -> Option<ObjectEntry> {
@@ -103,12 +104,12 @@ impl Tables for BpfTables {
     fn page_entry(&mut self, index: u32) -> Option<u32> {
         PAGES
             .get(index / PAGE_BLOCK as u32)
-            .map(|b| b.0[index as usize & (PAGE_BLOCK - 1)])
+            .map(|b| b.0[bounded(index as usize, PAGE_BLOCK)])
     }
     #[inline(always)]
     fn row(&mut self, index: u32) -> Option<RowEntry> {
         ROWS.get(index / ROW_BLOCK as u32)
-            .map(|b| b.0[index as usize & (ROW_BLOCK - 1)])
+            .map(|b| b.0[bounded(index as usize, ROW_BLOCK)])
     }
     #[inline(always)]
     fn rule(&mut self, index: u16) -> Option<RuleEntry> {

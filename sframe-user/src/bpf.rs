@@ -357,3 +357,66 @@ mod tests {
         assert_eq!(super::tracepoint_field_offset(format, "nope"), None);
     }
 }
+
+/// How one program of the object fared in the kernel's verifier.
+#[derive(Debug)]
+pub struct ProgramCheck {
+    pub name: String,
+    /// `perf_event` or `tracepoint`.
+    pub kind: &'static str,
+    /// Instructions the verifier processed (its limit is 1,000,000), when the kernel
+    /// reports it (5.16 and later).
+    pub verified_instructions: Result<Option<u32>, String>,
+}
+
+/// Loads every program of the object into the running kernel, without attaching any,
+/// and reports what the verifier said of each: the answer to "does it run on this
+/// kernel" (`sframe-user check-kernel`, and the VM test matrix).
+pub fn check_kernel() -> Result<Vec<ProgramCheck>, LoadError> {
+    use aya::programs::Program;
+    let mut ebpf = load()?;
+    let mut out = Vec::new();
+    for (name, program) in ebpf.programs_mut() {
+        let (kind, loaded) = match program {
+            Program::PerfEvent(p) => ("perf_event", p.load()),
+            Program::TracePoint(p) => ("tracepoint", p.load()),
+            other => {
+                out.push(ProgramCheck {
+                    name: name.to_owned(),
+                    kind: "other",
+                    verified_instructions: Err(format!(
+                        "unexpected program type {:?}",
+                        other.prog_type()
+                    )),
+                });
+                continue;
+            }
+        };
+        let verified_instructions = match loaded {
+            Ok(()) => Ok(program
+                .info()
+                .ok()
+                .and_then(|i| i.verified_instruction_count())),
+            Err(err) => Err(verifier_report(&err)),
+        };
+        out.push(ProgramCheck {
+            name: name.to_owned(),
+            kind,
+            verified_instructions,
+        });
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
+/// An error with its verifier log, verbatim (aya puts the log in the error's source).
+fn verifier_report(err: &aya::programs::ProgramError) -> String {
+    let mut s = err.to_string();
+    let mut source = std::error::Error::source(err);
+    while let Some(e) = source {
+        s.push_str("\n");
+        s.push_str(&e.to_string());
+        source = e.source();
+    }
+    s
+}

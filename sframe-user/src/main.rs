@@ -26,6 +26,9 @@ struct Cli {
 enum Command {
     #[command(flatten)]
     Tables(cli::tables::TablesCommand),
+    /// Load every BPF program into the running kernel (without attaching it) and print
+    /// the verifier's instruction count for each; exit 1 if any is rejected.
+    CheckKernel,
 }
 
 fn main() {
@@ -54,6 +57,7 @@ fn main() {
         match cli.command {
             None => cli::profile::run(cli.profile).await,
             Some(Command::Tables(cmd)) => std::process::exit(cli::tables::run(cmd)),
+            Some(Command::CheckKernel) => std::process::exit(cli::check_kernel::run()),
         }
     });
     if let Err(err) = result {

@@ -216,8 +216,8 @@ fn lookup_prints_the_documented_forms() {
     let want = [
         "0x1001 FOUND cfa_base=fp cfa_off=16 fp_off=-16 ra_off=-8",
         "0x1010 FOUND cfa_base=r10 cfa_off=-8 fp_off=none ra_off=-8 cfa_deref=1",
-        "0x1018 FOUND cfa_base=sp cfa_off=0 fp_off=none ra_off=none ra=undefined",
-        "0x101f FOUND cfa_base=sp cfa_off=0 fp_off=none ra_off=none ra=undefined",
+        "0x1018 FOUND cfa_base=none cfa_off=none fp_off=none ra_off=none ra=undefined",
+        "0x101f FOUND cfa_base=none cfa_off=none fp_off=none ra_off=none ra=undefined",
         "0x1020 FOUND cfa_base=sp cfa_off=160 fp_off=none ra_off=-8 signal=1",
         "0x1030 NOTFOUND",
         "zz INVALID",

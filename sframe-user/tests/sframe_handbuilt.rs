@@ -170,7 +170,7 @@ fn s390x_v2_rules_lookups_dump_and_writer() {
     );
     assert_eq!(
         lookup_line(&s, 0x1030),
-        "0x1030 FOUND cfa_base=sp cfa_off=0 fp_off=none ra_off=none ra=undefined"
+        "0x1030 FOUND cfa_base=none cfa_off=none fp_off=none ra_off=none ra=undefined"
     );
 
     // binutils 2.45's objdump (sframe-dump.c): decoded CFA offsets, `rN` for
@@ -229,14 +229,14 @@ fn s390x_v3_flex_rows_and_dump() {
             func idx [0]: pc = 0x1000, size = 64 bytes, attr = \"F\"
             STARTPC CFA FP RA
             0000000000001000 sp+160 u u
-            0000000000001006 sp+320 (c-72) (c-48)
+            0000000000001006 sp+320 c-72 c-48
             0000000000001010 fp+320 r25+0 r24+0
-            0000000000001020 sp+320 (c-80) U
+            0000000000001020 sp+320 c-80 U
             0000000000001030 RA undefined
             func idx [1]: pc = 0x1100, size = 512 bytes, attr = \"F\"
             STARTPC CFA FP RA
             0000000000001100 sp+152 u u
-            0000000000001204 sp+8160 (c-4000) r0+0",
+            0000000000001204 sp+8160 c-4000 r0+0",
     );
     assert_eq!(round_trip(&s, WriteVersion::V3), b.bytes);
 }
@@ -342,7 +342,7 @@ fn flex_rows_decode_each_control_word_form() {
         ),
         (
             0x103f,
-            "0x103f FOUND cfa_base=sp cfa_off=0 fp_off=none ra_off=none ra=undefined",
+            "0x103f FOUND cfa_base=none cfa_off=none fp_off=none ra_off=none ra=undefined",
         ),
         (
             0x1041,
@@ -372,7 +372,7 @@ fn flex_rows_decode_each_control_word_form() {
             0000000000001008 (fp-8) (fp+0) U
             000000000000100c sp+16 u r3+0
             0000000000001010 sp+16 u (fp+8)
-            0000000000001014 sp+24 (c-24) (c-16)
+            0000000000001014 sp+24 c-24 c-16
             0000000000001018 sp+4000 u f
             000000000000101c RA undefined
             func idx [1]: pc = 0x1040, size = 16 bytes
@@ -515,8 +515,8 @@ fn aarch64_pauth_key_b_read_dumped_and_written() {
                   Function Index :
                     func idx [0]: pc = 0x1000, size = 32 bytes, attr = \"F\"{key}
                     STARTPC CFA FP RA
-                    0000000000001000 sp+16 (c-16) U[s]
-                    0000000000001004 fp+16 (c-16) (c-8)[s]
+                    0000000000001000 sp+16 c-16 U[s]
+                    0000000000001004 fp+16 c-16 c-8[s]
                     0000000000001008 sp+0 u r30+0
                     func idx [1]: pc = 0x1020, size = 32 bytes{key}
                     STARTPC CFA FP RA

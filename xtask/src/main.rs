@@ -10,6 +10,8 @@
 //!   time to the first complete stack, overhead on the workload and accuracy against
 //!   baselines, the profiler's own cost when profiling the whole machine; writes
 //!   `BENCHMARKS.md`.
+//! - `vm-test [--arch A] [--kernel K]`: the kernel matrix (Debian's 6.1 and 6.12 under
+//!   qemu, and the host's kernel): the profiler's end-to-end tests in each.
 //! - `soak [--minutes N]`: whole-system profiling under churn; RSS and kernel table
 //!   memory must stay flat.
 
@@ -20,6 +22,7 @@ mod fuzz;
 mod run;
 mod setup;
 mod test;
+mod vm;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -46,6 +49,12 @@ enum Command {
     /// Whole-system profiling under process churn for minutes: RSS and kernel table
     /// memory must stay flat (not part of `test`).
     Soak(fleet::SoakArgs),
+    /// The kernel matrix: boot Debian's kernels (6.1, 6.12) under qemu and run the
+    /// profiler's end-to-end tests in each, and on this machine's kernel.
+    VmTest(vm::VmTestArgs),
+    /// The tests one kernel of the matrix runs (started inside the guest).
+    #[command(hide = true)]
+    VmGuest(vm::guest::GuestArgs),
 }
 
 fn main() -> Result<()> {
@@ -56,5 +65,7 @@ fn main() -> Result<()> {
         Command::Fuzz(args) => fuzz::fuzz(args),
         Command::Bench(args) => bench::bench(args),
         Command::Soak(args) => fleet::soak(args),
+        Command::VmTest(args) => vm::vm_test(args),
+        Command::VmGuest(args) => vm::guest::guest(args),
     }
 }

@@ -175,8 +175,31 @@ fn package_installed(pkg: &str) -> bool {
         .is_some_and(|s| s.contains("install ok installed"))
 }
 
+/// How long apt waits for another apt or dpkg to release its lock.
+const LOCK_TIMEOUT: &str = "DPkg::Lock::Timeout=900";
+
 fn ensure_debian_packages() -> Result<()> {
-    let missing: Vec<&str> = DEBIAN_PACKAGES
+    install_packages(DEBIAN_PACKAGES)
+}
+
+/// What the VM matrix needs: qemu for the guests' architecture and a static busybox
+/// for their initramfs.
+pub fn ensure_vm_packages(arch: crate::vm::Arch) -> Result<()> {
+    let packages: &[(&str, &str)] = match arch {
+        crate::vm::Arch::X86_64 => &[
+            ("qemu-system-x86", "qemu-system-x86_64"),
+            ("busybox-static", "busybox"),
+        ],
+        crate::vm::Arch::Aarch64 => &[
+            ("qemu-system-arm", "qemu-system-aarch64"),
+            ("busybox-static", "busybox"),
+        ],
+    };
+    step("Debian packages for the VM matrix", || install_packages(packages))
+}
+
+fn install_packages(packages: &[(&str, &str)]) -> Result<()> {
+    let missing: Vec<&str> = packages
         .iter()
         .filter(|(pkg, bin)| !has_binary(bin) || !package_installed(pkg))
         .map(|(pkg, _)| *pkg)
@@ -186,11 +209,12 @@ fn ensure_debian_packages() -> Result<()> {
     }
     let by_hand = format!("apt-get update && apt-get install -y {}", missing.join(" "));
     let mut update = cmd::privileged("apt-get");
-    update.args(["update", "-q"]);
+    // Another apt (unattended upgrades on a fresh cloud host) may hold the lock: wait.
+    update.args(["update", "-q", "-o", LOCK_TIMEOUT]);
     cmd::run(&mut update, "apt-get update").with_context(|| format!("by hand: {by_hand}"))?;
     let mut install = cmd::privileged("apt-get");
     install
-        .args(["install", "-y", "-q", "--no-install-recommends"])
+        .args(["install", "-y", "-q", "--no-install-recommends", "-o", LOCK_TIMEOUT])
         .args(&missing)
         .env("DEBIAN_FRONTEND", "noninteractive");
     cmd::run(&mut install, "install Debian packages").with_context(|| format!("by hand: {by_hand}"))

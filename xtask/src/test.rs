@@ -1,4 +1,5 @@
-//! `cargo xtask test`: everything CI checks, in order of cost, then `bench --quick`
+//! `cargo xtask test`: everything CI checks, in order of cost, then the VM kernel matrix
+//! (`vm-test`), then `bench --quick`
 //! (the benchmark harness must run; its numbers are not asserted), then every fuzz target
 //! for a bounded time (a crash fails the run).
 
@@ -14,6 +15,9 @@ pub struct TestArgs {
     /// Seconds each fuzz target runs after the tests (0: skip fuzzing).
     #[arg(long, default_value_t = DEFAULT_FUZZ_SECONDS)]
     fuzz_seconds: u64,
+    /// Leave out the VM kernel matrix (`cargo xtask vm-test`); refused under CI.
+    #[arg(long)]
+    skip_vm: bool,
     /// Extra arguments for `cargo test` (e.g. a test name filter).
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     cargo_test_args: Vec<String>,
@@ -26,6 +30,9 @@ const DEFAULT_FUZZ_SECONDS: u64 = 30;
 const BPF_TARGET: &str = "bpfel-unknown-none";
 
 pub fn test(args: TestArgs) -> Result<()> {
+    if args.skip_vm && std::env::var_os("CI").is_some_and(|v| v == "true") {
+        anyhow::bail!("--skip-vm is refused under CI=true: the kernel matrix is part of the checks");
+    }
     setup::setup()?;
     let root = cmd::workspace_root();
     let cargo = || {
@@ -60,6 +67,16 @@ pub fn test(args: TestArgs) -> Result<()> {
         cargo().arg("test").args(&args.cargo_test_args),
         "unit and BPF tests",
     )?;
+    if args.skip_vm {
+        eprintln!("xtask: SKIPPED the VM kernel matrix (--skip-vm)");
+    } else {
+        let started = std::time::Instant::now();
+        crate::vm::vm_test(crate::vm::VmTestArgs::default())?;
+        eprintln!(
+            "xtask: the VM kernel matrix took {:.0} s",
+            started.elapsed().as_secs_f64()
+        );
+    }
     let started = std::time::Instant::now();
     crate::bench::quick_check()?;
     eprintln!(

@@ -22,7 +22,7 @@ use super::elf_add;
 
 const LOOKUP_HELP: &str = "\
 Output, one line per address, in input order:
-  0xADDR FOUND cfa_base=sp|fp cfa_off=N fp_off=N|none ra_off=N|none [EXTRA...]
+  0xADDR FOUND cfa_base=sp|fp|none cfa_off=N|none fp_off=N|none ra_off=N|none [EXTRA...]
   0xADDR NOTFOUND
   TOKEN INVALID            (the argument is not a hex address)
 fp_off/ra_off are the CFA-relative save slots (ra_off on AMD64 is the fixed offset -8 of
@@ -30,7 +30,8 @@ the SFrame header). Rules that do not fit these fields (SFrame v3 FLEX rows, sig
 frames, AArch64 pointer authentication) print extra fields after them:
   cfa_base=rN        CFA computed from DWARF register N (top frame only)
   cfa_deref=1        CFA = *(base + cfa_off), e.g. DRAP-realigned frames
-  ra=undefined       outermost frame (_start, clone): the walk ends here
+  ra=undefined       outermost frame (_start, clone): the walk ends here; such a row
+                     has no CFA, so it prints cfa_base=none cfa_off=none
   ra=rN, fp=rN       the value is held in DWARF register N
   ra=(rN+off)        the value is saved at register N + off (also fp=)
   ra=c+off           the value is CFA + off (also fp=)

@@ -164,7 +164,13 @@ fn simple_columns(section: &Section<'_>, fre: &Fre<'_>) -> (String, String, Stri
 }
 
 fn disp(section: &Section<'_>, ctrl: u32, offset: i32) -> String {
-    let (sp, fp) = section.abi().sp_fp_dwarf();
+    disp_for(section.abi(), ctrl, offset)
+}
+
+/// A FLEX rule's text: its control word (bit 0: names a register, bit 1: dereference,
+/// bits 3..: the register) and offset.
+fn disp_for(abi: Abi, ctrl: u32, offset: i32) -> String {
+    let (sp, fp) = abi.sp_fp_dwarf();
     let name = if ctrl & 1 != 0 {
         let reg = ctrl >> 3;
         if reg == u32::from(sp) {
@@ -177,7 +183,10 @@ fn disp(section: &Section<'_>, ctrl: u32, offset: i32) -> String {
     } else {
         "c".to_string()
     };
-    if ctrl & 2 != 0 {
+    // As binutils' sframe_format_fre_disp: the parenthesized (dereferenced) form only
+    // for a rule that names a register; a CFA-based value is `c%+d` with or without
+    // the dereference bit.
+    if ctrl & 1 != 0 && ctrl & 2 != 0 {
         format!("({name}{offset:+})")
     } else {
         format!("{name}{offset:+}")
@@ -210,4 +219,27 @@ fn flex_columns(section: &Section<'_>, fre: &Fre<'_>) -> (String, String, String
         _ => "u".to_string(),
     };
     (cfa, fp, ra)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// objdump 2.46/2.47 (`sframe_format_fre_disp`): parentheses only for a
+    /// dereferenced register; a CFA-based rule is `c%+d` with or without dereference.
+    #[test]
+    fn flex_rules_print_as_objdump_does() {
+        let reg = |r: u32| (r << 3) | 1;
+        let abi = Abi::Amd64LittleEndian;
+        // Register-based, without and with dereference.
+        assert_eq!(disp_for(abi, reg(10), 8), "r10+8");
+        assert_eq!(disp_for(abi, reg(10) | 2, 8), "(r10+8)");
+        assert_eq!(disp_for(abi, reg(6) | 2, -8), "(fp-8)");
+        assert_eq!(disp_for(abi, reg(7), 16), "sp+16");
+        // CFA-based, without and with dereference: the same text.
+        assert_eq!(disp_for(abi, 0, -16), "c-16");
+        assert_eq!(disp_for(abi, 2, -16), "c-16");
+        assert_eq!(disp_for(abi, 2, 16), "c+16");
+        assert_eq!(disp_for(Abi::Aarch64LittleEndian, reg(29) | 2, 0), "(fp+0)");
+    }
 }

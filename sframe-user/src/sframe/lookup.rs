@@ -201,7 +201,8 @@ fn reg_name(section: &Section<'_>, reg: u16) -> String {
 
 /// One line for the `lookup` command:
 /// `0xADDR FOUND cfa_base=sp|fp cfa_off=N fp_off=N|none ra_off=N|none` or
-/// `0xADDR NOTFOUND`.
+/// `0xADDR NOTFOUND`; an outermost frame (RA undefined) has no CFA:
+/// `cfa_base=none cfa_off=none`.
 ///
 /// `fp_off`/`ra_off` are the CFA-relative save slots (`ra_off` on AMD64 is the fixed
 /// header offset). Rules that do not fit these fields add fields after them:
@@ -229,12 +230,22 @@ fn format_rule(section: &Section<'_>, addr: u64, rule: &UnwindRule) -> String {
         RegRule::AtCfa(o) => o.to_string(),
         _ => "none".to_string(),
     };
-    let mut s = format!(
-        "{addr:#x} FOUND cfa_base={base} cfa_off={} fp_off={} ra_off={}",
-        rule.cfa.offset,
-        slot(&rule.fp),
-        slot(&rule.ra)
-    );
+    // An outermost-frame row (RA undefined: an FRE without offsets) carries no CFA, as
+    // libsframe returns none for it.
+    let mut s = if matches!(rule.ra, RegRule::Undefined) {
+        format!(
+            "{addr:#x} FOUND cfa_base=none cfa_off=none fp_off={} ra_off={}",
+            slot(&rule.fp),
+            slot(&rule.ra)
+        )
+    } else {
+        format!(
+            "{addr:#x} FOUND cfa_base={base} cfa_off={} fp_off={} ra_off={}",
+            rule.cfa.offset,
+            slot(&rule.fp),
+            slot(&rule.ra)
+        )
+    };
     if rule.cfa.deref {
         s.push_str(" cfa_deref=1");
     }

@@ -1,0 +1,34 @@
+//! `sframe-user check-kernel`: loads every BPF program into the running kernel without
+//! attaching it and prints what the verifier said of each.
+
+/// Prints one line per program (`NAME KIND INSTRUCTIONS`, or `NAME KIND FAILED` and the
+/// verifier's log) and returns the exit code: 0 when every program loaded.
+pub fn run() -> i32 {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    println!("kernel {}", release.trim());
+    let checks = match sframe_user::bpf::check_kernel() {
+        Ok(c) => c,
+        Err(err) => {
+            eprintln!("sframe-user: error: {err}");
+            return 1;
+        }
+    };
+    let mut failed = 0;
+    for c in &checks {
+        match &c.verified_instructions {
+            Ok(Some(n)) => println!("program {} {} {n}", c.name, c.kind),
+            Ok(None) => println!("program {} {} loaded", c.name, c.kind),
+            Err(log) => {
+                failed += 1;
+                println!("program {} {} FAILED", c.name, c.kind);
+                eprintln!("sframe-user: {} was rejected:\n{log}", c.name);
+            }
+        }
+    }
+    println!(
+        "{} of {} programs loaded (verifier limit: 1000000 instructions each)",
+        checks.len() - failed,
+        checks.len()
+    );
+    i32::from(failed > 0)
+}

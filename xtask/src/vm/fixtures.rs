@@ -1,0 +1,171 @@
+//! The workloads of the VM tests, compiled on the host for the guest's architecture.
+//! Each builds a known call chain, so the expected stack is known by construction.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::Result;
+
+use super::Arch;
+use crate::cmd;
+
+/// `main → level1 → level2 → level3 → leaf_spin`, forever. Each call is followed by
+/// work, so no call becomes a tail call.
+const CHAIN_C: &str = r#"
+volatile unsigned long sink;
+__attribute__((noinline)) void leaf_spin(void) { for (int i = 0; i < 200000; i++) sink += i; }
+__attribute__((noinline)) void level3(void) { leaf_spin(); sink++; }
+__attribute__((noinline)) void level2(void) { level3(); sink++; }
+__attribute__((noinline)) void level1(void) { level2(); sink++; }
+int main(void) { for (;;) level1(); }
+"#;
+
+/// `main → recurse × (DEPTH + 1) → deep_spin`.
+const DEEP_C: &str = r#"
+#define DEPTH 220
+volatile unsigned long sink;
+__attribute__((noinline)) void deep_spin(void) { for (;;) for (int i = 0; i < 200000; i++) sink += i; }
+__attribute__((noinline)) int recurse(int n) {
+    if (n == 0) { deep_spin(); return 0; }
+    int r = recurse(n - 1);
+    sink += r;
+    return r + 1;
+}
+int main(void) { return recurse(DEPTH); }
+"#;
+
+/// Most of its time in the kernel: `main → sys_loop → read(/dev/zero, 64 KiB)`.
+const SYSCALL_C: &str = r#"
+#include <fcntl.h>
+#include <unistd.h>
+volatile unsigned long sink;
+static char buf[1 << 16];
+__attribute__((noinline)) void sys_loop(int fd) {
+    for (int i = 0; i < 100; i++) if (read(fd, buf, sizeof buf) < 0) sink++;
+    sink++;
+}
+int main(void) { int fd = open("/dev/zero", O_RDONLY); for (;;) sys_loop(fd); }
+"#;
+
+/// C++: a method calling through `std::function` into a lambda, and exceptions thrown
+/// and caught through libstdc++ and libgcc's unwinder.
+const CPP: &str = r#"
+#include <functional>
+#include <stdexcept>
+volatile unsigned long sink;
+__attribute__((noinline)) void cpp_leaf(int i) { for (int j = 0; j < 20000; j++) sink += j ^ i; }
+__attribute__((noinline)) void thrower(int i) { if (i >= 0) throw std::runtime_error("x"); }
+struct Worker {
+    std::function<void(int)> f;
+    __attribute__((noinline)) void run(int n) { for (int i = 0; i < n; i++) f(i); sink++; }
+};
+int main() {
+    Worker w{[](int i) { cpp_leaf(i); }};
+    for (;;) {
+        w.run(100);
+        try { thrower(1); } catch (const std::exception &) { sink++; }
+    }
+}
+"#;
+
+/// Forks and execs `argv[1] argv[2]` one child after the other, forever.
+const SPAWNER_C: &str = r#"
+#include <sys/wait.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    if (argc < 3) return 2;
+    for (;;) {
+        pid_t p = fork();
+        if (p == 0) { execl(argv[1], argv[1], argv[2], (char *)0); _exit(127); }
+        if (p < 0) return 1;
+        waitpid(p, 0, 0);
+    }
+}
+"#;
+
+/// Opens the library `argv[1]` with dlopen and spins in it for 150 ms of CPU:
+/// `main → run_lib → dl_spin → dl_leaf`.
+const DL_CHILD_C: &str = r#"
+#include <dlfcn.h>
+volatile unsigned long sink;
+typedef void (*spin_fn)(double);
+__attribute__((noinline)) void run_lib(spin_fn f) { f(0.15); sink++; }
+int main(int argc, char **argv) {
+    void *h = dlopen(argv[1], RTLD_NOW);
+    if (!h) return 3;
+    spin_fn f = (spin_fn)dlsym(h, "dl_spin");
+    if (!f) return 4;
+    run_lib(f);
+    return 0;
+}
+"#;
+
+const DL_LIB_C: &str = r#"
+#include <time.h>
+volatile unsigned long sink;
+static double cpu(void) { struct timespec t; clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t); return t.tv_sec + t.tv_nsec / 1e9; }
+__attribute__((noinline)) void dl_leaf(void) { for (int i = 0; i < 20000; i++) sink += i; }
+__attribute__((noinline)) void dl_spin(double secs) { double s = cpu(); while (cpu() - s < secs) { dl_leaf(); sink++; } }
+"#;
+
+/// Paths of the compiled fixtures.
+pub struct Fixtures {
+    pub dir: PathBuf,
+}
+
+impl Fixtures {
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+    /// Every file, for the initramfs.
+    pub fn files(&self) -> Vec<PathBuf> {
+        NAMES.iter().map(|n| self.path(n)).collect()
+    }
+}
+
+/// The fixture files built by [`build`].
+pub const NAMES: &[&str] = &[
+    "chain_sframe",
+    "chain_eh",
+    "deep",
+    "sysloop",
+    "cpp_worker",
+    "spawner",
+    "dl_child",
+    "libdlspin.so",
+];
+
+fn compile(arch: Arch, dir: &Path, out: &str, src_name: &str, src: &str, flags: &[&str], cxx: bool) -> Result<()> {
+    let src_path = dir.join(src_name);
+    std::fs::write(&src_path, src)?;
+    let compiler = match (arch, cxx) {
+        (Arch::X86_64, false) => "gcc",
+        (Arch::X86_64, true) => "g++",
+        (Arch::Aarch64, false) => "aarch64-linux-gnu-gcc",
+        (Arch::Aarch64, true) => "aarch64-linux-gnu-g++",
+    };
+    let mut c = Command::new(compiler);
+    c.args(flags).arg("-o").arg(dir.join(out)).arg(&src_path);
+    cmd::run(&mut c, &format!("compile fixture {out}"))
+}
+
+/// Compiles every fixture for `arch` into `dir`. No frame pointers anywhere: the
+/// stacks can only be complete if the tables are right.
+pub fn build(arch: Arch, dir: &Path) -> Result<Fixtures> {
+    std::fs::create_dir_all(dir)?;
+    let base = ["-O2", "-g", "-fomit-frame-pointer"];
+    let with = |extra: &[&'static str]| -> Vec<&'static str> {
+        base.iter().copied().chain(extra.iter().copied()).collect()
+    };
+    compile(arch, dir, "chain_sframe", "chain_sframe.c", CHAIN_C, &with(&["-Wa,--gsframe"]), false)?;
+    compile(arch, dir, "chain_eh", "chain_eh.c", CHAIN_C, &base, false)?;
+    compile(arch, dir, "deep", "deep.c", DEEP_C, &base, false)?;
+    compile(arch, dir, "sysloop", "sysloop.c", SYSCALL_C, &base, false)?;
+    compile(arch, dir, "cpp_worker", "cpp_worker.cc", CPP, &base, true)?;
+    compile(arch, dir, "spawner", "spawner.c", SPAWNER_C, &base, false)?;
+    compile(arch, dir, "dl_child", "dl_child.c", DL_CHILD_C, &with(&["-ldl"]), false)?;
+    compile(arch, dir, "libdlspin.so", "dlspin.c", DL_LIB_C, &with(&["-shared", "-fPIC"]), false)?;
+    Ok(Fixtures { dir: dir.to_owned() })
+}

@@ -1,0 +1,196 @@
+//! The kernels of the VM matrix: Debian's own kernel packages, found with `apt-cache`,
+//! fetched with `apt-get download` and cached under `target/vm/kernels/` (never
+//! committed). Only the kernel image is kept: Debian's kernels have everything the
+//! tests need built in (BPF, BTF, perf events, the serial console, initramfs).
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::cmd;
+
+/// One entry of the matrix.
+#[derive(Clone, Debug)]
+pub struct Kernel {
+    /// Short name (`6.1`, `6.12`, `host`).
+    pub name: String,
+    /// Where it runs: a Debian package booted under qemu, or this machine's kernel.
+    pub source: KernelSource,
+}
+
+#[derive(Clone, Debug)]
+pub enum KernelSource {
+    /// The newest package whose name matches `prefix` + version digits + `suffix`.
+    Debian {
+        prefix: &'static str,
+        suffix: &'static str,
+    },
+    /// The running kernel: the guest tests run directly on this machine.
+    Host,
+}
+
+/// The x86-64 matrix: Debian 12's kernel (6.1, the oldest LTS fleets run), Debian 13's
+/// (6.12, shipped to Debian 12 as well), and this machine's own, the newest.
+pub fn x86_64_matrix() -> Vec<Kernel> {
+    vec![
+        Kernel {
+            name: "6.1".into(),
+            source: KernelSource::Debian {
+                prefix: "linux-image-6.1.0-",
+                suffix: "-cloud-amd64",
+            },
+        },
+        Kernel {
+            name: "6.12".into(),
+            source: KernelSource::Debian {
+                prefix: "linux-image-6.12.",
+                suffix: "-cloud-amd64",
+            },
+        },
+        Kernel {
+            name: "host".into(),
+            source: KernelSource::Host,
+        },
+    ]
+}
+
+/// Natural order of package names: digit runs compare as numbers.
+fn natural_key(s: &str) -> Vec<(u64, String)> {
+    let mut out = Vec::new();
+    let mut digits = String::new();
+    let mut text = String::new();
+    for c in s.chars() {
+        if c.is_ascii_digit() {
+            if !text.is_empty() {
+                out.push((0, std::mem::take(&mut text)));
+            }
+            digits.push(c);
+        } else {
+            if !digits.is_empty() {
+                out.push((digits.parse().unwrap_or(u64::MAX), String::new()));
+                digits.clear();
+            }
+            text.push(c);
+        }
+    }
+    if !digits.is_empty() {
+        out.push((digits.parse().unwrap_or(u64::MAX), String::new()));
+    }
+    if !text.is_empty() {
+        out.push((0, text));
+    }
+    out
+}
+
+/// Whether `name` is `prefix` + a version (digits, dots, `+debNN`) + `suffix`, the form
+/// of the signed image packages (not `-unsigned`, `-dbg`, `-rt-`).
+fn matches(name: &str, prefix: &str, suffix: &str) -> bool {
+    let Some(mid) = name
+        .strip_prefix(prefix)
+        .and_then(|r| r.strip_suffix(suffix))
+    else {
+        return false;
+    };
+    !mid.is_empty()
+        && mid.starts_with(|c: char| c.is_ascii_digit())
+        && mid
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '+')
+}
+
+fn apt_candidates(prefix: &str, suffix: &str) -> Vec<String> {
+    let pattern = format!("^{}", prefix.replace('.', "\\."));
+    let out = cmd::output(Command::new("apt-cache").args(["search", "--names-only", &pattern]))
+        .unwrap_or_default();
+    let mut names: Vec<String> = out
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|n| matches(n, prefix, suffix))
+        .map(str::to_owned)
+        .collect();
+    names.sort_by_key(|n| natural_key(n));
+    names
+}
+
+/// The newest package of the series; runs `apt-get update` once when the lists know
+/// none.
+pub fn resolve(prefix: &str, suffix: &str) -> Result<String> {
+    if let Some(name) = apt_candidates(prefix, suffix).pop() {
+        return Ok(name);
+    }
+    let mut update = cmd::privileged("apt-get");
+    update.args(["update", "-q", "-o", "DPkg::Lock::Timeout=600"]);
+    cmd::run(&mut update, "apt-get update (no kernel package known yet)")?;
+    apt_candidates(prefix, suffix)
+        .pop()
+        .with_context(|| format!("no Debian package named {prefix}*{suffix} in the apt lists"))
+}
+
+/// The kernel image of package `name`, downloaded and extracted into `cache` once.
+pub fn fetch(name: &str, cache: &Path) -> Result<PathBuf> {
+    let dir = cache.join(name);
+    let image = dir.join("vmlinuz");
+    if image.is_file() {
+        return Ok(image);
+    }
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut download = Command::new("apt-get");
+    download.current_dir(&dir).args(["download", "-q", name]);
+    cmd::run(&mut download, &format!("download kernel package {name}"))?;
+    let deb = std::fs::read_dir(&dir)?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|e| e == "deb"))
+        .with_context(|| format!("apt-get download {name} left no .deb in {}", dir.display()))?;
+    let unpacked = dir.join("unpacked");
+    let _ = std::fs::remove_dir_all(&unpacked);
+    std::fs::create_dir_all(&unpacked)?;
+    let mut extract = Command::new("sh");
+    extract.arg("-c").arg(format!(
+        "dpkg-deb --fsys-tarfile '{}' | tar -x -C '{}' --wildcards './boot/vmlinuz-*'",
+        deb.display(),
+        unpacked.display()
+    ));
+    cmd::run(&mut extract, &format!("extract the kernel image of {name}"))?;
+    let boot = unpacked.join("boot");
+    let found = std::fs::read_dir(&boot)
+        .with_context(|| format!("{name}: no boot/ in the package"))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("vmlinuz-"))
+        });
+    let Some(found) = found else {
+        bail!("{name}: the package has no boot/vmlinuz-*");
+    };
+    std::fs::rename(&found, &image)?;
+    let _ = std::fs::remove_dir_all(&unpacked);
+    let _ = std::fs::remove_file(&deb);
+    Ok(image)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn package_names_sort_by_version_and_filter_flavours() {
+        let mut v = vec![
+            "linux-image-6.1.0-9-cloud-amd64",
+            "linux-image-6.1.0-57-cloud-amd64",
+            "linux-image-6.1.0-48-cloud-amd64",
+        ];
+        v.sort_by_key(|n| natural_key(n));
+        assert_eq!(v.last(), Some(&"linux-image-6.1.0-57-cloud-amd64"));
+        let (p, s) = ("linux-image-6.12.", "-cloud-amd64");
+        assert!(matches("linux-image-6.12.117+deb12-cloud-amd64", p, s));
+        assert!(!matches("linux-image-6.12.117+deb12-cloud-amd64-unsigned", p, s));
+        assert!(!matches("linux-image-6.12.117+deb12-rt-amd64", p, s));
+        assert!(!matches("linux-image-6.1.0-57-cloud-amd64-dbg", "linux-image-6.1.0-", s));
+    }
+}

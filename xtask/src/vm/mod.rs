@@ -1,0 +1,441 @@
+//! `cargo xtask vm-test`: the kernel matrix. Boots Debian's own kernel packages under
+//! qemu with an initramfs that holds the release `sframe-user`, the fixtures, their
+//! libraries and this binary as the test runner (`xtask vm-guest`, see `guest`), and
+//! runs the same tests on the host's kernel. Reports per kernel: pass/fail per test and
+//! the verifier's instruction count per program.
+
+mod cpio;
+mod fixtures;
+pub mod guest;
+mod kernels;
+mod qemu;
+
+use std::{
+    collections::BTreeMap,
+    fmt::Write as _,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+use clap::{Args, ValueEnum};
+
+use crate::cmd;
+use kernels::{Kernel, KernelSource};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Arch {
+    #[value(name = "x86_64")]
+    X86_64,
+    #[value(name = "aarch64")]
+    Aarch64,
+}
+
+impl Arch {
+    pub fn host() -> Self {
+        if cfg!(target_arch = "aarch64") {
+            Arch::Aarch64
+        } else {
+            Arch::X86_64
+        }
+    }
+    fn name(self) -> &'static str {
+        match self {
+            Arch::X86_64 => "x86_64",
+            Arch::Aarch64 => "aarch64",
+        }
+    }
+}
+
+#[derive(Args)]
+pub struct VmTestArgs {
+    /// The guests' architecture.
+    #[arg(long, value_enum, default_value = "x86_64")]
+    arch: Arch,
+    /// Only these kernels of the matrix (`6.1`, `6.12`, `host`); default: all.
+    #[arg(long)]
+    kernel: Vec<String>,
+    /// Only the tests whose name contains this.
+    #[arg(long)]
+    only: Option<String>,
+    /// Workload CPU seconds each test profiles.
+    #[arg(long, default_value_t = 2.0)]
+    cpu_seconds: f64,
+}
+
+impl Default for VmTestArgs {
+    fn default() -> Self {
+        Self {
+            arch: Arch::X86_64,
+            kernel: Vec::new(),
+            only: None,
+            cpu_seconds: 2.0,
+        }
+    }
+}
+
+/// Wall-clock limit of one guest boot and its tests (TCG runs them several times slower
+/// than the host).
+const GUEST_TIMEOUT: Duration = Duration::from_secs(20 * 60);
+
+/// What one kernel of the matrix gave.
+struct KernelResult {
+    name: String,
+    release: String,
+    /// test → (status, seconds, detail)
+    tests: BTreeMap<String, (String, String, String)>,
+    /// program → verified instructions
+    verifier: BTreeMap<String, String>,
+    /// Set when the kernel could not be run at all.
+    error: Option<String>,
+    seconds: f64,
+}
+
+impl KernelResult {
+    fn failed(&self) -> bool {
+        self.error.is_some()
+            || self.tests.is_empty()
+            || self.tests.values().any(|(s, _, _)| s == "fail")
+    }
+}
+
+pub fn vm_test(args: VmTestArgs) -> Result<()> {
+    crate::setup::setup()?;
+    crate::setup::ensure_vm_packages(args.arch)?;
+    let started = Instant::now();
+    let matrix = match args.arch {
+        Arch::X86_64 => kernels::x86_64_matrix(),
+        Arch::Aarch64 => bail!("the aarch64 matrix is not built yet"),
+    };
+    let matrix: Vec<Kernel> = matrix
+        .into_iter()
+        .filter(|k| args.kernel.is_empty() || args.kernel.contains(&k.name))
+        .collect();
+    if matrix.is_empty() {
+        bail!("no kernel of the matrix matches {:?}", args.kernel);
+    }
+    let profiler = cmd::build_sframe_user_bin("sframe-user", false)?;
+    let runner = std::env::current_exe().context("the xtask binary's path")?;
+    let base = cmd::target_dir().join("vm").join(args.arch.name());
+    let fx = fixtures::build(args.arch, &base.join("fixtures"))?;
+    let mut guest_args = vec![format!("--cpu-seconds={}", args.cpu_seconds)];
+    if let Some(o) = &args.only {
+        guest_args.push(format!("--only={o}"));
+    }
+    let mut initrd: Option<PathBuf> = None;
+    let mut results = Vec::new();
+    for k in &matrix {
+        let t = Instant::now();
+        let result = match &k.source {
+            KernelSource::Host => run_on_host(&runner, &profiler, &fx.dir, &guest_args, &base),
+            KernelSource::Debian { prefix, suffix } => (|| -> Result<Vec<String>> {
+                let package = kernels::resolve(prefix, suffix)?;
+                eprintln!("xtask: vm: kernel {} is {package}", k.name);
+                let image = kernels::fetch(&package, &cmd::target_dir().join("vm").join("kernels"))?;
+                let initrd = match &initrd {
+                    Some(p) => p.clone(),
+                    None => {
+                        let p = base.join("initrd.cpio");
+                        build_initramfs(args.arch, &p, &runner, &profiler, &fx, &guest_args)?;
+                        initrd = Some(p.clone());
+                        p
+                    }
+                };
+                let log = base.join(format!("console-{}.log", k.name));
+                qemu::boot(args.arch, &image, &initrd, &log, GUEST_TIMEOUT)
+            })(),
+        };
+        let mut r = match result {
+            Ok(lines) => parse(&k.name, &lines),
+            Err(err) => KernelResult {
+                name: k.name.clone(),
+                release: String::new(),
+                tests: BTreeMap::new(),
+                verifier: BTreeMap::new(),
+                error: Some(format!("{err:#}")),
+                seconds: 0.0,
+            },
+        };
+        r.seconds = t.elapsed().as_secs_f64();
+        results.push(r);
+    }
+    let report = render(args.arch, &results, started.elapsed());
+    let path = base.join("report.md");
+    std::fs::write(&path, &report)?;
+    eprintln!("{report}");
+    eprintln!("xtask: vm: report in {}", path.display());
+    let failed: Vec<&str> = results
+        .iter()
+        .filter(|r| r.failed())
+        .map(|r| r.name.as_str())
+        .collect();
+    if !failed.is_empty() {
+        bail!("the VM matrix failed on kernel(s) {}", failed.join(", "));
+    }
+    Ok(())
+}
+
+/// The host kernel's row: the same runner, run directly.
+fn run_on_host(
+    runner: &Path,
+    profiler: &Path,
+    fixtures: &Path,
+    guest_args: &[String],
+    base: &Path,
+) -> Result<Vec<String>> {
+    let out = Command::new(runner)
+        .arg("vm-guest")
+        .arg("--profiler")
+        .arg(profiler)
+        .arg("--fixtures")
+        .arg(fixtures)
+        .args(guest_args)
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running the VM tests on the host kernel")?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    std::fs::write(base.join("console-host.log"), &text)?;
+    Ok(text.lines().map(str::to_owned).collect())
+}
+
+fn parse(name: &str, lines: &[String]) -> KernelResult {
+    let mut r = KernelResult {
+        name: name.to_owned(),
+        release: String::new(),
+        tests: BTreeMap::new(),
+        verifier: BTreeMap::new(),
+        error: None,
+        seconds: 0.0,
+    };
+    let mut done = false;
+    for line in lines {
+        let Some(rest) = line.split_once(guest::TAG).map(|x| x.1.trim()) else {
+            continue;
+        };
+        let f: Vec<&str> = rest.splitn(5, ' ').collect();
+        match f.as_slice() {
+            ["kernel", release, ..] => r.release = (*release).to_owned(),
+            ["verifier", prog, n, ..] => {
+                r.verifier.insert((*prog).to_owned(), (*n).to_owned());
+            }
+            ["test", test, status, secs, detail @ ..] => {
+                r.tests.insert(
+                    (*test).to_owned(),
+                    (
+                        (*status).to_owned(),
+                        (*secs).to_owned(),
+                        detail.first().copied().unwrap_or("").to_owned(),
+                    ),
+                );
+            }
+            ["tests", "done,", ..] => done = true,
+            _ => {}
+        }
+    }
+    if !done {
+        r.error = Some("the test runner did not finish (see the console log)".into());
+    }
+    r
+}
+
+fn render(arch: Arch, results: &[KernelResult], took: Duration) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "## VM matrix ({}, {}; {:.0} s)\n",
+        arch.name(),
+        qemu::accel_note(),
+        took.as_secs_f64()
+    );
+    let tests: Vec<&String> = {
+        let mut v: Vec<&String> = results.iter().flat_map(|r| r.tests.keys()).collect();
+        v.sort();
+        v.dedup();
+        v
+    };
+    let _ = write!(s, "| kernel | release | time |");
+    for t in &tests {
+        let _ = write!(s, " {t} |");
+    }
+    let _ = writeln!(s);
+    let _ = write!(s, "|---|---|---|");
+    for _ in &tests {
+        let _ = write!(s, "---|");
+    }
+    let _ = writeln!(s);
+    for r in results {
+        let _ = write!(s, "| {} | {} | {:.0} s |", r.name, r.release, r.seconds);
+        for t in &tests {
+            let cell = r.tests.get(*t).map(|(st, _, _)| st.as_str()).unwrap_or("—");
+            let _ = write!(s, " {cell} |");
+        }
+        let _ = writeln!(s);
+    }
+    let progs: Vec<&String> = {
+        let mut v: Vec<&String> = results.iter().flat_map(|r| r.verifier.keys()).collect();
+        v.sort();
+        v.dedup();
+        v
+    };
+    if !progs.is_empty() {
+        let _ = writeln!(s, "\nVerifier instructions per program (limit 1,000,000):\n");
+        let _ = write!(s, "| program |");
+        for r in results {
+            let _ = write!(s, " {} |", r.name);
+        }
+        let _ = writeln!(s);
+        let _ = write!(s, "|---|");
+        for _ in results {
+            let _ = write!(s, "---:|");
+        }
+        let _ = writeln!(s);
+        for p in progs {
+            let _ = write!(s, "| {p} |");
+            for r in results {
+                let _ = write!(s, " {} |", r.verifier.get(p).map(String::as_str).unwrap_or("—"));
+            }
+            let _ = writeln!(s);
+        }
+    }
+    let _ = writeln!(s, "\nDetails:\n");
+    for r in results {
+        if let Some(e) = &r.error {
+            let _ = writeln!(s, "- {}: ERROR {}", r.name, e.lines().next().unwrap_or(""));
+            for l in e.lines().skip(1).take(40) {
+                let _ = writeln!(s, "  {l}");
+            }
+        }
+        for (t, (st, secs, detail)) in &r.tests {
+            let _ = writeln!(s, "- {} {t}: {st} ({secs}) {detail}", r.name);
+        }
+    }
+    s
+}
+
+/// Shared libraries `elf` needs, as `ldd` resolves them (host architecture only).
+fn libraries(elf: &Path) -> Result<Vec<PathBuf>> {
+    let out = Command::new("ldd").arg(elf).output().context("running ldd")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut libs = Vec::new();
+    for line in text.lines() {
+        // "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)" or "/lib64/ld-linux-x86-64.so.2 (0x...)"
+        let path = match line.split_once("=>") {
+            Some((_, r)) => r.split_whitespace().next(),
+            None => line.split_whitespace().next(),
+        };
+        if let Some(p) = path.filter(|p| p.starts_with('/')) {
+            libs.push(PathBuf::from(p));
+        }
+    }
+    Ok(libs)
+}
+
+fn add_elf(c: &mut cpio::Cpio, at: &str, src: &Path) -> Result<()> {
+    c.copy(at, src)?;
+    for lib in libraries(src)? {
+        let at = lib.to_string_lossy().into_owned();
+        c.copy(&at, &lib)?;
+    }
+    Ok(())
+}
+
+/// Python's standard library, without what the tests never import.
+fn add_python(c: &mut cpio::Cpio) -> Result<()> {
+    let Some(exe) = ["/usr/bin/python3.11", "/usr/bin/python3"]
+        .into_iter()
+        .map(Path::new)
+        .find(|p| p.is_file())
+    else {
+        return Ok(());
+    };
+    let real = std::fs::canonicalize(exe)?;
+    add_elf(c, "/usr/bin/python3", &real)?;
+    let name = real
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("python3");
+    let lib = Path::new("/usr/lib").join(name);
+    if !lib.is_dir() {
+        return Ok(());
+    }
+    const SKIP: &[&str] = &[
+        "test",
+        "idlelib",
+        "tkinter",
+        "turtledemo",
+        "ensurepip",
+        "lib2to3",
+        "pydoc_data",
+        "site-packages",
+        "dist-packages",
+        "lib-dynload",
+    ];
+    let mut stack = vec![lib.clone()];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir)? {
+            let e = e?;
+            let p = e.path();
+            let n = e.file_name().to_string_lossy().into_owned();
+            let ft = e.file_type()?;
+            if ft.is_dir() {
+                if dir == lib && (SKIP.contains(&n.as_str()) || n.starts_with("config-")) {
+                    continue;
+                }
+                stack.push(p);
+            } else if ft.is_file() {
+                c.copy(&p.to_string_lossy(), &p)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The initramfs: busybox, `/init`, the profiler, the runner, the fixtures, python3 and
+/// every library they need, at the host's paths.
+fn build_initramfs(
+    arch: Arch,
+    out: &Path,
+    runner: &Path,
+    profiler: &Path,
+    fx: &fixtures::Fixtures,
+    guest_args: &[String],
+) -> Result<()> {
+    if arch != Arch::X86_64 {
+        bail!("initramfs for {} not built yet", arch.name());
+    }
+    let mut c = cpio::Cpio::default();
+    for d in ["/proc", "/sys", "/dev", "/tmp", "/run", "/bin", "/sbin", "/usr/bin", "/usr/sbin"] {
+        c.dir(d)?;
+    }
+    c.copy("/bin/busybox", Path::new("/bin/busybox"))?;
+    add_elf(&mut c, "/sframe/sframe-user", profiler)?;
+    add_elf(&mut c, "/sframe/xtask", runner)?;
+    for f in fx.files() {
+        let name = f.file_name().and_then(|n| n.to_str()).context("fixture name")?;
+        add_elf(&mut c, &format!("/fixtures/{name}"), &f)?;
+    }
+    add_python(&mut c)?;
+    let init = format!(
+        r#"#!/bin/busybox sh
+/bin/busybox --install -s
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+mount -t tmpfs tmpfs /tmp
+mount -t tmpfs tmpfs /run
+mount -t cgroup2 cgroup2 /sys/fs/cgroup 2>/dev/null
+ip link set lo up
+echo "{tag} init $(uname -r)"
+/sframe/xtask vm-guest --profiler /sframe/sframe-user --fixtures /fixtures {args}
+echo "{tag} end rc=$?"
+poweroff -f
+"#,
+        tag = guest::TAG,
+        args = guest_args.join(" "),
+    );
+    c.file("/init", 0o755, init.as_bytes())?;
+    std::fs::write(out, c.finish()).with_context(|| format!("writing {}", out.display()))?;
+    Ok(())
+}
