@@ -41,7 +41,9 @@ pub struct ObjTableOptions {
     pub synthesize_plt: bool,
     /// Ignore `.sframe` and always derive from CFI.
     pub ignore_sframe: bool,
-    /// With `.sframe`, add the CFI's functions that no `.sframe` function overlaps.
+    /// With `.sframe`, add the CFI's functions that no `.sframe` function overlaps, and
+    /// mark an entry point neither covers as the outermost frame (always done for
+    /// tables derived from CFI).
     pub fill_from_cfi: bool,
 }
 
@@ -132,6 +134,10 @@ pub fn table_for_elf(data: &[u8], opts: &ObjTableOptions) -> Result<ObjectTable,
                 } else {
                     0
                 };
+                // The same purpose: an entry point without CFI either is outermost.
+                if opts.fill_from_cfi {
+                    add_entry_row(&file, &mut table);
+                }
                 ehframe::mark_padding(data, &mut table);
                 return Ok(ObjectTable {
                     source: table.source,
@@ -146,9 +152,14 @@ pub fn table_for_elf(data: &[u8], opts: &ObjTableOptions) -> Result<ObjectTable,
         }
     }
     match ehframe::derive_from_elf_with(data, &opts.derive) {
-        Ok(derived) => Ok(ObjectTable {
+        Ok(mut derived) => Ok(ObjectTable {
             source: derived.table.source,
-            table: derived.table,
+            table: {
+                if add_entry_row(&file, &mut derived.table) {
+                    ehframe::mark_padding(data, &mut derived.table);
+                }
+                derived.table
+            },
             sframe_error,
             stats: Some(derived.stats),
             plt_functions: 0,
@@ -283,6 +294,58 @@ fn add_plt_rows(file: &object::File<'_>, table: &mut UnwindTable) -> usize {
         *table = merged;
     }
     n
+}
+
+/// Longest entry-point code an outermost row covers (glibc's ld.so `_start` and
+/// `_dl_start_user` together are about 80 bytes).
+const ENTRY_ROW_MAX: u64 = 256;
+
+/// Marks the ELF entry point as the outermost frame when no unwind information covers
+/// it: nothing calls an entry point, so a return address there ends the stack. glibc's
+/// dynamic loader has no CFI for its `_start` / `_dl_start_user` (the return address of
+/// `call _dl_start` and `call _dl_init`): without this row every sample taken while
+/// ld.so starts a program (a large share of a short-lived process's samples) ends in
+/// `no_rule` although the walk reached the bottom of the stack. The row spans from
+/// the entry to the next function, at most [`ENTRY_ROW_MAX`] bytes. Returns whether a
+/// row was added.
+fn add_entry_row(file: &object::File<'_>, table: &mut UnwindTable) -> bool {
+    let entry = file.entry();
+    if entry == 0 || touches(table.functions(), entry, entry + 1) {
+        return false;
+    }
+    // The entry must be in executable code of the file.
+    let in_text = file.sections().any(|s| {
+        s.kind() == object::SectionKind::Text
+            && s.address() <= entry
+            && entry < s.address().saturating_add(s.size())
+    });
+    if !in_text {
+        return false;
+    }
+    let next = table
+        .functions()
+        .get(table.functions().partition_point(|f| f.start <= entry))
+        .map_or(u64::MAX, |f| f.start);
+    let size = next.saturating_sub(entry).min(ENTRY_ROW_MAX);
+    let entry_fn = crate::table::FunctionRows {
+        start: entry,
+        size: size as u32,
+        pc_type: crate::table::PcType::Inc,
+        rows: vec![crate::table::Row {
+            start_offset: 0,
+            rule: Some(sframe_common::UnwindRule {
+                // Any CFA above the SP: the walk checks progress before it ends on the
+                // undefined RA.
+                cfa: sframe_common::CfaRule::sp(if table.arch == Arch::Amd64 { 8 } else { 16 }),
+                ra: sframe_common::RegRule::Undefined,
+                fp: sframe_common::RegRule::Unchanged,
+                flags: sframe_common::RuleFlags::default(),
+            }),
+        }],
+    };
+    let extra = UnwindTable::from_functions(table.arch, Source::Synthesized, [entry_fn]);
+    *table = table.merged_with(&extra, |_| true);
+    true
 }
 
 /// Whether any function of the sorted, disjoint `fns` intersects `[a, b)`.

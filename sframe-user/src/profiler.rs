@@ -560,6 +560,17 @@ impl Profiler {
                     WalkOutcome::UnknownProcess
                 }
             };
+            // A PC in a mapping made after the process's tables were read (dlopen): its
+            // mmap event reloads the process; wait for that as for a first load.
+            let retry = outcome == WalkOutcome::NoMapping
+                && st.frames_from_fp == 0
+                && now.duration_since(seen) < DEFERRED_PATIENCE
+                && self.deferred_backlog.len() < MAX_DEFERRED_BACKLOG
+                && procfs::exists(rec.pid);
+            if retry {
+                self.deferred_backlog.push_back((seen, rec));
+                continue;
+            }
             let len = (st.stack.len as usize).min(st.stack.frames.len());
             let key = CountKey {
                 pid: rec.pid,

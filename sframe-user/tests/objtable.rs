@@ -157,3 +157,41 @@ fn system_libraries_are_fast() {
         assert!(stats.bytes_with_rule() * 100 >= stats.code_bytes * 99);
     }
 }
+
+/// glibc's dynamic loader has no CFI for its entry (`_start`, `_dl_start_user`): the
+/// table marks it as the outermost frame, so walks through ld.so's start-up end
+/// complete; code with CFI keeps its rows.
+#[test]
+fn an_entry_point_without_cfi_is_the_outermost_frame() {
+    let ld = ["/lib64/ld-linux-x86-64.so.2", "/lib/ld-linux-aarch64.so.1"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists());
+    let Some(ld) = ld else {
+        assert!(!sframe_user::privileges::in_ci(), "no dynamic loader found");
+        eprintln!("skipping: no dynamic loader found");
+        return;
+    };
+    let data = std::fs::read(ld).unwrap();
+    let entry = file_entry(&data);
+    let t = table_for_elf(&data, &ObjTableOptions::default())
+        .unwrap()
+        .table;
+    let (f, row) = t.find_row(entry).expect("a row at the entry");
+    assert_eq!(f.start, entry);
+    let rule = row.rule.expect("a rule");
+    assert_eq!(rule.ra, sframe_common::RegRule::Undefined, "{rule:?}");
+    // The return address of `call _dl_start` (a few bytes in) is covered too.
+    let (_, row) = t.find_row(entry + 8).expect("a row after the entry");
+    assert_eq!(
+        row.rule.map(|r| r.ra),
+        Some(sframe_common::RegRule::Undefined)
+    );
+    // A program's own _start has CFI (crt1.o): nothing is added there.
+    if let Some(exe) = build("entry", &["-O2"]) {
+        let t = table_for_elf(&exe, &ObjTableOptions::default()).unwrap();
+        let e = file_entry(&exe);
+        let (f, _) = t.table.find_row(e).expect("_start has a row");
+        assert_ne!(t.table.source, Source::Synthesized);
+        assert!(f.size > 8, "crt1.o's own FDE, not a synthesized one");
+    }
+}

@@ -195,7 +195,9 @@ pub fn ensure_vm_packages(arch: crate::vm::Arch) -> Result<()> {
             ("busybox-static", "busybox"),
         ],
     };
-    step("Debian packages for the VM matrix", || install_packages(packages))
+    step("Debian packages for the VM matrix", || {
+        install_packages(packages)
+    })
 }
 
 fn install_packages(packages: &[(&str, &str)]) -> Result<()> {
@@ -214,7 +216,14 @@ fn install_packages(packages: &[(&str, &str)]) -> Result<()> {
     cmd::run(&mut update, "apt-get update").with_context(|| format!("by hand: {by_hand}"))?;
     let mut install = cmd::privileged("apt-get");
     install
-        .args(["install", "-y", "-q", "--no-install-recommends", "-o", LOCK_TIMEOUT])
+        .args([
+            "install",
+            "-y",
+            "-q",
+            "--no-install-recommends",
+            "-o",
+            LOCK_TIMEOUT,
+        ])
         .args(&missing)
         .env("DEBIAN_FRONTEND", "noninteractive");
     cmd::run(&mut install, "install Debian packages").with_context(|| format!("by hand: {by_hand}"))

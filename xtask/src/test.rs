@@ -31,7 +31,9 @@ const BPF_TARGET: &str = "bpfel-unknown-none";
 
 pub fn test(args: TestArgs) -> Result<()> {
     if args.skip_vm && std::env::var_os("CI").is_some_and(|v| v == "true") {
-        anyhow::bail!("--skip-vm is refused under CI=true: the kernel matrix is part of the checks");
+        anyhow::bail!(
+            "--skip-vm is refused under CI=true: the kernel matrix is part of the checks"
+        );
     }
     setup::setup()?;
     let root = cmd::workspace_root();

@@ -125,6 +125,12 @@ struct Intervals {
 }
 
 pub async fn run(args: ProfileArgs) -> Result<()> {
+    // Handlers first: a Ctrl-C or SIGTERM while the programs load and the targets'
+    // tables are built ends the profile with its report instead of killing the process
+    // (`tokio::signal::ctrl_c()` would install its handler only when first polled).
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sigterm = signal(SignalKind::terminate())?;
     if args.output.is_none() && args.format.is_binary() && std::io::stdout().is_terminal() {
         bail!(
             "--format {} is binary: give --output PATH or redirect standard output",
@@ -222,9 +228,6 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
         .map(|s| started + Duration::from_secs_f64(s.max(0.0)));
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let ctrl_c = tokio::signal::ctrl_c();
-    tokio::pin!(ctrl_c);
-    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let until_deadline = async {
         match deadline {
             Some(d) => tokio::time::sleep_until(d.into()).await,
@@ -235,7 +238,7 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
     let mut exited_reported = 0;
     loop {
         tokio::select! {
-            _ = &mut ctrl_c => break,
+            _ = sigint.recv() => break,
             _ = sigterm.recv() => break,
             _ = &mut until_deadline => break,
             ready = async { events.as_ref().expect("guarded").readable().await }, if events.is_some() => {

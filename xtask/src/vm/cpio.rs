@@ -17,7 +17,6 @@ pub struct Cpio {
 
 const S_IFDIR: u32 = 0o040000;
 const S_IFREG: u32 = 0o100000;
-const S_IFLNK: u32 = 0o120000;
 
 impl Cpio {
     fn entry(&mut self, name: &str, mode: u32, data: &[u8]) {
@@ -105,17 +104,6 @@ impl Cpio {
         self.file(path, mode, &data)
     }
 
-    /// A symbolic link at `path` to `target`.
-    pub fn symlink(&mut self, path: &str, target: &str) -> Result<()> {
-        let key = Self::key(path)?;
-        if !self.files.insert(key.clone()) {
-            return Ok(());
-        }
-        self.parents(&key);
-        self.entry(&key, S_IFLNK | 0o777, target.as_bytes());
-        Ok(())
-    }
-
     /// The archive's bytes, with its trailer.
     pub fn finish(mut self) -> Vec<u8> {
         self.entry("TRAILER!!!", 0, &[]);
@@ -134,7 +122,6 @@ mod tests {
     fn entries_are_aligned_and_parents_come_first() {
         let mut c = Cpio::default();
         c.file("/a/b/c", 0o755, b"hello").unwrap();
-        c.symlink("/a/l", "b/c").unwrap();
         let out = c.finish();
         let text = String::from_utf8_lossy(&out);
         let a = text.find("a\0").unwrap();

@@ -85,13 +85,13 @@ int main(int argc, char **argv) {
 }
 "#;
 
-/// Opens the library `argv[1]` with dlopen and spins in it for 150 ms of CPU:
+/// Opens the library `argv[1]` with dlopen and spins in it for 300 ms of CPU:
 /// `main → run_lib → dl_spin → dl_leaf`.
 const DL_CHILD_C: &str = r#"
 #include <dlfcn.h>
 volatile unsigned long sink;
 typedef void (*spin_fn)(double);
-__attribute__((noinline)) void run_lib(spin_fn f) { f(0.15); sink++; }
+__attribute__((noinline)) void run_lib(spin_fn f) { f(0.3); sink++; }
 int main(int argc, char **argv) {
     void *h = dlopen(argv[1], RTLD_NOW);
     if (!h) return 3;
@@ -137,7 +137,15 @@ pub const NAMES: &[&str] = &[
     "libdlspin.so",
 ];
 
-fn compile(arch: Arch, dir: &Path, out: &str, src_name: &str, src: &str, flags: &[&str], cxx: bool) -> Result<()> {
+fn compile(
+    arch: Arch,
+    dir: &Path,
+    out: &str,
+    src_name: &str,
+    src: &str,
+    flags: &[&str],
+    cxx: bool,
+) -> Result<()> {
     let src_path = dir.join(src_name);
     std::fs::write(&src_path, src)?;
     let compiler = match (arch, cxx) {
@@ -159,13 +167,39 @@ pub fn build(arch: Arch, dir: &Path) -> Result<Fixtures> {
     let with = |extra: &[&'static str]| -> Vec<&'static str> {
         base.iter().copied().chain(extra.iter().copied()).collect()
     };
-    compile(arch, dir, "chain_sframe", "chain_sframe.c", CHAIN_C, &with(&["-Wa,--gsframe"]), false)?;
+    compile(
+        arch,
+        dir,
+        "chain_sframe",
+        "chain_sframe.c",
+        CHAIN_C,
+        &with(&["-Wa,--gsframe"]),
+        false,
+    )?;
     compile(arch, dir, "chain_eh", "chain_eh.c", CHAIN_C, &base, false)?;
     compile(arch, dir, "deep", "deep.c", DEEP_C, &base, false)?;
     compile(arch, dir, "sysloop", "sysloop.c", SYSCALL_C, &base, false)?;
     compile(arch, dir, "cpp_worker", "cpp_worker.cc", CPP, &base, true)?;
     compile(arch, dir, "spawner", "spawner.c", SPAWNER_C, &base, false)?;
-    compile(arch, dir, "dl_child", "dl_child.c", DL_CHILD_C, &with(&["-ldl"]), false)?;
-    compile(arch, dir, "libdlspin.so", "dlspin.c", DL_LIB_C, &with(&["-shared", "-fPIC"]), false)?;
-    Ok(Fixtures { dir: dir.to_owned() })
+    compile(
+        arch,
+        dir,
+        "dl_child",
+        "dl_child.c",
+        DL_CHILD_C,
+        &with(&["-ldl"]),
+        false,
+    )?;
+    compile(
+        arch,
+        dir,
+        "libdlspin.so",
+        "dlspin.c",
+        DL_LIB_C,
+        &with(&["-shared", "-fPIC"]),
+        false,
+    )?;
+    Ok(Fixtures {
+        dir: dir.to_owned(),
+    })
 }

@@ -180,7 +180,7 @@ mod tests {
 
     #[test]
     fn package_names_sort_by_version_and_filter_flavours() {
-        let mut v = vec![
+        let mut v = [
             "linux-image-6.1.0-9-cloud-amd64",
             "linux-image-6.1.0-57-cloud-amd64",
             "linux-image-6.1.0-48-cloud-amd64",
@@ -189,8 +189,16 @@ mod tests {
         assert_eq!(v.last(), Some(&"linux-image-6.1.0-57-cloud-amd64"));
         let (p, s) = ("linux-image-6.12.", "-cloud-amd64");
         assert!(matches("linux-image-6.12.117+deb12-cloud-amd64", p, s));
-        assert!(!matches("linux-image-6.12.117+deb12-cloud-amd64-unsigned", p, s));
+        assert!(!matches(
+            "linux-image-6.12.117+deb12-cloud-amd64-unsigned",
+            p,
+            s
+        ));
         assert!(!matches("linux-image-6.12.117+deb12-rt-amd64", p, s));
-        assert!(!matches("linux-image-6.1.0-57-cloud-amd64-dbg", "linux-image-6.1.0-", s));
+        assert!(!matches(
+            "linux-image-6.1.0-57-cloud-amd64-dbg",
+            "linux-image-6.1.0-",
+            s
+        ));
     }
 }

@@ -27,7 +27,7 @@ pub const INIT_MARKER: &str = "SFRAME-VM: init";
 /// The line `/init` prints last.
 pub const END_MARKER: &str = "SFRAME-VM: end";
 /// How long a KVM boot may take to reach `/init` before KVM is judged unusable.
-const KVM_PROBE: Duration = Duration::from_secs(30);
+const KVM_PROBE: Duration = Duration::from_secs(20);
 
 /// 0: not tried, 1: works, 2: unusable.
 static KVM: AtomicU8 = AtomicU8::new(0);
@@ -55,7 +55,13 @@ fn set_note(s: String) {
 
 /// Boots `kernel` with `initrd`, returns the console lines (also written to `log`).
 /// Fails when the guest does not print [`END_MARKER`] within `timeout`.
-pub fn boot(arch: Arch, kernel: &Path, initrd: &Path, log: &Path, timeout: Duration) -> Result<Vec<String>> {
+pub fn boot(
+    arch: Arch,
+    kernel: &Path,
+    initrd: &Path,
+    log: &Path,
+    timeout: Duration,
+) -> Result<Vec<String>> {
     if KVM.load(Ordering::Relaxed) != 2 && kvm_usable(arch) {
         match run(arch, kernel, initrd, log, timeout, true)? {
             Outcome::Done(lines) => {
@@ -72,6 +78,7 @@ pub fn boot(arch: Arch, kernel: &Path, initrd: &Path, log: &Path, timeout: Durat
                 eprintln!("xtask: vm: KVM boot did not reach /init; falling back to TCG");
             }
             Outcome::Timeout(lines) => return timed_out(lines, timeout, log),
+            Outcome::Exited(lines) => return exited(lines, log),
         }
     } else if KVM.load(Ordering::Relaxed) == 0 {
         set_note("TCG (/dev/kvm not usable)".into());
@@ -83,7 +90,20 @@ pub fn boot(arch: Arch, kernel: &Path, initrd: &Path, log: &Path, timeout: Durat
             log.display()
         ),
         Outcome::Timeout(lines) => timed_out(lines, timeout, log),
+        Outcome::Exited(lines) => exited(lines, log),
     }
+}
+
+fn exited(lines: Vec<String>, log: &Path) -> Result<Vec<String>> {
+    let tail: Vec<&String> = lines.iter().rev().take(25).rev().collect();
+    bail!(
+        "the guest stopped before its tests finished (a kernel panic?); last console lines (all in {}):\n{}",
+        log.display(),
+        tail.iter()
+            .map(|s| s.as_str())
+            .collect::<Vec<_>>()
+            .join("\n")
+    )
 }
 
 fn timed_out(lines: Vec<String>, timeout: Duration, log: &Path) -> Result<Vec<String>> {
@@ -92,7 +112,10 @@ fn timed_out(lines: Vec<String>, timeout: Duration, log: &Path) -> Result<Vec<St
         "the guest did not finish within {} s; last console lines (all in {}):\n{}",
         timeout.as_secs(),
         log.display(),
-        tail.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("\n")
+        tail.iter()
+            .map(|s| s.as_str())
+            .collect::<Vec<_>>()
+            .join("\n")
     )
 }
 
@@ -101,6 +124,8 @@ enum Outcome {
     /// KVM only: `/init` not reached within the probe time.
     NoInit,
     Timeout(Vec<String>),
+    /// qemu exited without the end marker.
+    Exited(Vec<String>),
 }
 
 fn run(
@@ -129,9 +154,15 @@ fn run(
         qemu.args(["-accel", "kvm", "-cpu", "host"]);
     } else {
         match arch {
-            Arch::X86_64 => qemu.args(["-accel", "tcg", "-cpu", "max"]),
+            // One host thread for both vCPUs: with multi-threaded TCG, a 6.12 guest
+            // took an int3 oops in syscall exit code while the kernel live-patched a
+            // static branch (tracepoints being attached): cross-vCPU code
+            // modification is not reliable there.
+            Arch::X86_64 => qemu.args(["-accel", "tcg,thread=single", "-cpu", "max"]),
             // pauth-impdef: pointer authentication with a cheap emulated hash.
-            Arch::Aarch64 => qemu.args(["-accel", "tcg", "-cpu", "max,pauth-impdef=on"]),
+            Arch::Aarch64 => {
+                qemu.args(["-accel", "tcg,thread=single", "-cpu", "max,pauth-impdef=on"])
+            }
         };
     }
     qemu.args(["-smp", "2", "-m", "2048", "-nic", "none", "-no-reboot"])
@@ -165,13 +196,23 @@ fn run(
             }
         }
     });
-    let mut file = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
-    let _ = writeln!(file, "# {} ({})", kernel.display(), if kvm { "kvm" } else { "tcg" });
+    let mut file =
+        std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+    let _ = writeln!(
+        file,
+        "# {} ({})",
+        kernel.display(),
+        if kvm { "kvm" } else { "tcg" }
+    );
     let start = Instant::now();
     let mut lines = Vec::new();
     let mut init_seen = false;
     let outcome = loop {
-        let limit = if kvm && !init_seen { KVM_PROBE.min(timeout) } else { timeout };
+        let limit = if kvm && !init_seen {
+            KVM_PROBE.min(timeout)
+        } else {
+            timeout
+        };
         let Some(left) = limit.checked_sub(start.elapsed()) else {
             break if kvm && !init_seen {
                 Outcome::NoInit
@@ -194,7 +235,7 @@ fn run(
             Err(mpsc::RecvTimeoutError::Timeout) => continue,
             Err(mpsc::RecvTimeoutError::Disconnected) => {
                 break if init_seen || !kvm {
-                    Outcome::Timeout(std::mem::take(&mut lines))
+                    Outcome::Exited(std::mem::take(&mut lines))
                 } else {
                     Outcome::NoInit
                 };
