@@ -42,9 +42,6 @@ pub struct GuestArgs {
     #[arg(long)]
     only: Option<String>,
     /// Share of the short-lived processes' samples that must be complete (lifecycle).
-    /// Under emulation (TCG), table loading is 20-50 times slower than the processes'
-    /// own start-up: the first process's samples may precede its tables, and a process
-    /// may exit before its maps were read, so the guests pass a lower floor.
     #[arg(long, default_value_t = 0.9)]
     lifecycle_min_complete: f64,
 }
@@ -483,7 +480,12 @@ fn check(report: &Report, which: &dyn Fn(&Stack) -> bool, e: &Expect) -> Result<
     let mut wrong = Vec::new();
     for s in report.of(which) {
         let user = s.user();
-        if !s.complete() || user.first() != Some(&"_start") {
+        // The bottom of a stack: the program's `_start`, or, while the dynamic loader
+        // starts the program, the loader's own entry (stripped: shown by offset).
+        let bottom = user
+            .first()
+            .is_some_and(|f| *f == "_start" || f.starts_with("[ld-linux"));
+        if !s.complete() || !bottom {
             continue;
         }
         complete += s.count;
@@ -542,27 +544,28 @@ fn profile_pid(ctx: &Ctx, workload: &mut Command, extra: &[&str]) -> Result<(u32
     args.extend_from_slice(extra);
     let p = start_profiler(ctx, &args)?;
     wait_cpu(ctx, pid, ctx.cpu)?;
-    let metrics = scrape_settled(ctx, &p, pid)?;
+    let metrics = scrape_settled(ctx, &p)?;
     let report = p.stop(ctx.limit)?;
     drop(w);
     Ok((pid, report, metrics))
 }
 
-/// The metrics once the exporter has published the workload: the page is refreshed
-/// once a second by the profiler's loop, which under emulation may lag the workload.
-/// Waits at most another CPU budget of the workload.
-fn scrape_settled(ctx: &Ctx, p: &Profiler, pid: u32) -> Result<String> {
-    let start = cpu_seconds(pid).unwrap_or(0.0);
+/// The metrics once the exporter has published the workload. The profiler's loop
+/// refreshes the page about once a second, after symbolizing the new stacks; under
+/// emulation the first refresh (blazesym reading libc and the fixture's DWARF for the
+/// first time) takes seconds of guest CPU, shared with the workload. Waits for it up to
+/// the test's wall-clock limit; the checks then judge what was published.
+fn scrape_settled(ctx: &Ctx, p: &Profiler) -> Result<String> {
     let deadline = Instant::now() + ctx.limit;
     loop {
         let metrics = p.scrape()?;
-        let published = metrics.contains("sframe_objects_by_source{")
+        let published = metric(&metrics, "sframe_events_total", &["event=\"samples\""]) > 0.0
+            && metrics.contains("sframe_objects_by_source{")
             && metrics.contains("sframe_stack_samples_total{");
-        let spent = cpu_seconds(pid).map_or(f64::INFINITY, |c| c - start);
-        if published || spent >= ctx.cpu || Instant::now() > deadline {
+        if published || Instant::now() > deadline {
             return Ok(metrics);
         }
-        thread::sleep(Duration::from_millis(200));
+        thread::sleep(Duration::from_millis(250));
     }
 }
 
@@ -581,25 +584,27 @@ fn chain_test(ctx: &Ctx, exe: &str, source: &str) -> Result<String> {
             min_chain: 0.80,
         },
     )?;
-    // The page must be served; whether it is fresh is reported, not asserted: on 6.12
-    // guests the page was seen not to be refreshed during --pid runs (an open bug, see
-    // the kernels issue).
-    if !metrics.contains("sframe_walk_outcomes_total") {
-        bail!("the scrape has no metrics:\n{}", one_line(&metrics));
-    }
     let source_label = format!("source=\"{source}\"");
     let from_source = metric(&metrics, "sframe_objects_by_source", &[&source_label]);
+    if from_source < 1.0 {
+        bail!(
+            "no object loaded from {source}:\n{}",
+            metrics_lines(&metrics, "sframe_objects_by_source")
+        );
+    }
     let pid_label = format!("pid=\"{pid}\"");
     let scraped = metric(
         &metrics,
         "sframe_stack_samples_total",
         &[&pid_label, "main;level1;level2;level3;leaf_spin"],
     );
-    let fresh = if from_source >= 1.0 && scraped >= 1.0 {
-        format!("scrape: {scraped} samples of the chain, tables from {source}")
-    } else {
-        format!("STALE scrape: {scraped} samples of the chain, {from_source} objects from {source}")
-    };
+    if scraped < 1.0 {
+        bail!(
+            "the scrape has no sample of the chain:\n{}",
+            metrics_lines(&metrics, "sframe_stack_samples_total")
+        );
+    }
+    let fresh = format!("scrape: {scraped} samples of the chain, tables from {source}");
     let cost = report
         .log
         .iter()
@@ -790,7 +795,9 @@ fn lifecycle(ctx: &Ctx) -> Result<String> {
             leaf: None,
             exact_from_main: false,
             min_complete: ctx.lifecycle_min_complete,
-            min_chain: ctx.lifecycle_min_complete - 0.1,
+            // Each child also starts up (ld.so), dlopens and reads the clock: the
+            // chain itself holds most of its samples, not nearly all.
+            min_chain: 0.6,
         },
     )?;
     let mut events = Vec::new();
@@ -819,7 +826,7 @@ fn deferred(ctx: &Ctx) -> Result<String> {
     let pid = w.0.id();
     let p = start_profiler(ctx, &["--all"])?;
     wait_cpu(ctx, pid, ctx.cpu)?;
-    let metrics = scrape_settled(ctx, &p, pid)?;
+    let metrics = scrape_settled(ctx, &p)?;
     let report = p.stop(ctx.limit)?;
     drop(w);
     let detail = check(
@@ -834,11 +841,6 @@ fn deferred(ctx: &Ctx) -> Result<String> {
         },
     )?;
     let deferred = metric(&metrics, "sframe_events_total", &["event=\"deferred\""]);
-    let samples = metric(&metrics, "sframe_events_total", &["event=\"samples\""]);
-    if samples < 1.0 {
-        // A page not refreshed yet (see chain_test): nothing to judge the counter by.
-        return Ok(format!("{detail}; STALE scrape, deferred count unknown"));
-    }
     if deferred < 1.0 {
         bail!(
             "no deferred sample:\n{}",
