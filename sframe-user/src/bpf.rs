@@ -414,7 +414,7 @@ fn verifier_report(err: &aya::programs::ProgramError) -> String {
     let mut s = err.to_string();
     let mut source = std::error::Error::source(err);
     while let Some(e) = source {
-        s.push_str("\n");
+        s.push('\n');
         s.push_str(&e.to_string());
         source = e.source();
     }

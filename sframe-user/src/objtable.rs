@@ -244,7 +244,7 @@ fn sframe_table(
 /// Adds synthesized rows for the PLT sections no function of `table` touches; returns
 /// how many functions were added.
 fn add_plt_rows(file: &object::File<'_>, table: &mut UnwindTable) -> usize {
-    if table.arch != Arch::Amd64 {
+    if !matches!(table.arch, Arch::Amd64 | Arch::Aarch64 { .. }) {
         return 0;
     }
     let plts: Vec<PltSection<'_>> = file

@@ -183,27 +183,76 @@ fn ensure_debian_packages() -> Result<()> {
 }
 
 /// What the VM matrix needs: qemu for the guests' architecture and a static busybox
-/// for their initramfs.
+/// for their initramfs; for arm64 guests also the Rust target, a cross compiler and
+/// Debian's arm64 libraries (multiarch: `dpkg --add-architecture arm64`).
 pub fn ensure_vm_packages(arch: crate::vm::Arch) -> Result<()> {
-    let packages: &[(&str, &str)] = match arch {
-        crate::vm::Arch::X86_64 => &[
-            ("qemu-system-x86", "qemu-system-x86_64"),
-            ("busybox-static", "busybox"),
-        ],
-        crate::vm::Arch::Aarch64 => &[
-            ("qemu-system-arm", "qemu-system-aarch64"),
-            ("busybox-static", "busybox"),
-        ],
-    };
-    step("Debian packages for the VM matrix", || {
-        install_packages(packages)
-    })
+    match arch {
+        crate::vm::Arch::X86_64 => step("Debian packages for the VM matrix", || {
+            install_packages(&[
+                ("qemu-system-x86", "qemu-system-x86_64"),
+                ("busybox-static", "busybox"),
+            ])
+        }),
+        crate::vm::Arch::Aarch64 => {
+            step("rustup target aarch64-unknown-linux-gnu", || {
+                let installed =
+                    cmd::output(Command::new("rustup").args(["target", "list", "--installed"]))
+                        .unwrap_or_default();
+                if installed
+                    .lines()
+                    .any(|l| l.trim() == "aarch64-unknown-linux-gnu")
+                {
+                    return Ok(());
+                }
+                cmd::run(
+                    Command::new("rustup").args(["target", "add", "aarch64-unknown-linux-gnu"]),
+                    "add the aarch64 Rust target",
+                )
+            })?;
+            step("dpkg architecture arm64", || {
+                let foreign =
+                    cmd::output(Command::new("dpkg").arg("--print-foreign-architectures"))
+                        .unwrap_or_default();
+                if foreign.lines().any(|l| l.trim() == "arm64") {
+                    return Ok(());
+                }
+                cmd::run(
+                    cmd::privileged("dpkg").args(["--add-architecture", "arm64"]),
+                    "dpkg --add-architecture arm64",
+                )?;
+                cmd::run(
+                    cmd::privileged("apt-get").args(["update", "-q", "-o", LOCK_TIMEOUT]),
+                    "apt-get update (arm64 lists)",
+                )
+            })?;
+            step("Debian packages for the arm64 VM matrix", || {
+                install_packages(&[
+                    ("qemu-system-arm", "qemu-system-aarch64"),
+                    ("gcc-aarch64-linux-gnu", "aarch64-linux-gnu-gcc"),
+                    ("g++-aarch64-linux-gnu", "aarch64-linux-gnu-g++"),
+                    ("libc6:arm64", "/lib/ld-linux-aarch64.so.1"),
+                    (
+                        "libstdc++6:arm64",
+                        "/usr/lib/aarch64-linux-gnu/libstdc++.so.6",
+                    ),
+                    ("busybox-static", "busybox"),
+                ])
+            })
+        }
+    }
 }
 
 fn install_packages(packages: &[(&str, &str)]) -> Result<()> {
     let missing: Vec<&str> = packages
         .iter()
-        .filter(|(pkg, bin)| !has_binary(bin) || !package_installed(pkg))
+        .filter(|(pkg, probe)| {
+            let present = if probe.starts_with('/') {
+                std::path::Path::new(probe).exists()
+            } else {
+                has_binary(probe)
+            };
+            !present || !package_installed(pkg)
+        })
         .map(|(pkg, _)| *pkg)
         .collect();
     if missing.is_empty() {

@@ -70,6 +70,9 @@ const fn sp_rule(offset: i32) -> Option<UnwindRule> {
 /// The functions covering `plt`, or `None` when the architecture or layout is not one
 /// this knows (the caller keeps whatever the CFI says).
 pub(crate) fn synthesize(arch: Arch, plt: &PltSection<'_>) -> Option<Vec<FunctionRows>> {
+    if matches!(arch, Arch::Aarch64 { .. }) && plt.kind == PltKind::Plt {
+        return synthesize_aarch64(plt);
+    }
     if arch != Arch::Amd64 || plt.size == 0 {
         return None;
     }
@@ -131,6 +134,59 @@ pub(crate) fn synthesize(arch: Arch, plt: &PltSection<'_>) -> Option<Vec<Functio
     }
 }
 
+/// AArch64 `.plt` (GNU ld): PLT0 is 32 bytes, `stp x16, x30, [sp, #-16]!` first (the
+/// return address is saved at CFA−8 from its second instruction on: CFA = SP+16), then
+/// it jumps to the resolver; every entry after it (16 bytes: `adrp x16; ldr x17; add
+/// x16; br x17`) leaves SP and x30 alone: CFA = SP, the return address still in the link
+/// register (a rule for the top frame only, where a sample lands in a stub).
+fn synthesize_aarch64(plt: &PltSection<'_>) -> Option<Vec<FunctionRows>> {
+    const PLT0: u64 = 32;
+    const A64_ENTRY: u64 = 16;
+    if plt.size < PLT0 || !(plt.size - PLT0).is_multiple_of(A64_ENTRY) {
+        return None;
+    }
+    plt.address.checked_add(plt.size)?;
+    let in_lr = Some(UnwindRule {
+        cfa: CfaRule::sp(0),
+        ra: RegRule::Unchanged,
+        fp: RegRule::Unchanged,
+        flags: RuleFlags(0),
+    });
+    let saved = Some(UnwindRule {
+        cfa: CfaRule::sp(16),
+        ra: RegRule::AtCfa(-8),
+        fp: RegRule::Unchanged,
+        flags: RuleFlags(0),
+    });
+    let mut out = vec![FunctionRows {
+        start: plt.address,
+        size: PLT0 as u32,
+        pc_type: PcType::Inc,
+        rows: vec![
+            Row {
+                start_offset: 0,
+                rule: in_lr,
+            },
+            Row {
+                start_offset: 4,
+                rule: saved,
+            },
+        ],
+    }];
+    if plt.size > PLT0 {
+        out.push(FunctionRows {
+            start: plt.address + PLT0,
+            size: u32::try_from(plt.size - PLT0).ok()?,
+            pc_type: PcType::Inc,
+            rows: vec![Row {
+                start_offset: 0,
+                rule: in_lr,
+            }],
+        });
+    }
+    Some(out)
+}
+
 /// Where the `push $n` of a lazy `.plt` entry ends, from the first entry's bytes.
 fn lazy_entry_push_end(data: &[u8]) -> Option<u32> {
     let Some(entry) = data.get(ENTRY as usize..2 * ENTRY as usize) else {
@@ -178,6 +234,45 @@ mod tests {
     }
 
     #[test]
+    fn aarch64_plt0_saves_the_link_register_and_entries_leave_it() {
+        let plt = PltSection {
+            kind: PltKind::Plt,
+            address: 0x4000,
+            size: 32 + 3 * 16,
+            data: &[],
+        };
+        let fs = synthesize(Arch::Aarch64 { big_endian: false }, &plt).unwrap();
+        assert_eq!((fs[0].start, fs[0].size), (0x4000, 32));
+        let r0 = fs[0].rows[0].rule.unwrap();
+        assert_eq!((r0.cfa.offset, r0.ra), (0, RegRule::Unchanged));
+        let r1 = fs[0].rows[1].rule.unwrap();
+        assert_eq!(
+            (fs[0].rows[1].start_offset, r1.cfa.offset, r1.ra),
+            (4, 16, RegRule::AtCfa(-8))
+        );
+        assert_eq!((fs[1].start, fs[1].size), (0x4020, 48));
+        assert_eq!(fs[1].rows[0].rule.unwrap().ra, RegRule::Unchanged);
+        // Not a whole number of entries, or a section that is not .plt: nothing.
+        assert!(
+            synthesize(
+                Arch::Aarch64 { big_endian: false },
+                &PltSection { size: 40, ..plt }
+            )
+            .is_none()
+        );
+        assert!(
+            synthesize(
+                Arch::Aarch64 { big_endian: false },
+                &PltSection {
+                    kind: PltKind::PltGot,
+                    ..plt
+                }
+            )
+            .is_none()
+        );
+    }
+
+    #[test]
     fn ibt_plt_and_odd_sizes() {
         let mut data = vec![0u8; 32];
         data[16..21].copy_from_slice(&[0xf3, 0x0f, 0x1e, 0xfa, 0x68]);
@@ -192,7 +287,7 @@ mod tests {
             9
         );
         assert!(synthesize(Arch::Amd64, &PltSection { size: 20, ..plt }).is_none());
-        assert!(synthesize(Arch::Aarch64 { big_endian: false }, &plt).is_none());
+        assert!(synthesize(Arch::S390x, &plt).is_none());
         let garbage = [0xccu8; 32];
         assert!(
             synthesize(

@@ -70,12 +70,14 @@ int main() {
 }
 "#;
 
-/// Forks and execs `argv[1] argv[2]` one child after the other, forever.
+/// Waits for a byte on standard input (the profiler is attached), then forks and execs
+/// `argv[1] argv[2]` one child after the other, forever.
 const SPAWNER_C: &str = r#"
 #include <sys/wait.h>
 #include <unistd.h>
 int main(int argc, char **argv) {
-    if (argc < 3) return 2;
+    char go;
+    if (argc < 3 || read(0, &go, 1) != 1) return 2;
     for (;;) {
         pid_t p = fork();
         if (p == 0) { execl(argv[1], argv[1], argv[2], (char *)0); _exit(127); }
@@ -110,6 +112,21 @@ __attribute__((noinline)) void dl_leaf(void) { for (int i = 0; i < 20000; i++) s
 __attribute__((noinline)) void dl_spin(double secs) { double s = cpu(); while (cpu() - s < secs) { dl_leaf(); sink++; } }
 "#;
 
+/// A shared library the program calls through its PLT:
+/// `main → plt_loop → lib_work (PLT) → lib_leaf`.
+const PLT_LIB_C: &str = r#"
+volatile unsigned long lib_sink;
+__attribute__((noinline)) void lib_leaf(void) { for (int i = 0; i < 200000; i++) lib_sink += i; }
+void lib_work(void) { lib_leaf(); lib_sink++; }
+"#;
+
+const PLT_MAIN_C: &str = r#"
+void lib_work(void);
+volatile unsigned long sink;
+__attribute__((noinline)) void plt_loop(void) { for (int i = 0; i < 10; i++) lib_work(); sink++; }
+int main(void) { for (;;) plt_loop(); }
+"#;
+
 /// Paths of the compiled fixtures.
 pub struct Fixtures {
     pub dir: PathBuf,
@@ -121,7 +138,11 @@ impl Fixtures {
     }
     /// Every file, for the initramfs.
     pub fn files(&self) -> Vec<PathBuf> {
-        NAMES.iter().map(|n| self.path(n)).collect()
+        NAMES
+            .iter()
+            .map(|n| self.path(n))
+            .filter(|p| p.exists())
+            .collect()
     }
 }
 
@@ -135,6 +156,10 @@ pub const NAMES: &[&str] = &[
     "spawner",
     "dl_child",
     "libdlspin.so",
+    "plt_main",
+    "libpltspin.so",
+    // AArch64 only: pointer-authenticated return addresses.
+    "chain_pac",
 ];
 
 fn compile(
@@ -155,7 +180,8 @@ fn compile(
         (Arch::Aarch64, true) => "aarch64-linux-gnu-g++",
     };
     let mut c = Command::new(compiler);
-    c.args(flags).arg("-o").arg(dir.join(out)).arg(&src_path);
+    // Flags after the source, so that libraries resolve its symbols.
+    c.arg("-o").arg(dir.join(out)).arg(&src_path).args(flags);
     cmd::run(&mut c, &format!("compile fixture {out}"))
 }
 
@@ -199,6 +225,40 @@ pub fn build(arch: Arch, dir: &Path) -> Result<Fixtures> {
         &with(&["-shared", "-fPIC"]),
         false,
     )?;
+    let dir_s = dir.to_string_lossy().into_owned();
+    compile(
+        arch,
+        dir,
+        "libpltspin.so",
+        "pltspin.c",
+        PLT_LIB_C,
+        &with(&["-shared", "-fPIC"]),
+        false,
+    )?;
+    let mut plt_flags: Vec<&str> = base.to_vec();
+    plt_flags.extend(["-L", &dir_s, "-lpltspin", "-Wl,-rpath,$ORIGIN"]);
+    compile(
+        arch,
+        dir,
+        "plt_main",
+        "plt_main.c",
+        PLT_MAIN_C,
+        &plt_flags,
+        false,
+    )?;
+    if arch == Arch::Aarch64 {
+        // PAC-signed return addresses (paciasp/autiasp) and SFrame: the walker strips the
+        // authentication code from each saved RA.
+        compile(
+            arch,
+            dir,
+            "chain_pac",
+            "chain_pac.c",
+            CHAIN_C,
+            &with(&["-Wa,--gsframe", "-mbranch-protection=standard"]),
+            false,
+        )?;
+    }
     Ok(Fixtures {
         dir: dir.to_owned(),
     })

@@ -82,6 +82,8 @@ fn run_tests(ctx: &Ctx, only: Option<&str>) -> Result<()> {
         ("kernel_mode", kernel_mode),
         ("lifecycle", lifecycle),
         ("deferred", deferred),
+        ("plt_call", plt_call),
+        ("pac", pac),
     ];
     let mut failed = 0;
     for (name, test) in tests {
@@ -784,9 +786,29 @@ fn kernel_mode(ctx: &Ctx) -> Result<String> {
 
 fn lifecycle(ctx: &Ctx) -> Result<String> {
     let lib = ctx.fixture("libdlspin.so");
-    let mut spawner = Command::new(ctx.fixture("spawner"));
-    spawner.arg(ctx.fixture("dl_child")).arg(&lib);
-    let (_, report, metrics) = profile_pid(ctx, &mut spawner, &[])?;
+    // The spawner waits until the profiler has loaded it: a child forked before its
+    // parent's tables were loaded gets no copy of them, and its samples taken inside
+    // exec (the old image's registers) can only be unwound after the image is gone.
+    let mut w = Guard(
+        Command::new(ctx.fixture("spawner"))
+            .arg(ctx.fixture("dl_child"))
+            .arg(&lib)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .context("starting the spawner")?,
+    );
+    let pid = w.0.id();
+    let p = start_profiler(ctx, &["--pid", &pid.to_string()])?;
+    w.0.stdin
+        .take()
+        .context("spawner stdin")?
+        .write_all(b"g")
+        .context("starting the spawner's loop")?;
+    wait_cpu(ctx, pid, ctx.cpu)?;
+    let metrics = scrape_settled(ctx, &p)?;
+    let report = p.stop(ctx.limit)?;
+    drop(w);
     let detail = check(
         &report,
         &|s| s.comm == "dl_child",
@@ -848,4 +870,40 @@ fn deferred(ctx: &Ctx) -> Result<String> {
         );
     }
     Ok(format!("{detail}; {deferred} deferred"))
+}
+
+fn plt_call(ctx: &Ctx) -> Result<String> {
+    let (pid, report, _) = profile_pid(ctx, &mut Command::new(ctx.fixture("plt_main")), &[])?;
+    check(
+        &report,
+        &|s| s.pid == pid,
+        &Expect {
+            chain: &["main", "plt_loop", "lib_work", "lib_leaf"],
+            leaf: None,
+            exact_from_main: false,
+            min_complete: 0.95,
+            min_chain: 0.80,
+        },
+    )
+}
+
+/// AArch64: return addresses signed with pointer authentication (`paciasp`), the walk
+/// strips the code before using them.
+fn pac(ctx: &Ctx) -> Result<String> {
+    let exe = ctx.fixture("chain_pac");
+    if !exe.exists() {
+        return Ok("SKIP: pointer authentication is AArch64's".into());
+    }
+    let (pid, report, _) = profile_pid(ctx, &mut Command::new(exe), &[])?;
+    check(
+        &report,
+        &|s| s.pid == pid,
+        &Expect {
+            chain: CHAIN,
+            leaf: Some("leaf_spin"),
+            exact_from_main: true,
+            min_complete: 0.95,
+            min_chain: 0.80,
+        },
+    )
 }

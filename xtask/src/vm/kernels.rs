@@ -57,6 +57,27 @@ pub fn x86_64_matrix() -> Vec<Kernel> {
     ]
 }
 
+/// The arm64 matrix: the same series, Debian's arm64 cloud flavour (built-in PL011
+/// console, BPF, BTF, pointer authentication).
+pub fn aarch64_matrix() -> Vec<Kernel> {
+    vec![
+        Kernel {
+            name: "6.1".into(),
+            source: KernelSource::Debian {
+                prefix: "linux-image-6.1.0-",
+                suffix: "-cloud-arm64",
+            },
+        },
+        Kernel {
+            name: "6.12".into(),
+            source: KernelSource::Debian {
+                prefix: "linux-image-6.12.",
+                suffix: "-cloud-arm64",
+            },
+        },
+    ]
+}
+
 /// Natural order of package names: digit runs compare as numbers.
 fn natural_key(s: &str) -> Vec<(u64, String)> {
     let mut out = Vec::new();
@@ -131,6 +152,12 @@ pub fn resolve(prefix: &str, suffix: &str) -> Result<String> {
 
 /// The kernel image of package `name`, downloaded and extracted into `cache` once.
 pub fn fetch(name: &str, cache: &Path) -> Result<PathBuf> {
+    // A foreign architecture's package is named `NAME:ARCH` to apt.
+    let arch_suffix = if name.ends_with("-arm64") {
+        ":arm64"
+    } else {
+        ""
+    };
     let dir = cache.join(name);
     let image = dir.join("vmlinuz");
     if image.is_file() {
@@ -138,7 +165,9 @@ pub fn fetch(name: &str, cache: &Path) -> Result<PathBuf> {
     }
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let mut download = Command::new("apt-get");
-    download.current_dir(&dir).args(["download", "-q", name]);
+    download
+        .current_dir(&dir)
+        .args(["download", "-q", &format!("{name}{arch_suffix}")]);
     cmd::run(&mut download, &format!("download kernel package {name}"))?;
     let deb = std::fs::read_dir(&dir)?
         .filter_map(|e| e.ok())
@@ -154,6 +183,7 @@ pub fn fetch(name: &str, cache: &Path) -> Result<PathBuf> {
         deb.display(),
         unpacked.display()
     ));
+    // (arm64's vmlinuz is an uncompressed Image, which qemu's -kernel boots as it is.)
     cmd::run(&mut extract, &format!("extract the kernel image of {name}"))?;
     let boot = unpacked.join("boot");
     let found = std::fs::read_dir(&boot)
@@ -172,6 +202,41 @@ pub fn fetch(name: &str, cache: &Path) -> Result<PathBuf> {
     let _ = std::fs::remove_dir_all(&unpacked);
     let _ = std::fs::remove_file(&deb);
     Ok(image)
+}
+
+/// The static busybox of another architecture, from Debian's `busybox-static:ARCH`
+/// package, downloaded and unpacked into `cache` once (installing it would replace the
+/// host's own busybox: the package is not co-installable).
+pub fn foreign_busybox(deb_arch: &str, cache: &Path) -> Result<PathBuf> {
+    let dir = cache.join(format!("busybox-{deb_arch}"));
+    let bin = dir.join("busybox");
+    if bin.is_file() {
+        return Ok(bin);
+    }
+    std::fs::create_dir_all(&dir)?;
+    let mut download = Command::new("apt-get");
+    download
+        .current_dir(&dir)
+        .args(["download", "-q", &format!("busybox-static:{deb_arch}")]);
+    cmd::run(
+        &mut download,
+        &format!("download busybox-static:{deb_arch}"),
+    )?;
+    let deb = std::fs::read_dir(&dir)?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|e| e == "deb"))
+        .context("no busybox .deb downloaded")?;
+    let mut extract = Command::new("sh");
+    extract.arg("-c").arg(format!(
+        "dpkg-deb --fsys-tarfile '{}' | tar -x -O ./bin/busybox > '{}' && chmod 755 '{}'",
+        deb.display(),
+        bin.display(),
+        bin.display()
+    ));
+    cmd::run(&mut extract, "extract busybox")?;
+    let _ = std::fs::remove_file(&deb);
+    Ok(bin)
 }
 
 #[cfg(test)]

@@ -46,6 +46,44 @@ impl Arch {
             Arch::Aarch64 => "aarch64",
         }
     }
+    /// Rust's target triple.
+    fn rust_target(self) -> &'static str {
+        match self {
+            Arch::X86_64 => "x86_64-unknown-linux-gnu",
+            Arch::Aarch64 => "aarch64-unknown-linux-gnu",
+        }
+    }
+    /// Debian's multiarch library directory name.
+    fn multiarch(self) -> &'static str {
+        match self {
+            Arch::X86_64 => "x86_64-linux-gnu",
+            Arch::Aarch64 => "aarch64-linux-gnu",
+        }
+    }
+}
+
+/// `bin` of `package` built for `arch` (release for the profiler, debug for the
+/// runner), cross-compiled when `arch` is not the host's.
+fn build_for(arch: Arch, package: &str, bin: &str, release: bool) -> Result<PathBuf> {
+    if arch == Arch::host() && package == "sframe-user" {
+        return cmd::build_sframe_user_bin(bin, !release);
+    }
+    if arch == Arch::host() {
+        return std::env::current_exe().context("the xtask binary's path");
+    }
+    let mut build = Command::new("cargo");
+    build
+        .current_dir(cmd::workspace_root())
+        .args(["build", "--package", package, "--bin", bin])
+        .args(["--target", arch.rust_target()]);
+    if release {
+        build.arg("--release");
+    }
+    cmd::run(&mut build, &format!("build {bin} for {}", arch.name()))?;
+    Ok(cmd::target_dir()
+        .join(arch.rust_target())
+        .join(if release { "release" } else { "debug" })
+        .join(bin))
 }
 
 #[derive(Args)]
@@ -140,7 +178,7 @@ fn run_matrix(args: VmTestArgs) -> Result<(String, Vec<String>)> {
     let started = Instant::now();
     let matrix = match args.arch {
         Arch::X86_64 => kernels::x86_64_matrix(),
-        Arch::Aarch64 => bail!("the aarch64 matrix is not built yet"),
+        Arch::Aarch64 => kernels::aarch64_matrix(),
     };
     let matrix: Vec<Kernel> = matrix
         .into_iter()
@@ -149,8 +187,8 @@ fn run_matrix(args: VmTestArgs) -> Result<(String, Vec<String>)> {
     if matrix.is_empty() {
         bail!("no kernel of the matrix matches {:?}", args.kernel);
     }
-    let profiler = cmd::build_sframe_user_bin("sframe-user", false)?;
-    let runner = std::env::current_exe().context("the xtask binary's path")?;
+    let profiler = build_for(args.arch, "sframe-user", "sframe-user", true)?;
+    let runner = build_for(args.arch, "xtask", "xtask", false)?;
     let base = cmd::target_dir().join("vm").join(args.arch.name());
     let fx = fixtures::build(args.arch, &base.join("fixtures"))?;
     let mut guest_args = vec![format!("--cpu-seconds={}", args.cpu_seconds)];
@@ -427,8 +465,13 @@ fn render(arch: Arch, results: &[KernelResult], took: Duration) -> String {
     s
 }
 
-/// Shared libraries `elf` needs, as `ldd` resolves them (host architecture only).
-fn libraries(elf: &Path) -> Result<Vec<PathBuf>> {
+/// Shared libraries `elf` needs: as `ldd` resolves them for the host's architecture;
+/// for another, its interpreter and `DT_NEEDED` entries (recursively, by `readelf`)
+/// found in Debian's multiarch directories of that architecture.
+fn libraries(arch: Arch, elf: &Path) -> Result<Vec<PathBuf>> {
+    if arch != Arch::host() {
+        return foreign_libraries(arch, elf);
+    }
     let out = Command::new("ldd")
         .arg(elf)
         .output()
@@ -448,9 +491,42 @@ fn libraries(elf: &Path) -> Result<Vec<PathBuf>> {
     Ok(libs)
 }
 
-fn add_elf(c: &mut cpio::Cpio, at: &str, src: &Path) -> Result<()> {
+fn foreign_libraries(arch: Arch, elf: &Path) -> Result<Vec<PathBuf>> {
+    let dirs = [
+        PathBuf::from("/lib").join(arch.multiarch()),
+        PathBuf::from("/usr/lib").join(arch.multiarch()),
+    ];
+    let mut out: Vec<PathBuf> = Vec::new();
+    let mut todo = vec![elf.to_owned()];
+    while let Some(f) = todo.pop() {
+        let text = cmd::output(Command::new("readelf").args(["-d", "-l", "-W"]).arg(&f))
+            .with_context(|| format!("readelf {}", f.display()))?;
+        for line in text.lines() {
+            if let Some(i) = line.find("Requesting program interpreter: ") {
+                let p = PathBuf::from(line[i + 32..].trim_end_matches(']').trim());
+                if !out.contains(&p) {
+                    out.push(p);
+                }
+            }
+            if line.contains("(NEEDED)")
+                && let Some(name) = line.split('[').nth(1).map(|r| r.trim_end_matches(']'))
+            {
+                let Some(p) = dirs.iter().map(|d| d.join(name)).find(|p| p.exists()) else {
+                    bail!("{}: {name} not found in {dirs:?}", f.display());
+                };
+                if !out.contains(&p) {
+                    out.push(p.clone());
+                    todo.push(p);
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn add_elf(c: &mut cpio::Cpio, arch: Arch, at: &str, src: &Path) -> Result<()> {
     c.copy(at, src)?;
-    for lib in libraries(src)? {
+    for lib in libraries(arch, src)? {
         let at = lib.to_string_lossy().into_owned();
         c.copy(&at, &lib)?;
     }
@@ -467,7 +543,7 @@ fn add_python(c: &mut cpio::Cpio) -> Result<()> {
         return Ok(());
     };
     let real = std::fs::canonicalize(exe)?;
-    add_elf(c, "/usr/bin/python3", &real)?;
+    add_elf(c, Arch::host(), "/usr/bin/python3", &real)?;
     let name = real
         .file_name()
         .and_then(|n| n.to_str())
@@ -518,9 +594,6 @@ fn build_initramfs(
     fx: &fixtures::Fixtures,
     guest_args: &[String],
 ) -> Result<()> {
-    if arch != Arch::X86_64 {
-        bail!("initramfs for {} not built yet", arch.name());
-    }
     let mut c = cpio::Cpio::default();
     for d in [
         "/proc",
@@ -535,17 +608,24 @@ fn build_initramfs(
     ] {
         c.dir(d)?;
     }
-    c.copy("/bin/busybox", Path::new("/bin/busybox"))?;
-    add_elf(&mut c, "/sframe/sframe-user", profiler)?;
-    add_elf(&mut c, "/sframe/xtask", runner)?;
+    let busybox = if arch == Arch::host() {
+        PathBuf::from("/bin/busybox")
+    } else {
+        kernels::foreign_busybox("arm64", &cmd::target_dir().join("vm").join("kernels"))?
+    };
+    c.copy("/bin/busybox", &busybox)?;
+    add_elf(&mut c, arch, "/sframe/sframe-user", profiler)?;
+    add_elf(&mut c, arch, "/sframe/xtask", runner)?;
     for f in fx.files() {
         let name = f
             .file_name()
             .and_then(|n| n.to_str())
             .context("fixture name")?;
-        add_elf(&mut c, &format!("/fixtures/{name}"), &f)?;
+        add_elf(&mut c, arch, &format!("/fixtures/{name}"), &f)?;
     }
-    add_python(&mut c)?;
+    if arch == Arch::host() {
+        add_python(&mut c)?;
+    }
     let init = format!(
         r#"#!/bin/busybox sh
 /bin/busybox --install -s
