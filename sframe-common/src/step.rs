@@ -296,12 +296,18 @@ pub fn step_rule(
     if rule.flags & RULE_FLAG_CFA_DEREF != 0 {
         cfa = read(cfa).ok_or(WalkOutcome::ReadFault)?;
     }
-    let signal = rule.flags & RULE_FLAG_SIGNAL != 0;
-    if !signal && (cfa <= regs.sp || cfa & 7 != 0) {
-        return Err(WalkOutcome::NoProgress);
-    }
+    // The outermost frame ends the walk whatever its CFA (AArch64's `_start` pushes
+    // nothing: its CFA is the SP).
     if rule.ra_kind == REG_UNDEFINED {
         return Ok(Step::Outermost);
+    }
+    let signal = rule.flags & RULE_FLAG_SIGNAL != 0;
+    // A frameless leaf (AArch64: nothing pushed, the RA still in the link register) has
+    // its CFA at the SP. The walk still advances: the caller's PC comes from the link
+    // register, which only the top frame may use, so this happens once per walk.
+    let leaf_in_lr = rule.ra_kind == REG_UNCHANGED && top.is_some() && cfa == regs.sp;
+    if !signal && ((cfa <= regs.sp && !leaf_in_lr) || cfa & 7 != 0) {
+        return Err(WalkOutcome::NoProgress);
     }
     // An unchanged RA is still in the link register (AArch64, DWARF 30): top frame only.
     let lr = match top {

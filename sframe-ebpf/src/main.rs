@@ -134,7 +134,7 @@ pub fn sample_raw(ctx: PerfEventContext) -> u32 {
     let ctx_regs: *const pt_regs = unsafe { core::ptr::addr_of!((*ctx.ctx).regs) };
     match unsafe { regs::user_regs(ctx_regs) } {
         Some((pt, source)) => {
-            let user = regs::walk_regs(&pt);
+            let user = regs::walk_regs(pt);
             sample.ip = user.pc;
             sample.sp = user.sp;
             sample.fp = user.fp;

@@ -6,10 +6,12 @@
 
 use aya_ebpf::{
     bindings::pt_regs,
-    helpers::{
-        bpf_probe_read_kernel,
-        generated::{bpf_get_current_task_btf, bpf_task_pt_regs},
+    helpers::generated::{
+        bpf_get_current_task_btf, bpf_probe_read_kernel as bpf_probe_read_kernel_raw,
+        bpf_task_pt_regs,
     },
+    macros::map,
+    maps::PerCpuArray,
 };
 use sframe_common::step::{Regs, TOP_REGS};
 
@@ -97,18 +99,70 @@ pub enum RegsSource {
     Task,
 }
 
+/// Copies the context's register block field by field. A struct assignment becomes a
+/// `memcpy` byte loop through a moved context pointer, which the verifier refuses
+/// ("dereference of modified ctx ptr"): each load here has a constant offset.
+macro_rules! copy_fields {
+    ($dst:expr, $src:expr, [$($f:ident),*], [$($i:literal),*]) => {
+        $(
+            // SAFETY: a field of the context, at a constant offset.
+            $dst.$f = unsafe { core::ptr::read_volatile(&$src.$f) };
+        )*
+        $(
+            $dst.regs[$i] = unsafe { core::ptr::read_volatile(&$src.regs[$i]) };
+        )*
+    };
+}
+
+#[cfg(bpf_target_arch = "x86_64")]
+#[inline(always)]
+fn copy_from_ctx(dst: &mut pt_regs, src: &pt_regs) {
+    copy_fields!(
+        dst,
+        src,
+        [
+            r15, r14, r13, r12, rbp, rbx, r11, r10, r9, r8, rax, rcx, rdx, rsi, rdi, orig_rax, rip,
+            cs, eflags, rsp, ss
+        ],
+        []
+    );
+}
+
+#[cfg(bpf_target_arch = "aarch64")]
+#[inline(always)]
+fn copy_from_ctx(dst: &mut pt_regs, src: &pt_regs) {
+    copy_fields!(
+        dst,
+        src,
+        [sp, pc, pstate],
+        [
+            0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23,
+            24, 25, 26, 27, 28, 29, 30
+        ]
+    );
+}
+
+/// The copy of the sampled task's user registers: a per-CPU map value, not the BPF
+/// stack (AArch64's register block alone is 272 of its 512 bytes).
+#[map]
+static USER_REGS: PerCpuArray<pt_regs> = PerCpuArray::with_max_entries(1, 0);
+
 /// The user registers of the current task at the sample, or `None` for kernel threads
-/// and when the saved registers cannot be read.
+/// and when the saved registers cannot be read. The reference is to this CPU's copy,
+/// valid until the next call on this CPU.
 ///
 /// # Safety
 /// `ctx_regs` must point to the perf-event context's register block.
 #[inline(always)]
-pub unsafe fn user_regs(ctx_regs: *const pt_regs) -> Option<(pt_regs, RegsSource)> {
+pub unsafe fn user_regs(ctx_regs: *const pt_regs) -> Option<(&'static pt_regs, RegsSource)> {
+    let dst = USER_REGS.get_ptr_mut(0)?;
     // SAFETY: the context pointer is valid for the program's lifetime; the kernel
-    // verifies the read is inside the context.
+    // verifies the reads are inside the context.
     let regs = unsafe { &*ctx_regs };
     if is_user_mode(regs) {
-        return Some((*regs, RegsSource::Interrupt));
+        // SAFETY: `dst` is this CPU's map value.
+        copy_from_ctx(unsafe { &mut *dst }, regs);
+        return Some((unsafe { &*dst }, RegsSource::Interrupt));
     }
     // SAFETY: plain helper calls; the verifier checks their arguments.
     let task = unsafe { bpf_get_current_task_btf() };
@@ -119,12 +173,23 @@ pub unsafe fn user_regs(ctx_regs: *const pt_regs) -> Option<(pt_regs, RegsSource
     if saved.is_null() {
         return None;
     }
-    // SAFETY: `saved` is a kernel address; bpf_probe_read_kernel checks it.
-    let saved = unsafe { bpf_probe_read_kernel(saved) }.ok()?;
-    let user = walk_regs(&saved);
+    // SAFETY: `saved` is a kernel address, read with bpf_probe_read_kernel into the map
+    // value (the user register block is the kernel's pt_regs' prefix on AArch64).
+    let copied = unsafe {
+        bpf_probe_read_kernel_raw(
+            dst.cast(),
+            core::mem::size_of::<pt_regs>() as u32,
+            saved.cast(),
+        )
+    };
+    if copied != 0 {
+        return None;
+    }
+    let out = unsafe { &*dst };
+    let user = walk_regs(out);
     // A kernel thread has no user registers: its saved block is all zero.
     if user.pc == 0 || user.sp == 0 {
         return None;
     }
-    Some((saved, RegsSource::Task))
+    Some((out, RegsSource::Task))
 }

@@ -199,10 +199,10 @@ pub fn profile(ctx: &PerfEventContext) -> u32 {
         }
     }
     if let Some((pt, _)) = user {
-        key.outcome = walk(tgid, &pt, &mut key.user_stack);
+        key.outcome = walk(tgid, pt, &mut key.user_stack);
         if needs_tables(key.outcome) {
             lifecycle::send_miss(tgid);
-            if defer(&key, &pt) {
+            if defer(&key, pt) {
                 count(Counter::Deferred, 1);
                 return 0;
             }

@@ -511,7 +511,14 @@ fn foreign_libraries(arch: Arch, elf: &Path) -> Result<Vec<PathBuf>> {
             if line.contains("(NEEDED)")
                 && let Some(name) = line.split('[').nth(1).map(|r| r.trim_end_matches(']'))
             {
-                let Some(p) = dirs.iter().map(|d| d.join(name)).find(|p| p.exists()) else {
+                // The fixtures find their own libraries through `$ORIGIN`.
+                let origin = f.parent().map(Path::to_path_buf);
+                let Some(p) = dirs
+                    .iter()
+                    .chain(origin.iter())
+                    .map(|d| d.join(name))
+                    .find(|p| p.exists())
+                else {
                     bail!("{}: {name} not found in {dirs:?}", f.display());
                 };
                 if !out.contains(&p) {
