@@ -147,8 +147,10 @@ struct Proc {
 /// Reloads of one process for misses are at least this far apart (a miss that persists
 /// comes back from the kernel side every `MISS_INTERVAL_NS`).
 const RELOAD_INTERVAL: Duration = Duration::from_millis(40);
-/// How long a deferred sample waits for its process's first load.
-const DEFERRED_PATIENCE: Duration = Duration::from_secs(2);
+/// How long a deferred sample waits for its process's first load (or a reload after a
+/// new mapping). Generous: on a busy host (or under emulation) the event loop can be
+/// held for seconds; the backlog bound caps the memory.
+const DEFERRED_PATIENCE: Duration = Duration::from_secs(10);
 /// Deferred samples kept waiting at most (16 KiB each).
 const MAX_DEFERRED_BACKLOG: usize = 1024;
 /// Time `handle_events` spends on first loads of processes seen through misses.
