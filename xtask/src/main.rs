@@ -10,6 +10,7 @@
 //!   time to the first complete stack, overhead on the workload and accuracy against
 //!   baselines, the profiler's own cost when profiling the whole machine; writes
 //!   `BENCHMARKS.md`.
+//! - `build [--arch A]`: the release sframe-user, cross-compiled for aarch64 on request.
 //! - `vm-test [--arch A] [--kernel K]`: the kernel matrix (Debian's 6.1 and 6.12 under
 //!   qemu, and the host's kernel): the profiler's end-to-end tests in each.
 //! - `soak [--minutes N]`: whole-system profiling under churn; RSS and kernel table
@@ -49,6 +50,8 @@ enum Command {
     /// Whole-system profiling under process churn for minutes: RSS and kernel table
     /// memory must stay flat (not part of `test`).
     Soak(fleet::SoakArgs),
+    /// Build the release sframe-user, for another architecture with --arch aarch64.
+    Build(vm::BuildArgs),
     /// The kernel matrix: boot Debian's kernels (6.1, 6.12) under qemu and run the
     /// profiler's end-to-end tests in each, and on this machine's kernel.
     VmTest(vm::VmTestArgs),
@@ -66,6 +69,7 @@ fn main() -> Result<()> {
         Command::Bench(args) => bench::bench(args),
         Command::Soak(args) => fleet::soak(args),
         Command::VmTest(args) => vm::vm_test(args),
+        Command::Build(args) => vm::build(args),
         Command::VmGuest(args) => vm::guest::guest(args),
     }
 }

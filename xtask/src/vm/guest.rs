@@ -42,6 +42,10 @@ pub struct GuestArgs {
     #[arg(long)]
     only: Option<String>,
     /// Share of the short-lived processes' samples that must be complete (lifecycle).
+    /// The guests pass 0.6: under emulation the profiler's own start-up (its first
+    /// symbolization holds the event loop for seconds) makes the first child's samples
+    /// (taken inside its exec, its dynamic loading) wait past their patience; on the host
+    /// 0.9 holds (98-99 % measured).
     #[arg(long, default_value_t = 0.9)]
     lifecycle_min_complete: f64,
 }
@@ -558,12 +562,18 @@ fn profile_pid(ctx: &Ctx, workload: &mut Command, extra: &[&str]) -> Result<(u32
 /// first time) takes seconds of guest CPU, shared with the workload. Waits for it up to
 /// the test's wall-clock limit; the checks then judge what was published.
 fn scrape_settled(ctx: &Ctx, p: &Profiler) -> Result<String> {
+    scrape_until(ctx, p, &[])
+}
+
+/// [`scrape_settled`], also waiting for each `(metric, label)` to be positive.
+fn scrape_until(ctx: &Ctx, p: &Profiler, also: &[(&str, &str)]) -> Result<String> {
     let deadline = Instant::now() + ctx.limit;
     loop {
         let metrics = p.scrape()?;
         let published = metric(&metrics, "sframe_events_total", &["event=\"samples\""]) > 0.0
             && metrics.contains("sframe_objects_by_source{")
-            && metrics.contains("sframe_stack_samples_total{");
+            && metrics.contains("sframe_stack_samples_total{")
+            && also.iter().all(|(m, l)| metric(&metrics, m, &[l]) > 0.0);
         if published || Instant::now() > deadline {
             return Ok(metrics);
         }
@@ -806,7 +816,16 @@ fn lifecycle(ctx: &Ctx) -> Result<String> {
         .write_all(b"g")
         .context("starting the spawner's loop")?;
     wait_cpu(ctx, pid, ctx.cpu)?;
-    let metrics = scrape_settled(ctx, &p)?;
+    // The events of the children must be published too before the scrape is judged.
+    let labels: Vec<String> = ["fork", "exec", "exit", "mmap"]
+        .iter()
+        .map(|e| format!("event=\"{e}\""))
+        .collect();
+    let wanted: Vec<(&str, &str)> = labels
+        .iter()
+        .map(|l| ("sframe_fleet_events_total", l.as_str()))
+        .collect();
+    let metrics = scrape_until(ctx, &p, &wanted)?;
     let report = p.stop(ctx.limit)?;
     drop(w);
     let detail = check(
@@ -819,7 +838,7 @@ fn lifecycle(ctx: &Ctx) -> Result<String> {
             min_complete: ctx.lifecycle_min_complete,
             // Each child also starts up (ld.so), dlopens and reads the clock: the
             // chain itself holds most of its samples, not nearly all.
-            min_chain: 0.6,
+            min_chain: ctx.lifecycle_min_complete - 0.3,
         },
     )?;
     let mut events = Vec::new();

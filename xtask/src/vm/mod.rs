@@ -62,6 +62,24 @@ impl Arch {
     }
 }
 
+/// `cargo xtask build [--arch A]`: the release `sframe-user` (with its BPF object built
+/// for that architecture's registers), cross-compiled for another architecture.
+#[derive(Args)]
+pub struct BuildArgs {
+    #[arg(long, value_enum, default_value = "x86_64")]
+    arch: Arch,
+}
+
+pub fn build(args: BuildArgs) -> Result<()> {
+    crate::setup::setup()?;
+    if args.arch != Arch::host() {
+        crate::setup::ensure_vm_packages(args.arch)?;
+    }
+    let bin = build_for(args.arch, "sframe-user", "sframe-user", true)?;
+    println!("{}", bin.display());
+    Ok(())
+}
+
 /// `bin` of `package` built for `arch` (release for the profiler, debug for the
 /// runner), cross-compiled when `arch` is not the host's.
 fn build_for(arch: Arch, package: &str, bin: &str, release: bool) -> Result<PathBuf> {
@@ -644,7 +662,7 @@ mount -t tmpfs tmpfs /run
 mount -t cgroup2 cgroup2 /sys/fs/cgroup 2>/dev/null
 ip link set lo up
 echo "{tag} init $(uname -r)"
-/sframe/xtask vm-guest --profiler /sframe/sframe-user --fixtures /fixtures {args}
+/sframe/xtask vm-guest --profiler /sframe/sframe-user --fixtures /fixtures --lifecycle-min-complete 0.6 {args}
 echo "{tag} end rc=$?"
 poweroff -f
 "#,
