@@ -186,8 +186,9 @@ program loaded, not attached); goal: at most 50 % of the 1,000,000-instruction l
 on every kernel. The 6.1 verifier explores more states than later ones for the same \
 program (it prunes less), which is why its count is the highest. The run-time column \
 is the kernel's `bpf_stats` for the `profile` program during the C workloads: under \
-TCG every instruction is emulated, so the guests' figures compare kernels with each \
-other, not with the host's.\n\n";
+TCG every instruction is emulated and one run differs from the next by up to 1.5x, so \
+the guests' figures show that the walk runs there, not how fast; the host's column is \
+comparable with section 1.\n\n";
 
 /// Runs the matrix; returns the rendered report and the kernels that failed.
 fn run_matrix(args: VmTestArgs) -> Result<(String, Vec<String>)> {
@@ -448,7 +449,7 @@ fn render(arch: Arch, results: &[KernelResult], took: Duration) -> String {
             s,
             "\nMean run time of the `profile` program, ns (bpf_stats; every sample of both \
              CPUs, the workload's walks and the cheap exits for other tasks; guests are \
-             emulated, so compare kernels with each other, not with the host):\n"
+             emulated: their figures vary by up to 1.5x from run to run):\n"
         );
         let _ = write!(s, "| workload |");
         for r in results {
