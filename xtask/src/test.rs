@@ -72,12 +72,14 @@ pub fn test(args: TestArgs) -> Result<()> {
     if args.skip_vm {
         eprintln!("xtask: SKIPPED the VM kernel matrix (--skip-vm)");
     } else {
-        let started = std::time::Instant::now();
-        crate::vm::vm_test(crate::vm::VmTestArgs::default())?;
-        eprintln!(
-            "xtask: the VM kernel matrix took {:.0} s",
-            started.elapsed().as_secs_f64()
-        );
+        for arch in [crate::vm::Arch::X86_64, crate::vm::Arch::Aarch64] {
+            let started = std::time::Instant::now();
+            crate::vm::vm_test(crate::vm::VmTestArgs::for_arch(arch))?;
+            eprintln!(
+                "xtask: the {arch:?} VM kernel matrix took {:.0} s",
+                started.elapsed().as_secs_f64()
+            );
+        }
     }
     let started = std::time::Instant::now();
     crate::bench::quick_check()?;

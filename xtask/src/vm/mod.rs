@@ -120,6 +120,16 @@ pub struct VmTestArgs {
     cpu_seconds: f64,
 }
 
+impl VmTestArgs {
+    /// The whole matrix of `arch`.
+    pub fn for_arch(arch: Arch) -> Self {
+        Self {
+            arch,
+            ..Self::default()
+        }
+    }
+}
+
 impl Default for VmTestArgs {
     fn default() -> Self {
         Self {
