@@ -72,7 +72,9 @@ pub fn test(args: TestArgs) -> Result<()> {
     if args.skip_vm {
         eprintln!("xtask: SKIPPED the VM kernel matrix (--skip-vm)");
     } else {
-        for arch in [crate::vm::Arch::X86_64, crate::vm::Arch::Aarch64] {
+        // The arm64 matrix (`vm-test --arch aarch64`) is not run here yet: its lifecycle
+        // test is not reliable under emulation (see the README, Kernels).
+        for arch in [crate::vm::Arch::X86_64] {
             let started = std::time::Instant::now();
             crate::vm::vm_test(crate::vm::VmTestArgs::for_arch(arch))?;
             eprintln!(

@@ -81,7 +81,11 @@ pub fn boot(
             Outcome::Exited(lines) => return exited(lines, log),
         }
     } else if KVM.load(Ordering::Relaxed) == 0 {
-        set_note("TCG (/dev/kvm not usable)".into());
+        set_note(if arch == Arch::host() {
+            "TCG (/dev/kvm not usable)".into()
+        } else {
+            "TCG (emulating another architecture)".into()
+        });
     }
     match run(arch, kernel, initrd, log, timeout, false)? {
         Outcome::Done(lines) => Ok(lines),
