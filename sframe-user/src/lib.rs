@@ -33,7 +33,9 @@ pub mod procfs;
 #[cfg(feature = "bpf")]
 pub mod profiler;
 #[cfg(feature = "bpf")]
+pub mod safe_open;
 pub mod sampler;
+pub mod sanitize;
 pub mod sframe;
 pub mod symbolize;
 pub mod table;

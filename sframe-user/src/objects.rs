@@ -60,23 +60,41 @@ impl FileStamp {
 
     /// The stamp of the file a process maps now (`None` when it cannot be reached).
     fn of_mapping(pid: u32, m: &Mapping) -> Option<Self> {
-        let (via_map_files, via_root) = mapped_file_paths(pid, m);
-        fs::metadata(via_map_files)
-            .or_else(|_| fs::metadata(via_root))
+        open_mapped_file(pid, m)
             .ok()
-            .map(|meta| Self::of(&meta))
+            .map(|(_, meta)| Self::of(&meta))
     }
 }
 
-/// The ways to open the file behind a mapping: `/proc/PID/map_files/START-END` (the
-/// mapped inode itself, even when deleted or renamed over), then the path in the
-/// process's root (its mount namespace).
-fn mapped_file_paths(pid: u32, m: &Mapping) -> (String, String) {
+/// Opens the file behind a mapping (`crate::safe_open`: regular files only, never
+/// blocking): `/proc/PID/map_files/START-END` (the mapped inode itself, even when
+/// deleted or renamed over), else the path resolved inside the process's root (its
+/// mount namespace; its symlinks cannot leave it), which must then be the mapped inode
+/// when it is on the mapped device.
+fn open_mapped_file(pid: u32, m: &Mapping) -> Result<(fs::File, fs::Metadata), String> {
+    let map_files = format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end);
+    let first = match crate::safe_open::open_regular(std::path::Path::new(&map_files)) {
+        Ok(opened) => return Ok(opened),
+        Err(e) => e,
+    };
     let path = m.path.strip_suffix(" (deleted)").unwrap_or(&m.path);
-    (
-        format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end),
-        format!("/proc/{pid}/root{path}"),
-    )
+    if path.len() != m.path.len() || !path.starts_with('/') {
+        return Err(first.to_string());
+    }
+    let root = std::path::PathBuf::from(format!("/proc/{pid}/root"));
+    let (file, meta) =
+        crate::safe_open::open_in_root(&root, path).map_err(|e| format!("{first}; {e}"))?;
+    let dev = meta.dev();
+    let major = ((dev >> 32) & 0xffff_f000) | ((dev >> 8) & 0x0000_0fff);
+    let minor = ((dev >> 12) & 0xffff_ff00) | (dev & 0x0000_00ff);
+    if (major as u32, minor as u32) == (m.dev_major, m.dev_minor) && meta.ino() != m.inode {
+        return Err(format!(
+            "{path}: inode {} is not the mapped inode {} (replaced since it was mapped)",
+            meta.ino(),
+            m.inode
+        ));
+    }
+    Ok((file, meta))
 }
 
 /// What happened to one object.
@@ -569,12 +587,9 @@ impl ObjectStore {
     }
 
     fn read_file(&mut self, pid: u32, m: &Mapping) -> Option<(ObjectKey, FileStamp, Vec<u8>)> {
-        let (via_map_files, via_root) = mapped_file_paths(pid, m);
-        let file = fs::File::open(&via_map_files)
-            .or_else(|_| fs::File::open(&via_root))
+        let (file, meta) = open_mapped_file(pid, m)
             .map_err(|e| log::debug!("pid {pid}: cannot open {}: {e}", m.path))
             .ok()?;
-        let meta = file.metadata().ok()?;
         if meta.len() > MAX_OBJECT_BYTES {
             log::warn!(
                 "{}: {} bytes, larger than the limit; no table",

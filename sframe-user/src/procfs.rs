@@ -121,11 +121,13 @@ pub fn find(maps: &[Mapping], addr: u64) -> Option<&Mapping> {
     maps.iter().find(|m| m.start <= addr && addr < m.end)
 }
 
-/// The command name of process `pid` (`/proc/PID/comm`), if it exists.
+/// The command name of process `pid` (`/proc/PID/comm`), if it exists: raw, for
+/// matching `--comm`; bytes that are not UTF-8 become U+FFFD (a process cannot hide
+/// behind an invalid name). Outputs pass it through [`crate::sanitize::name`].
 pub fn comm(pid: u32) -> Option<String> {
-    std::fs::read_to_string(format!("/proc/{pid}/comm"))
-        .ok()
-        .map(|s| s.trim_end_matches('\n').to_owned())
+    let bytes = std::fs::read(format!("/proc/{pid}/comm")).ok()?;
+    let bytes = bytes.strip_suffix(b"\n").unwrap_or(&bytes);
+    Some(String::from_utf8_lossy(bytes).into_owned())
 }
 
 /// The pid of `pid` in its own (innermost) PID namespace (`NSpid:` of

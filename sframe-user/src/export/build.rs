@@ -101,7 +101,7 @@ impl Profile {
             processes.push(ProcessProfile {
                 pid: t.pid,
                 ns_pid: t.ns_pid,
-                comm: t.comm.clone(),
+                comm: crate::sanitize::name(&t.comm).into_owned(),
                 stacks,
             });
         }

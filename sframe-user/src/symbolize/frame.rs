@@ -84,13 +84,11 @@ impl Frame {
 /// to unlinked files. Pseudo-names (`[vdso]`) and empty paths come back unchanged.
 pub fn object_basename(path: &str) -> String {
     let path = path.strip_suffix(" (deleted)").unwrap_or(path);
-    if !path.starts_with('/') {
-        return path.to_owned();
-    }
-    match path.rsplit('/').next() {
-        Some(base) if !base.is_empty() => base.to_owned(),
-        _ => path.to_owned(),
-    }
+    let base = match path.rsplit('/').next() {
+        Some(base) if path.starts_with('/') && !base.is_empty() => base,
+        _ => path,
+    };
+    crate::sanitize::name(base).into_owned()
 }
 
 #[cfg(test)]

@@ -427,7 +427,7 @@ fn batch_to_frames(
         .map(|(&input, result)| {
             let mut frame = match result {
                 Symbolized::Sym(sym) => Frame {
-                    name: Some(sym.name.into_owned()),
+                    name: Some(crate::sanitize::name(&sym.name).into_owned()),
                     object: object.to_owned(),
                     file_offset: offset_of(input),
                     build_id: None,
@@ -436,7 +436,7 @@ fn batch_to_frames(
                         .inlined
                         .iter()
                         .map(|f| InlinedFrame {
-                            name: f.name.to_string(),
+                            name: crate::sanitize::name(&f.name).into_owned(),
                             location: f.code_info.as_ref().map(location),
                         })
                         .collect(),

@@ -71,6 +71,8 @@ pub(super) enum OpenError {
         first: Box<OpenError>,
         second: Box<OpenError>,
     },
+    #[error(transparent)]
+    Unsafe(#[from] crate::safe_open::OpenError),
 }
 
 impl OpenedObject {
@@ -87,8 +89,10 @@ impl OpenedObject {
             // The path now names another file or none.
             return Err(first);
         }
-        let root = PathBuf::from(format!("/proc/{pid}/root{path}"));
-        let second = match open_regular(&root) {
+        let root_dir = PathBuf::from(format!("/proc/{pid}/root"));
+        let root = root_dir.join(path.trim_start_matches('/'));
+        // Resolved inside the process's root: its symlinks cannot reach the host's files.
+        let second = match crate::safe_open::open_in_root(&root_dir, path).map_err(OpenError::from) {
             Ok((file, meta)) => {
                 let (major, minor) = dev_major_minor(meta.dev());
                 // Same file system and another inode: replaced on disk. Another device
@@ -143,23 +147,10 @@ impl OpenedObject {
     }
 }
 
-/// Opens `path` if it is a regular file. Non-blocking so that a FIFO planted by the
-/// target process cannot hang the profiler.
+/// Opens `path` if it is a regular file, without blocking on a FIFO
+/// (`crate::safe_open`).
 fn open_regular(path: &PathBuf) -> Result<(File, std::fs::Metadata), OpenError> {
-    let io = |source| OpenError::Io {
-        path: path.clone(),
-        source,
-    };
-    let file = File::options()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)
-        .map_err(io)?;
-    let meta = file.metadata().map_err(io)?;
-    if !meta.is_file() {
-        return Err(OpenError::NotRegular { path: path.clone() });
-    }
-    Ok((file, meta))
+    Ok(crate::safe_open::open_regular(path)?)
 }
 
 fn strip_deleted(path: &str) -> &str {

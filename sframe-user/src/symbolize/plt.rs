@@ -238,7 +238,7 @@ impl Slots {
 /// `NAME@plt`, demangled like the frames blazesym names.
 fn plt_name(raw: &[u8]) -> String {
     let raw = String::from_utf8_lossy(raw);
-    format!("{}@plt", demangle(&raw))
+    format!("{}@plt", crate::sanitize::name(&demangle(&raw)))
 }
 
 /// Rust, then C++ demangling (what blazesym does for names of unknown language); the
