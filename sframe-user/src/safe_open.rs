@@ -36,6 +36,14 @@ pub enum OpenError {
 
 const FLAGS: i32 = libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC;
 
+/// `struct open_how` of openat2(2) (libc's is non-exhaustive).
+#[repr(C)]
+struct OpenHow {
+    flags: u64,
+    mode: u64,
+    resolve: u64,
+}
+
 fn checked(file: File, path: &Path) -> Result<(File, Metadata), OpenError> {
     let meta = file.metadata().map_err(|source| OpenError::Io {
         path: path.to_owned(),
@@ -89,7 +97,7 @@ pub fn open_in_root(root: &Path, path: &str) -> Result<(File, Metadata), OpenErr
     }
     // SAFETY: `dir` is a descriptor we own.
     let dir = unsafe { OwnedFd::from_raw_fd(dir) };
-    let how = libc::open_how {
+    let how = OpenHow {
         flags: (libc::O_RDONLY | FLAGS) as u64,
         mode: 0,
         resolve: libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS,
@@ -102,8 +110,8 @@ pub fn open_in_root(root: &Path, path: &str) -> Result<(File, Metadata), OpenErr
             libc::SYS_openat2,
             dir.as_raw_fd(),
             c_path.as_ptr(),
-            &how as *const libc::open_how,
-            std::mem::size_of::<libc::open_how>(),
+            &how as *const OpenHow,
+            std::mem::size_of::<OpenHow>(),
         )
     };
     if fd < 0 {
@@ -137,7 +145,10 @@ mod tests {
         let d = tmp("fifo");
         let fifo = d.join("lib.so");
         mkfifo(&fifo);
-        assert!(matches!(open_regular(&fifo), Err(OpenError::NotRegular { .. })));
+        assert!(matches!(
+            open_regular(&fifo),
+            Err(OpenError::NotRegular { .. })
+        ));
         assert!(matches!(
             open_in_root(&d, "/lib.so"),
             Err(OpenError::NotRegular { .. })

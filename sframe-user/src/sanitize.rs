@@ -49,7 +49,10 @@ mod tests {
     #[test]
     fn clean_names_are_borrowed() {
         assert!(matches!(name("main"), Cow::Borrowed("main")));
-        assert!(matches!(name("std::vector<int>::push_back(int&&)"), Cow::Borrowed(_)));
+        assert!(matches!(
+            name("std::vector<int>::push_back(int&&)"),
+            Cow::Borrowed(_)
+        ));
     }
 
     #[test]

@@ -58,7 +58,13 @@ impl Feed {
                     let frames = profiler.stack(k.user_stack).map_or(0, <[u64]>::len);
                     (names.join(";"), frames)
                 });
-            metrics.record(k.pid, &crate::sanitize::name(&target.comm), stack, *frames, delta);
+            metrics.record(
+                k.pid,
+                &crate::sanitize::name(&target.comm),
+                stack,
+                *frames,
+                delta,
+            );
         }
         // Forget the stacks of processes that have no series any more.
         let live: std::collections::HashSet<u32> = metrics
