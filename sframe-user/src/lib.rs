@@ -32,8 +32,8 @@ pub mod privileges;
 pub mod procfs;
 #[cfg(feature = "bpf")]
 pub mod profiler;
-#[cfg(feature = "bpf")]
 pub mod safe_open;
+#[cfg(feature = "bpf")]
 pub mod sampler;
 pub mod sanitize;
 pub mod sframe;
