@@ -59,10 +59,19 @@ impl FileStamp {
     }
 
     /// The stamp of the file a process maps now (`None` when it cannot be reached).
+    /// Checked at every refresh of every known mapping: a `stat`, never an open of the
+    /// file (`map_files` is a link to the mapped inode; the path in the process's root
+    /// is resolved inside it with `O_PATH`, which neither reads nor blocks).
     fn of_mapping(pid: u32, m: &Mapping) -> Option<Self> {
-        open_mapped_file(pid, m)
+        let map_files = format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end);
+        if let Ok(meta) = fs::metadata(&map_files) {
+            return Some(Self::of(&meta));
+        }
+        let path = m.path.strip_suffix(" (deleted)").unwrap_or(&m.path);
+        let root = std::path::PathBuf::from(format!("/proc/{pid}/root"));
+        crate::safe_open::stat_in_root(&root, path)
             .ok()
-            .map(|(_, meta)| Self::of(&meta))
+            .map(|meta| Self::of(&meta))
     }
 }
 
@@ -84,10 +93,9 @@ fn open_mapped_file(pid: u32, m: &Mapping) -> Result<(fs::File, fs::Metadata), S
     let root = std::path::PathBuf::from(format!("/proc/{pid}/root"));
     let (file, meta) =
         crate::safe_open::open_in_root(&root, path).map_err(|e| format!("{first}; {e}"))?;
-    let dev = meta.dev();
-    let major = ((dev >> 32) & 0xffff_f000) | ((dev >> 8) & 0x0000_0fff);
-    let minor = ((dev >> 12) & 0xffff_ff00) | (dev & 0x0000_00ff);
-    if (major as u32, minor as u32) == (m.dev_major, m.dev_minor) && meta.ino() != m.inode {
+    let replaced = crate::procfs::dev_major_minor(meta.dev()) == (m.dev_major, m.dev_minor)
+        && meta.ino() != m.inode;
+    if replaced {
         return Err(format!(
             "{path}: inode {} is not the mapped inode {} (replaced since it was mapped)",
             meta.ino(),

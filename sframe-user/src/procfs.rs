@@ -121,6 +121,13 @@ pub fn find(maps: &[Mapping], addr: u64) -> Option<&Mapping> {
     maps.iter().find(|m| m.start <= addr && addr < m.end)
 }
 
+/// glibc's `major()`/`minor()` of a `dev_t`, as `/proc/PID/maps` prints them.
+pub fn dev_major_minor(dev: u64) -> (u32, u32) {
+    let major = ((dev >> 32) & 0xffff_f000) | ((dev >> 8) & 0x0000_0fff);
+    let minor = ((dev >> 12) & 0xffff_ff00) | (dev & 0x0000_00ff);
+    (major as u32, minor as u32)
+}
+
 /// The command name of process `pid` (`/proc/PID/comm`), if it exists: raw, for
 /// matching `--comm`; bytes that are not UTF-8 become U+FFFD (a process cannot hide
 /// behind an invalid name). Outputs pass it through [`crate::sanitize::name`].

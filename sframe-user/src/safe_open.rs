@@ -14,7 +14,7 @@
 use std::{
     ffi::CString,
     fs::{File, Metadata},
-    os::fd::{FromRawFd as _, OwnedFd},
+    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
     os::unix::fs::OpenOptionsExt as _,
     path::{Path, PathBuf},
 };
@@ -75,6 +75,19 @@ pub fn open_regular(path: &Path) -> Result<(File, Metadata), OpenError> {
 /// Opens `path` — absolute, as the process with root directory `root` sees it —
 /// resolving it entirely inside `root`; regular files only.
 pub fn open_in_root(root: &Path, path: &str) -> Result<(File, Metadata), OpenError> {
+    let (file, shown) = openat2_in_root(root, path, libc::O_RDONLY | FLAGS)?;
+    checked(file, &shown)
+}
+
+/// The metadata of `path` resolved inside `root` as [`open_in_root`] does, through an
+/// `O_PATH` descriptor: nothing is opened for reading, so a FIFO or a device cannot
+/// block or be triggered. Regular files only.
+pub fn stat_in_root(root: &Path, path: &str) -> Result<Metadata, OpenError> {
+    let (file, shown) = openat2_in_root(root, path, libc::O_PATH | libc::O_CLOEXEC)?;
+    checked(file, &shown).map(|(_, meta)| meta)
+}
+
+fn openat2_in_root(root: &Path, path: &str, flags: i32) -> Result<(File, PathBuf), OpenError> {
     let shown = root.join(path.trim_start_matches('/'));
     let bad = || OpenError::BadPath {
         path: shown.clone(),
@@ -98,11 +111,10 @@ pub fn open_in_root(root: &Path, path: &str) -> Result<(File, Metadata), OpenErr
     // SAFETY: `dir` is a descriptor we own.
     let dir = unsafe { OwnedFd::from_raw_fd(dir) };
     let how = OpenHow {
-        flags: (libc::O_RDONLY | FLAGS) as u64,
+        flags: flags as u64,
         mode: 0,
         resolve: libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS,
     };
-    use std::os::fd::AsRawFd as _;
     // SAFETY: openat2(2) with a valid directory descriptor, a NUL-terminated path and an
     // initialized open_how of the size passed.
     let fd = unsafe {
@@ -118,8 +130,7 @@ pub fn open_in_root(root: &Path, path: &str) -> Result<(File, Metadata), OpenErr
         return Err(io(std::io::Error::last_os_error()));
     }
     // SAFETY: a new descriptor we own.
-    let file = unsafe { File::from_raw_fd(fd as i32) };
-    checked(file, &shown)
+    Ok((unsafe { File::from_raw_fd(fd as i32) }, shown))
 }
 
 #[cfg(test)]
@@ -185,8 +196,15 @@ mod tests {
         assert!(open_in_root(&root, "/rel.so").is_ok());
         assert!(open_in_root(&root, "real.so").is_ok());
         // /proc magic links are refused.
-        std::fs::create_dir_all(root.join("p")).unwrap();
-        symlink("/proc/self/exe", root.join("p/exe")).unwrap();
         assert!(open_in_root(Path::new("/"), "/proc/self/exe").is_err());
+        // The stat-only path resolves the same way, and refuses a FIFO without opening it.
+        assert!(stat_in_root(&root, "/rel.so").is_ok_and(|m| m.len() == 4));
+        assert!(stat_in_root(&root, "/secret.so").is_err());
+        let fifo_root = tmp("fifo-root");
+        mkfifo(&fifo_root.join("f.so"));
+        assert!(matches!(
+            stat_in_root(&fifo_root, "/f.so"),
+            Err(OpenError::NotRegular { .. })
+        ));
     }
 }

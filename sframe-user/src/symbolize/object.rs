@@ -145,12 +145,7 @@ fn strip_deleted(path: &str) -> &str {
     path.strip_suffix(" (deleted)").unwrap_or(path)
 }
 
-/// glibc's `major()`/`minor()` of a `dev_t`, as `/proc/PID/maps` prints them.
-fn dev_major_minor(dev: u64) -> (u32, u32) {
-    let major = ((dev >> 32) & 0xffff_f000) | ((dev >> 8) & 0x0000_0fff);
-    let minor = ((dev >> 12) & 0xffff_ff00) | (dev & 0x0000_00ff);
-    (major as u32, minor as u32)
-}
+use crate::procfs::dev_major_minor;
 
 #[cfg(test)]
 mod tests {

@@ -99,6 +99,10 @@ impl Cpio {
     /// A copy of host file `src` at `path` (its mode kept, symlinks followed).
     pub fn copy(&mut self, path: &str, src: &Path) -> Result<()> {
         use std::os::unix::fs::PermissionsExt as _;
+        // Every ELF lists libc again: read each file once.
+        if self.files.contains(&Self::key(path)?) {
+            return Ok(());
+        }
         let data = std::fs::read(src).with_context(|| format!("reading {}", src.display()))?;
         let mode = std::fs::metadata(src)?.permissions().mode();
         self.file(path, mode, &data)

@@ -544,13 +544,29 @@ fn check(report: &Report, which: &dyn Fn(&Stack) -> bool, e: &Expect) -> Result<
 /// budget; returns the report and the metrics scraped just before the stop.
 fn profile_pid(ctx: &Ctx, workload: &mut Command, extra: &[&str]) -> Result<(u32, Report, String)> {
     let w = spawn(workload)?;
-    let pid = w.0.id();
-    let pid_s = pid.to_string();
-    let mut args = vec!["--pid", pid_s.as_str()];
+    let pid = w.0.id().to_string();
+    let mut args = vec!["--pid", pid.as_str()];
     args.extend_from_slice(extra);
-    let p = start_profiler(ctx, &args)?;
-    wait_cpu(ctx, pid, ctx.cpu)?;
-    let metrics = scrape_settled(ctx, &p)?;
+    profile_run(ctx, w, &args, ctx.cpu, &[], |_| Ok(()))
+}
+
+/// The one flow of every test: the profiler started with `args` on the running workload
+/// `w`, `attached(w)` once it serves its metrics, the workload's `cpu` seconds waited
+/// for, the metrics scraped once they hold the workload (and each `wanted`), the profiler
+/// stopped; returns the workload's pid, the report and the scrape.
+fn profile_run(
+    ctx: &Ctx,
+    mut w: Guard,
+    args: &[&str],
+    cpu: f64,
+    wanted: &[(&str, &str)],
+    attached: impl FnOnce(&mut Guard) -> Result<()>,
+) -> Result<(u32, Report, String)> {
+    let pid = w.0.id();
+    let p = start_profiler(ctx, args)?;
+    attached(&mut w)?;
+    wait_cpu(ctx, pid, cpu)?;
+    let metrics = scrape_until(ctx, &p, wanted)?;
     let report = p.stop(ctx.limit)?;
     drop(w);
     Ok((pid, report, metrics))
@@ -560,12 +576,8 @@ fn profile_pid(ctx: &Ctx, workload: &mut Command, extra: &[&str]) -> Result<(u32
 /// refreshes the page about once a second, after symbolizing the new stacks; under
 /// emulation the first refresh (blazesym reading libc and the fixture's DWARF for the
 /// first time) takes seconds of guest CPU, shared with the workload. Waits for it up to
-/// the test's wall-clock limit; the checks then judge what was published.
-fn scrape_settled(ctx: &Ctx, p: &Profiler) -> Result<String> {
-    scrape_until(ctx, p, &[])
-}
-
-/// [`scrape_settled`], also waiting for each `(metric, label)` to be positive.
+/// the test's wall-clock limit; the checks then judge what was published. Also waits
+/// for each `(metric, label)` in `also` to be positive.
 fn scrape_until(ctx: &Ctx, p: &Profiler, also: &[(&str, &str)]) -> Result<String> {
     let deadline = Instant::now() + ctx.limit;
     loop {
@@ -799,7 +811,7 @@ fn lifecycle(ctx: &Ctx) -> Result<String> {
     // The spawner waits until the profiler has loaded it: a child forked before its
     // parent's tables were loaded gets no copy of them, and its samples taken inside
     // exec (the old image's registers) can only be unwound after the image is gone.
-    let mut w = Guard(
+    let w = Guard(
         Command::new(ctx.fixture("spawner"))
             .arg(ctx.fixture("dl_child"))
             .arg(&lib)
@@ -808,16 +820,7 @@ fn lifecycle(ctx: &Ctx) -> Result<String> {
             .spawn()
             .context("starting the spawner")?,
     );
-    let pid = w.0.id();
-    let p = start_profiler(ctx, &["--pid", &pid.to_string()])?;
-    w.0.stdin
-        .take()
-        .context("spawner stdin")?
-        .write_all(b"g")
-        .context("starting the spawner's loop")?;
-    // Three budgets: the first child, which starts while the profiler itself is still
-    // warming up, should weigh little.
-    wait_cpu(ctx, pid, 3.0 * ctx.cpu)?;
+    let pid = w.0.id().to_string();
     // The events of the children must be published too before the scrape is judged.
     let labels: Vec<String> = ["fork", "exec", "exit", "mmap"]
         .iter()
@@ -827,9 +830,16 @@ fn lifecycle(ctx: &Ctx) -> Result<String> {
         .iter()
         .map(|l| ("sframe_fleet_events_total", l.as_str()))
         .collect();
-    let metrics = scrape_until(ctx, &p, &wanted)?;
-    let report = p.stop(ctx.limit)?;
-    drop(w);
+    // Three budgets: the first child, which starts while the profiler itself is still
+    // warming up, should weigh little.
+    let (_, report, metrics) =
+        profile_run(ctx, w, &["--pid", &pid], 3.0 * ctx.cpu, &wanted, |w| {
+            w.0.stdin
+                .take()
+                .context("spawner stdin")?
+                .write_all(b"g")
+                .context("starting the spawner's loop")
+        })?;
     let detail = check(
         &report,
         &|s| s.comm == "dl_child",
@@ -866,12 +876,7 @@ fn deferred(ctx: &Ctx) -> Result<String> {
     // first sample: that sample, and those until the load ends, are deferred to user
     // space and must come out complete all the same.
     let w = spawn(&mut Command::new(ctx.fixture("chain_eh")))?;
-    let pid = w.0.id();
-    let p = start_profiler(ctx, &["--all"])?;
-    wait_cpu(ctx, pid, ctx.cpu)?;
-    let metrics = scrape_settled(ctx, &p)?;
-    let report = p.stop(ctx.limit)?;
-    drop(w);
+    let (pid, report, metrics) = profile_run(ctx, w, &["--all"], ctx.cpu, &[], |_| Ok(()))?;
     let detail = check(
         &report,
         &|s| s.pid == pid,

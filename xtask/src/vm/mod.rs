@@ -415,70 +415,24 @@ fn render(arch: Arch, results: &[KernelResult], took: Duration) -> String {
         }
         let _ = writeln!(s);
     }
-    let progs: Vec<&String> = {
-        let mut v: Vec<&String> = results.iter().flat_map(|r| r.verifier.keys()).collect();
-        v.sort();
-        v.dedup();
-        v
-    };
-    if !progs.is_empty() {
-        let _ = writeln!(
-            s,
-            "\nVerifier instructions per program (limit 1,000,000):\n"
-        );
-        let _ = write!(s, "| program |");
-        for r in results {
-            let _ = write!(s, " {} |", r.name);
-        }
-        let _ = writeln!(s);
-        let _ = write!(s, "|---|");
-        for _ in results {
-            let _ = write!(s, "---:|");
-        }
-        let _ = writeln!(s);
-        for p in progs {
-            let _ = write!(s, "| {p} |");
-            for r in results {
-                let _ = write!(
-                    s,
-                    " {} |",
-                    r.verifier.get(p).map(String::as_str).unwrap_or("—")
-                );
-            }
-            let _ = writeln!(s);
-        }
-    }
-    let workloads: Vec<&String> = {
-        let mut v: Vec<&String> = results.iter().flat_map(|r| r.cost.keys()).collect();
-        v.sort();
-        v.dedup();
-        v
-    };
-    if !workloads.is_empty() {
-        let _ = writeln!(
-            s,
-            "\nMean run time of the `profile` program, ns (bpf_stats; every sample of both \
-             CPUs, the workload's walks and the cheap exits for other tasks; guests are \
-             emulated: their figures vary by up to 1.5x from run to run):\n"
-        );
-        let _ = write!(s, "| workload |");
-        for r in results {
-            let _ = write!(s, " {} |", r.name);
-        }
-        let _ = writeln!(s);
-        let _ = write!(s, "|---|");
-        for _ in results {
-            let _ = write!(s, "---:|");
-        }
-        let _ = writeln!(s);
-        for w in workloads {
-            let _ = write!(s, "| {w} |");
-            for r in results {
-                let _ = write!(s, " {} |", r.cost.get(w).map(String::as_str).unwrap_or("—"));
-            }
-            let _ = writeln!(s);
-        }
-    }
+    let verifier: Vec<&BTreeMap<String, String>> = results.iter().map(|r| &r.verifier).collect();
+    per_kernel_table(
+        &mut s,
+        results,
+        "Verifier instructions per program (limit 1,000,000):",
+        "program",
+        &verifier,
+    );
+    let cost: Vec<&BTreeMap<String, String>> = results.iter().map(|r| &r.cost).collect();
+    per_kernel_table(
+        &mut s,
+        results,
+        "Mean run time of the `profile` program, ns (bpf_stats; every sample of both CPUs, \
+         the workload's walks and the cheap exits for other tasks; guests are emulated: \
+         their figures vary by up to 1.5x from run to run):",
+        "workload",
+        &cost,
+    );
     let _ = writeln!(s, "\nDetails:\n");
     for r in results {
         if let Some(e) = &r.error {
@@ -492,6 +446,41 @@ fn render(arch: Arch, results: &[KernelResult], took: Duration) -> String {
         }
     }
     s
+}
+
+/// A table with one row per key of `columns` (one map per kernel) and one column per
+/// kernel; nothing when no kernel has a value.
+fn per_kernel_table(
+    s: &mut String,
+    results: &[KernelResult],
+    title: &str,
+    what: &str,
+    columns: &[&BTreeMap<String, String>],
+) {
+    let mut keys: Vec<&String> = columns.iter().flat_map(|c| c.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    if keys.is_empty() {
+        return;
+    }
+    let _ = writeln!(s, "\n{title}\n");
+    let _ = write!(s, "| {what} |");
+    for r in results {
+        let _ = write!(s, " {} |", r.name);
+    }
+    let _ = writeln!(s);
+    let _ = write!(s, "|---|");
+    for _ in results {
+        let _ = write!(s, "---:|");
+    }
+    let _ = writeln!(s);
+    for k in keys {
+        let _ = write!(s, "| {k} |");
+        for c in columns {
+            let _ = write!(s, " {} |", c.get(k).map(String::as_str).unwrap_or("—"));
+        }
+        let _ = writeln!(s);
+    }
 }
 
 /// Shared libraries `elf` needs: as `ldd` resolves them for the host's architecture;
