@@ -35,12 +35,36 @@ fn a_command_name_with_a_newline_cannot_forge_a_folded_line() {
     let forger = KillOnDrop::spawn(&mut as_nobody(&exe));
     let dir = exe.parent().expect("fixture dir");
     let folded = dir.join("out.folded");
-    let out = Command::new(env!("CARGO_BIN_EXE_sframe-user"))
-        .args(["--pid", &forger.pid().to_string(), "--duration", "2"])
+    // Budgeted in the forger's own CPU time, not a wall-clock window: on a busy machine
+    // it may barely run.
+    let profiler = Command::new(env!("CARGO_BIN_EXE_sframe-user"))
+        .args(["--pid", &forger.pid().to_string()])
         .args(["--format", "folded", "--output"])
         .arg(&folded)
-        .output()
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .expect("run sframe-user");
+    let cpu = || -> f64 {
+        let stat =
+            std::fs::read_to_string(format!("/proc/{}/stat", forger.pid())).unwrap_or_default();
+        let rest = stat.rsplit_once(") ").map(|x| x.1).unwrap_or("");
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        // utime and stime: fields 14 and 15 of the line, 11 and 12 after the comm.
+        let tick = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        (tick(11) + tick(12)) as f64 / 100.0
+    };
+    let start = cpu();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
+    while cpu() - start < 2.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the forger got no CPU in 300 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    // SAFETY: a signal to our own child.
+    unsafe { libc::kill(profiler.id() as i32, libc::SIGTERM) };
+    let out = profiler.wait_with_output().expect("wait for sframe-user");
     assert!(
         out.status.success(),
         "{}",
