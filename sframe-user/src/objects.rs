@@ -67,9 +67,8 @@ impl FileStamp {
         if let Ok(meta) = fs::metadata(&map_files) {
             return Some(Self::of(&meta));
         }
-        let path = m.path.strip_suffix(" (deleted)").unwrap_or(&m.path);
         let root = std::path::PathBuf::from(format!("/proc/{pid}/root"));
-        crate::safe_open::stat_in_root(&root, path)
+        crate::safe_open::stat_in_root(&root, m.live_path()?)
             .ok()
             .map(|meta| Self::of(&meta))
     }
@@ -86,10 +85,9 @@ fn open_mapped_file(pid: u32, m: &Mapping) -> Result<(fs::File, fs::Metadata), S
         Ok(opened) => return Ok(opened),
         Err(e) => e,
     };
-    let path = m.path.strip_suffix(" (deleted)").unwrap_or(&m.path);
-    if path.len() != m.path.len() || !path.starts_with('/') {
+    let Some(path) = m.live_path() else {
         return Err(first.to_string());
-    }
+    };
     let root = std::path::PathBuf::from(format!("/proc/{pid}/root"));
     let (file, meta) =
         crate::safe_open::open_in_root(&root, path).map_err(|e| format!("{first}; {e}"))?;
@@ -97,7 +95,8 @@ fn open_mapped_file(pid: u32, m: &Mapping) -> Result<(fs::File, fs::Metadata), S
         && meta.ino() != m.inode;
     if replaced {
         return Err(format!(
-            "{path}: inode {} is not the mapped inode {} (replaced since it was mapped)",
+            "{}: inode {} is not the mapped inode {} (replaced since it was mapped)",
+            m.path,
             meta.ino(),
             m.inode
         ));
@@ -170,7 +169,7 @@ pub struct ProcessReport {
     pub executable_mappings: usize,
     pub with_table: usize,
     pub dropped_mappings: usize,
-    /// The mappings read (all of them, for symbolization), so callers need not re-read.
+    /// The executable mappings read (for symbolization), so callers need not re-read.
     pub maps: Vec<Mapping>,
 }
 
@@ -424,7 +423,7 @@ impl ObjectStore {
         pid: u32,
         build: Build,
     ) -> Result<ProcessReport, procfs::MapsError> {
-        let maps = procfs::read_maps(pid)?;
+        let maps = procfs::read_executable_maps(pid)?;
         let mut report = ProcessReport::default();
         let mut entries = Vec::new();
         // References are taken as objects are resolved, so that loading a later object
@@ -816,6 +815,7 @@ mod tests {
             dev_minor: 0,
             inode: 1,
             path: "/x".into(),
+            raw_path: None,
         }
     }
 

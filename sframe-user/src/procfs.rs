@@ -1,7 +1,12 @@
 //! Reading `/proc/PID/maps`.
 //!
-//! The file's contents come from the kernel but describe a process we do not control
-//! (paths may contain anything); parsing never panics and reports the bad line.
+//! The file's contents come from the kernel but describe a process we do not control:
+//! paths may hold any byte but NUL (a newline is shown as `\012` by the kernel), need
+//! not be UTF-8, and a process may have tens of thousands of mappings with long names.
+//! Parsing works on bytes, never panics and reports the bad line; a path that is not
+//! UTF-8 is kept as bytes (for opening) and shown lossily (never dropped: a process
+//! cannot hide behind such a name). The profiler reads only the executable mappings
+//! ([`read_executable_maps`]), a line at a time, keeping at most a fixed number.
 
 use std::path::PathBuf;
 
@@ -19,11 +24,26 @@ pub struct Mapping {
     pub dev_minor: u32,
     pub inode: u64,
     /// Path or pseudo-name (`[vdso]`, `[stack]`); empty for anonymous memory. A deleted
-    /// file keeps its path with a ` (deleted)` suffix.
+    /// file keeps its path with a ` (deleted)` suffix. Bytes that are not UTF-8 are
+    /// shown as U+FFFD here; [`Mapping::path_bytes`] has them as they are.
     pub path: String,
+    /// The path's bytes when they are not UTF-8 (else `path` is exact).
+    pub raw_path: Option<Box<[u8]>>,
 }
 
 impl Mapping {
+    /// The path exactly as the kernel shows it.
+    pub fn path_bytes(&self) -> &[u8] {
+        self.raw_path.as_deref().unwrap_or(self.path.as_bytes())
+    }
+
+    /// The path of a mapped file that still has it: `None` when the file was deleted
+    /// (the path now names another file or none) or the name is not absolute.
+    pub fn live_path(&self) -> Option<&[u8]> {
+        let p = self.path_bytes();
+        (!p.ends_with(b" (deleted)") && p.starts_with(b"/")).then_some(p)
+    }
+
     /// True for mappings of a file (not anonymous memory nor `[pseudo]` regions).
     pub fn is_file(&self) -> bool {
         self.inode != 0 && self.path.starts_with('/')
@@ -46,40 +66,123 @@ pub enum MapsError {
     },
 }
 
-/// Reads and parses `/proc/PID/maps`.
+/// Reads and parses `/proc/PID/maps` (all mappings; for tools and tests).
 pub fn read_maps(pid: u32) -> Result<Vec<Mapping>, MapsError> {
+    read_maps_where(pid, |_| true, usize::MAX)
+}
+
+/// Most executable mappings [`read_executable_maps`] keeps (the kernel's mapping table
+/// holds fewer; the rest are counted, not kept).
+pub const MAX_EXECUTABLE_MAPPINGS: usize = 4 * sframe_common::budget::MAX_MAPPINGS;
+
+/// The executable mappings of `pid`, at most [`MAX_EXECUTABLE_MAPPINGS`], read a line
+/// at a time: memory stays bounded whatever the process maps.
+pub fn read_executable_maps(pid: u32) -> Result<Vec<Mapping>, MapsError> {
+    read_maps_where(
+        pid,
+        |perms| perms.get(2) == Some(&b'x'),
+        MAX_EXECUTABLE_MAPPINGS,
+    )
+}
+
+/// Longest line kept (the kernel bounds a path by PATH_MAX; anything longer is not a
+/// line of the kernel's and is an error).
+const MAX_LINE: usize = 4096 + 256;
+
+fn read_maps_where(
+    pid: u32,
+    keep: impl Fn(&[u8]) -> bool,
+    limit: usize,
+) -> Result<Vec<Mapping>, MapsError> {
+    use std::io::{BufRead as _, Read as _};
     let path = PathBuf::from(format!("/proc/{pid}/maps"));
-    let text = std::fs::read_to_string(&path).map_err(|source| MapsError::Io {
+    let io = |source| MapsError::Io {
         path: path.clone(),
         source,
-    })?;
-    parse_maps(&text).map_err(|(line, field)| MapsError::Malformed { path, line, field })
+    };
+    let file = std::fs::File::open(&path).map_err(io)?;
+    let mut reader = std::io::BufReader::with_capacity(64 * 1024, file);
+    let mut line = Vec::with_capacity(256);
+    let mut out = Vec::new();
+    let mut number = 0;
+    loop {
+        line.clear();
+        let n = std::io::Read::by_ref(&mut reader)
+            .take(MAX_LINE as u64 + 1)
+            .read_until(b'\n', &mut line)
+            .map_err(io)?;
+        if n == 0 {
+            break;
+        }
+        number += 1;
+        let malformed = |field| MapsError::Malformed {
+            path: path.clone(),
+            line: number,
+            field,
+        };
+        if !line.ends_with(b"\n") && line.len() > MAX_LINE {
+            return Err(malformed("length"));
+        }
+        let text = line.strip_suffix(b"\n").unwrap_or(&line);
+        if text.trim_ascii().is_empty() {
+            continue;
+        }
+        // Cheap filter before the full parse: the permissions are the second field.
+        let second = text.split(|&b| b == b' ').filter(|f| !f.is_empty()).nth(1);
+        if !second.is_some_and(&keep) {
+            continue;
+        }
+        if out.len() < limit {
+            out.push(parse_line(text).map_err(malformed)?);
+        }
+    }
+    Ok(out)
 }
 
 /// Parses the text of a maps file; on error returns the 1-based line and the field.
 pub fn parse_maps(text: &str) -> Result<Vec<Mapping>, (usize, &'static str)> {
-    text.lines()
+    parse_maps_bytes(text.as_bytes())
+}
+
+/// Parses the bytes of a maps file; on error returns the 1-based line and the field.
+pub fn parse_maps_bytes(text: &[u8]) -> Result<Vec<Mapping>, (usize, &'static str)> {
+    text.split(|&b| b == b'\n')
         .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
+        .filter(|(_, l)| !l.trim_ascii().is_empty())
         .map(|(i, l)| parse_line(l).map_err(|field| (i + 1, field)))
         .collect()
 }
 
-fn parse_line(line: &str) -> Result<Mapping, &'static str> {
+fn parse_line(line: &[u8]) -> Result<Mapping, &'static str> {
     let mut rest = line;
     let mut field = |name: &'static str| -> Result<&str, &'static str> {
-        let trimmed = rest.trim_start_matches(' ');
-        let end = trimmed.find(' ').unwrap_or(trimmed.len());
+        let start = rest.iter().position(|&b| b != b' ').unwrap_or(rest.len());
+        let trimmed = &rest[start..];
+        let end = trimmed
+            .iter()
+            .position(|&b| b == b' ')
+            .unwrap_or(trimmed.len());
         let (f, r) = trimmed.split_at(end);
         rest = r;
-        if f.is_empty() { Err(name) } else { Ok(f) }
+        if f.is_empty() {
+            return Err(name);
+        }
+        std::str::from_utf8(f).map_err(|_| name)
     };
     let range = field("address range")?;
     let perms = field("permissions")?;
     let offset = field("offset")?;
     let dev = field("device")?;
     let inode = field("inode")?;
-    let path = rest.trim_start_matches(' ').to_owned();
+    let start = rest.iter().position(|&b| b != b' ').unwrap_or(rest.len());
+    let raw = &rest[start..];
+    let (path, raw_path) = match std::str::from_utf8(raw) {
+        Ok(p) => (p.to_owned(), None),
+        Err(_) => (
+            String::from_utf8_lossy(raw).into_owned(),
+            Some(raw.to_vec().into_boxed_slice()),
+        ),
+    };
 
     let (start, end) = range.split_once('-').ok_or("address range")?;
     let start = u64::from_str_radix(start, 16).map_err(|_| "start address")?;
@@ -103,6 +206,7 @@ fn parse_line(line: &str) -> Result<Mapping, &'static str> {
         dev_minor: u32::from_str_radix(minor, 16).map_err(|_| "device")?,
         inode: inode.parse().map_err(|_| "inode")?,
         path,
+        raw_path,
     })
 }
 
@@ -206,6 +310,28 @@ mod tests {
         }
         let second_line = "1000-2000 r-xp 0 00:00 0 /x\nok";
         assert_eq!(parse_maps(second_line).unwrap_err(), (2, "permissions"));
+    }
+
+    #[test]
+    fn paths_that_are_not_utf8_are_kept_as_bytes() {
+        let text = b"1000-2000 r-xp 00000000 fe:01 42 /tmp/vict\xff ok\n";
+        let maps = parse_maps_bytes(text).unwrap();
+        assert_eq!(maps[0].path, "/tmp/vict\u{fffd} ok");
+        assert_eq!(maps[0].path_bytes(), b"/tmp/vict\xff ok");
+        assert_eq!(maps[0].live_path(), Some(&b"/tmp/vict\xff ok"[..]));
+        assert!(maps[0].is_file());
+        let deleted = parse_maps_bytes(b"1000-2000 r-xp 0 fe:01 42 /x (deleted)").unwrap();
+        assert_eq!(deleted[0].live_path(), None);
+    }
+
+    #[test]
+    fn reads_own_executable_maps() {
+        let all = read_maps(std::process::id()).unwrap();
+        let exec = read_executable_maps(std::process::id()).unwrap();
+        assert!(!exec.is_empty() && exec.iter().all(|m| m.executable));
+        let expected: Vec<_> = all.into_iter().filter(|m| m.executable).collect();
+        // The maps may change between the two reads only by this test's threads.
+        assert_eq!(exec.len(), expected.len());
     }
 
     #[test]

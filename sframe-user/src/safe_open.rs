@@ -32,6 +32,8 @@ pub enum OpenError {
     NotRegular { path: PathBuf },
     #[error("{path}: a path with a NUL byte")]
     BadPath { path: PathBuf },
+    #[error("{path}: not the file that was mapped")]
+    NotMapped { path: PathBuf },
 }
 
 const FLAGS: i32 = libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC;
@@ -74,7 +76,7 @@ pub fn open_regular(path: &Path) -> Result<(File, Metadata), OpenError> {
 
 /// Opens `path` — absolute, as the process with root directory `root` sees it —
 /// resolving it entirely inside `root`; regular files only.
-pub fn open_in_root(root: &Path, path: &str) -> Result<(File, Metadata), OpenError> {
+pub fn open_in_root(root: &Path, path: &[u8]) -> Result<(File, Metadata), OpenError> {
     let (file, shown) = openat2_in_root(root, path, libc::O_RDONLY | FLAGS)?;
     checked(file, &shown)
 }
@@ -82,18 +84,54 @@ pub fn open_in_root(root: &Path, path: &str) -> Result<(File, Metadata), OpenErr
 /// The metadata of `path` resolved inside `root` as [`open_in_root`] does, through an
 /// `O_PATH` descriptor: nothing is opened for reading, so a FIFO or a device cannot
 /// block or be triggered. Regular files only.
-pub fn stat_in_root(root: &Path, path: &str) -> Result<Metadata, OpenError> {
+pub fn stat_in_root(root: &Path, path: &[u8]) -> Result<Metadata, OpenError> {
     let (file, shown) = openat2_in_root(root, path, libc::O_PATH | libc::O_CLOEXEC)?;
     checked(file, &shown).map(|(_, meta)| meta)
 }
 
-fn openat2_in_root(root: &Path, path: &str, flags: i32) -> Result<(File, PathBuf), OpenError> {
-    let shown = root.join(path.trim_start_matches('/'));
+/// Opens `path` (resolved in the profiler's own mount namespace, symlinks followed) only
+/// if it is the regular file with device `dev` (major, minor as `/proc/PID/maps` shows
+/// it) and inode `inode`: a file a process mapped, found by the path it mapped it from
+/// after the process is gone. The path is first resolved with `O_PATH` (nothing opened:
+/// a FIFO or a device is neither blocked on nor triggered), its inode checked, and the
+/// file then reopened through that very descriptor, so a name swapped in between
+/// changes nothing.
+pub fn open_if_inode(
+    path: &[u8],
+    dev: (u32, u32),
+    inode: u64,
+) -> Result<(File, Metadata), OpenError> {
+    use std::os::unix::{ffi::OsStrExt as _, fs::MetadataExt as _};
+    let shown = PathBuf::from(std::ffi::OsStr::from_bytes(path));
+    let handle = File::options()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_CLOEXEC)
+        .open(&shown)
+        .map_err(|source| OpenError::Io {
+            path: shown.clone(),
+            source,
+        })?;
+    let (handle, meta) = checked(handle, &shown)?;
+    if crate::procfs::dev_major_minor(meta.dev()) != dev || meta.ino() != inode {
+        return Err(OpenError::NotMapped { path: shown });
+    }
+    let reopen = PathBuf::from(format!("/proc/self/fd/{}", handle.as_raw_fd()));
+    let (file, meta) = open_regular(&reopen)?;
+    if crate::procfs::dev_major_minor(meta.dev()) != dev || meta.ino() != inode {
+        return Err(OpenError::NotMapped { path: shown });
+    }
+    Ok((file, meta))
+}
+
+fn openat2_in_root(root: &Path, path: &[u8], flags: i32) -> Result<(File, PathBuf), OpenError> {
+    use std::os::unix::ffi::OsStrExt as _;
+    let relative = &path[path.iter().position(|&b| b != b'/').unwrap_or(path.len())..];
+    let shown = root.join(std::ffi::OsStr::from_bytes(relative));
     let bad = || OpenError::BadPath {
         path: shown.clone(),
     };
     let c_root = CString::new(root.as_os_str().as_encoded_bytes()).map_err(|_| bad())?;
-    let c_path = CString::new(path.trim_start_matches('/')).map_err(|_| bad())?;
+    let c_path = CString::new(relative).map_err(|_| bad())?;
     let io = |source| OpenError::Io {
         path: shown.clone(),
         source,
@@ -161,7 +199,7 @@ mod tests {
             Err(OpenError::NotRegular { .. })
         ));
         assert!(matches!(
-            open_in_root(&d, "/lib.so"),
+            open_in_root(&d, b"/lib.so"),
             Err(OpenError::NotRegular { .. })
         ));
         assert!(matches!(
@@ -183,7 +221,7 @@ mod tests {
         symlink(host.join("secret"), root.join("secret.so")).unwrap();
         symlink("/../../../../etc/passwd", root.join("up.so")).unwrap();
         for p in ["/lib.so", "/secret.so", "/up.so"] {
-            match open_in_root(&root, p) {
+            match open_in_root(&root, p.as_bytes()) {
                 Err(OpenError::Io { source, .. }) => {
                     assert_eq!(source.kind(), std::io::ErrorKind::NotFound, "{p}")
                 }
@@ -193,17 +231,50 @@ mod tests {
         // A relative symlink inside the root, and a plain file, are fine.
         std::fs::write(root.join("real.so"), b"\x7fELF").unwrap();
         symlink("real.so", root.join("rel.so")).unwrap();
-        assert!(open_in_root(&root, "/rel.so").is_ok());
-        assert!(open_in_root(&root, "real.so").is_ok());
+        assert!(open_in_root(&root, b"/rel.so").is_ok());
+        assert!(open_in_root(&root, b"real.so").is_ok());
         // /proc magic links are refused.
-        assert!(open_in_root(Path::new("/"), "/proc/self/exe").is_err());
+        assert!(open_in_root(Path::new("/"), b"/proc/self/exe").is_err());
         // The stat-only path resolves the same way, and refuses a FIFO without opening it.
-        assert!(stat_in_root(&root, "/rel.so").is_ok_and(|m| m.len() == 4));
-        assert!(stat_in_root(&root, "/secret.so").is_err());
+        assert!(stat_in_root(&root, b"/rel.so").is_ok_and(|m| m.len() == 4));
+        assert!(stat_in_root(&root, b"/secret.so").is_err());
         let fifo_root = tmp("fifo-root");
         mkfifo(&fifo_root.join("f.so"));
         assert!(matches!(
-            stat_in_root(&fifo_root, "/f.so"),
+            stat_in_root(&fifo_root, b"/f.so"),
+            Err(OpenError::NotRegular { .. })
+        ));
+    }
+
+    #[test]
+    fn a_host_path_is_opened_only_if_it_is_the_mapped_inode() {
+        use std::os::unix::fs::MetadataExt as _;
+        let d = tmp("inode");
+        let real = d.join("lib.so");
+        std::fs::write(&real, b"\x7fELF").unwrap();
+        let meta = std::fs::metadata(&real).unwrap();
+        let dev = crate::procfs::dev_major_minor(meta.dev());
+        let bytes = real.as_os_str().as_encoded_bytes();
+        assert!(open_if_inode(bytes, dev, meta.ino()).is_ok());
+        assert!(matches!(
+            open_if_inode(bytes, dev, meta.ino() + 1),
+            Err(OpenError::NotMapped { .. })
+        ));
+        // A FIFO (or a device) under the name is never opened for reading.
+        let fifo = d.join("fifo.so");
+        mkfifo(&fifo);
+        let fifo_ino = std::fs::metadata(&fifo).unwrap().ino();
+        assert!(matches!(
+            open_if_inode(fifo.as_os_str().as_encoded_bytes(), dev, fifo_ino),
+            Err(OpenError::NotRegular { .. })
+        ));
+        let null = std::fs::metadata("/dev/null").unwrap();
+        assert!(matches!(
+            open_if_inode(
+                b"/dev/null",
+                crate::procfs::dev_major_minor(null.dev()),
+                null.ino()
+            ),
             Err(OpenError::NotRegular { .. })
         ));
     }

@@ -5,6 +5,7 @@
 //! Corpora (generated, not committed) live in `fuzz/corpus/<target>`:
 //! - `sframe_read`: by `fuzz/make-corpus.sh` (the SFrame vectors in
 //!   `../shared/sframe-vectors` and `.sframe` sections of gcc `-Wa,--gsframe` builds);
+//! - `procfs_maps`: this process's `/proc/self/maps` and hand-made hostile lines;
 //! - `ehframe_derive`: ELF files, gcc builds of a small program (with and without
 //!   `--gsframe`, executable and shared object) and small system libraries (ld.so,
 //!   libgcc_s, libc).
@@ -21,7 +22,7 @@ use clap::Args;
 use crate::cmd;
 
 /// Every fuzz target of `fuzz/`.
-pub const TARGETS: &[&str] = &["sframe_read", "ehframe_derive"];
+pub const TARGETS: &[&str] = &["sframe_read", "ehframe_derive", "procfs_maps"];
 
 #[derive(Args)]
 pub struct FuzzArgs {
@@ -119,8 +120,24 @@ fn build_corpus(fuzz_dir: &Path, target: &str, corpus: &Path) -> Result<()> {
             "seed corpus for sframe_read",
         ),
         "ehframe_derive" => elf_corpus(corpus),
+        "procfs_maps" => maps_corpus(corpus),
         _ => Ok(()),
     }
+}
+
+/// Maps seeds: our own maps and lines with the paths a hostile process can choose.
+fn maps_corpus(corpus: &Path) -> Result<()> {
+    std::fs::write(corpus.join("self"), std::fs::read("/proc/self/maps")?)?;
+    let line = |path: &[u8]| {
+        let mut l = b"7f0000000000-7f0000001000 r-xp 00001000 fe:01 1835019   ".to_vec();
+        l.extend_from_slice(path);
+        l.push(b'\n');
+        l
+    };
+    std::fs::write(corpus.join("invalid-utf8"), line(b"/tmp/vict\xff"))?;
+    std::fs::write(corpus.join("spaces"), line(b"/tmp/a b  c (deleted)"))?;
+    std::fs::write(corpus.join("pseudo"), line(b"[vdso]"))?;
+    Ok(())
 }
 
 const SEED_C: &str = r#"

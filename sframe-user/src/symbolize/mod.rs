@@ -495,6 +495,7 @@ mod tests {
             dev_minor: 0,
             inode: if path.starts_with('/') { 1 } else { 0 },
             path: path.to_owned(),
+            raw_path: None,
         }
     }
 

@@ -1,7 +1,8 @@
 //! Opening the file behind a mapping of another process.
 
 use std::{
-    fmt::Write as _, fs::File, os::unix::fs::MetadataExt, os::unix::io::AsRawFd, path::PathBuf,
+    fmt::Write as _, fs::File, os::unix::ffi::OsStrExt as _, os::unix::fs::MetadataExt,
+    os::unix::io::AsRawFd, path::PathBuf,
 };
 
 use super::{object_basename, plt::PltStubs};
@@ -71,13 +72,12 @@ impl OpenedObject {
             Ok((file, _)) => return Ok(Self::new(file, m)),
             Err(e) => e,
         };
-        let path = strip_deleted(&m.path);
-        if path.len() != m.path.len() {
-            // The path now names another file or none.
+        // A deleted file's path now names another file or none.
+        let Some(path) = m.live_path() else {
             return Err(first);
-        }
+        };
         let root_dir = PathBuf::from(format!("/proc/{pid}/root"));
-        let root = root_dir.join(path.trim_start_matches('/'));
+        let root = root_dir.join(std::ffi::OsStr::from_bytes(&path[1..]));
         // Resolved inside the process's root: its symlinks cannot reach the host's files.
         let second = match crate::safe_open::open_in_root(&root_dir, path).map_err(OpenError::from)
         {
@@ -98,12 +98,12 @@ impl OpenedObject {
             Err(e) => e,
         };
         // The process exited (short-lived processes of a whole-system profile): the
-        // path in this mount namespace, only if it is the very file that was mapped.
-        if let Ok((file, meta)) = open_regular(&PathBuf::from(path)) {
-            let (major, minor) = dev_major_minor(meta.dev());
-            if (major, minor) == (m.dev_major, m.dev_minor) && meta.ino() == m.inode {
-                return Ok(Self::new(file, m));
-            }
+        // path in this mount namespace, only if it is the very file that was mapped
+        // (checked before it is opened).
+        if let Ok((file, _)) =
+            crate::safe_open::open_if_inode(path, (m.dev_major, m.dev_minor), m.inode)
+        {
+            return Ok(Self::new(file, m));
         }
         Err(OpenError::Both {
             first: Box::new(first),
@@ -200,6 +200,7 @@ mod tests {
             // Same file system, another inode: what a replaced file looks like.
             inode: meta.ino() + 1,
             path: exe.to_str().unwrap().to_owned(),
+            raw_path: None,
         };
         let err = OpenedObject::open(std::process::id(), &m).err().unwrap();
         let OpenError::Both { second, .. } = &err else {
@@ -221,6 +222,7 @@ mod tests {
             dev_minor: 0,
             inode: 1,
             path: "/bin/sh (deleted)".into(),
+            raw_path: None,
         };
         // Our own process has no mapping at 0x1000, and a deleted path is not retried.
         let err = OpenedObject::open(std::process::id(), &m).err().unwrap();

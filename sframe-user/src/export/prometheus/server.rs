@@ -4,11 +4,22 @@
 //! The server never holds anything the profiler's loop needs: the loop swaps a new
 //! exposition into [`Exposition`] (a pointer swap under a mutex), and each request takes
 //! a reference-counted copy of the current one. Every resource a client can hold is
-//! bounded by [`Limits`]: connections at once (more are closed as soon as they are
-//! accepted), the size of a request head (431), the time to send one (which is also how
-//! long an idle keep-alive connection stays open), and the life of a connection (then it
-//! is shut down gracefully, and dropped after a grace period if a response is still
-//! stuck in a client that does not read). Request bodies are never read.
+//! bounded by [`Limits`]: connections at once, the size of a request head (431), the time
+//! to send one (which is also how long an idle keep-alive connection stays open), the
+//! time to take a response, and the life of a connection (then it is shut down
+//! gracefully, and dropped after a grace period if a response is still stuck in a client
+//! that does not read). Request bodies are never read.
+//!
+//! Slots go to clients that use them: when every slot is taken, a new connection waits
+//! in a first-come, first-served queue ([`Limits::max_waiting`] long; beyond it, it is
+//! closed) and the one at its head takes the slot of a *slow* connection as soon as
+//! there is one: the one that has waited longest for a request head, once that is over
+//! [`Limits::slow_request`] (a slow sender or an idle keep-alive), else the one that has
+//! been taking its response longest, once that is over [`Limits::slow_response`] (a
+//! client that does not read). A scraper sends its request in microseconds and reads
+//! its response at once; clients that hold slots without doing so lose them to it within
+//! about a second, and one that reconnects goes to the back of the queue. So a scraper
+//! keeps getting its answers while slow or silent clients saturate the limit.
 //!
 //! The exposition is OpenMetrics; a client that prefers the Prometheus text format
 //! (`Accept: text/plain`, as `curl` users feeding `promtool check metrics` send) gets
@@ -17,20 +28,22 @@
 use std::{
     convert::Infallible,
     net::SocketAddr,
+    pin::Pin,
     sync::{Arc, Mutex, OnceLock},
-    time::Duration,
+    task::{Context, Poll},
+    time::{Duration, Instant},
 };
 
 use http_body_util::Full;
 use hyper::{
     HeaderMap, Method, Request, Response, StatusCode,
-    body::{Bytes, Incoming},
+    body::{Body, Bytes, Frame, Incoming, SizeHint},
     header::{ACCEPT, ALLOW, CONTENT_LENGTH, CONTENT_TYPE, HeaderValue},
     server::conn::http1,
     service::service_fn,
 };
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::{net::TcpListener, sync::Semaphore};
+use tokio::{net::TcpListener, sync::Notify};
 
 pub use super::text_format::CONTENT_TYPE_TEXT;
 
@@ -41,14 +54,26 @@ pub const CONTENT_TYPE_OPENMETRICS: &str =
 /// What a client may hold. [`Limits::default`] is what the profiler uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
-    /// Connections served at once; further ones are closed on accept.
+    /// Connections served at once; at the limit a new one waits for the slot of a slow
+    /// one (see the module's documentation).
     pub max_connections: usize,
+    /// Connections waiting for a slot; further ones are closed on accept.
+    pub max_waiting: usize,
+    /// A connection that has waited this long for a request head may lose its slot to a
+    /// waiting one.
+    pub slow_request: Duration,
     /// Largest request head (request line and headers); larger ones get 431.
     pub max_header_bytes: usize,
     /// Time to send a complete request head, counted from the connection's start or the
     /// end of the previous response: slow senders and idle keep-alive connections are
     /// closed after it.
     pub header_timeout: Duration,
+    /// Time to take a whole response, from the end of the request head: then the
+    /// connection is dropped.
+    pub response_timeout: Duration,
+    /// A connection whose response is still being written after this may lose its slot
+    /// to a waiting one.
+    pub slow_response: Duration,
     /// After this, a connection takes no further request and is closed once the response
     /// in progress (if any) is written.
     pub connection_lifetime: Duration,
@@ -61,10 +86,14 @@ impl Default for Limits {
     fn default() -> Self {
         Self {
             max_connections: 16,
+            max_waiting: 64,
+            slow_request: Duration::from_secs(1),
             // hyper's read buffer holds at least 8 KiB; a scrape request is a few hundred
             // bytes.
             max_header_bytes: 8 * 1024,
             header_timeout: Duration::from_secs(5),
+            response_timeout: Duration::from_secs(10),
+            slow_response: Duration::from_secs(1),
             connection_lifetime: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(5),
         }
@@ -145,7 +174,9 @@ pub async fn serve(listener: TcpListener, exposition: Exposition) {
 
 /// Serves `exposition` on `listener` within `limits` until the task is dropped.
 pub async fn serve_with(listener: TcpListener, exposition: Exposition, limits: Limits) {
-    let permits = Arc::new(Semaphore::new(limits.max_connections));
+    let slots = Slots::default();
+    let reaper = tokio::spawn(reap(slots.clone(), limits));
+    let _stop_reaper = AbortOnDrop(reaper);
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(conn) => conn,
@@ -156,17 +187,31 @@ pub async fn serve_with(listener: TcpListener, exposition: Exposition, limits: L
                 continue;
             }
         };
-        let Ok(permit) = permits.clone().try_acquire_owned() else {
-            log::debug!("metrics server: too many connections, closing {peer}");
+        let Some(ticket) = slots.enqueue(limits) else {
+            log::debug!("metrics server: too many connections waiting, closing {peer}");
             continue;
         };
         let exposition = exposition.clone();
+        let slots = slots.clone();
         tokio::spawn(async move {
-            let _permit = permit;
-            let service = service_fn(move |req| {
-                let exposition = exposition.clone();
-                async move { Ok::<_, Infallible>(respond(&req, &exposition)) }
-            });
+            let slot = slots.admit(ticket, limits).await;
+            let kill = slot.kill.clone();
+            let id = slot.id;
+            let service = {
+                let slots = slots.clone();
+                service_fn(move |req| {
+                    let exposition = exposition.clone();
+                    let slots = slots.clone();
+                    async move {
+                        slots.set_phase(id, Phase::Responding);
+                        let response = respond(&req, &exposition);
+                        Ok::<_, Infallible>(response.map(|body| Tracked {
+                            body,
+                            done: Some((slots, id)),
+                        }))
+                    }
+                })
+            };
             let conn = http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(limits.header_timeout)
@@ -176,21 +221,271 @@ pub async fn serve_with(listener: TcpListener, exposition: Exposition, limits: L
             tokio::pin!(conn);
             let result = tokio::select! {
                 result = conn.as_mut() => result,
+                () = kill.notified() => {
+                    log::debug!("metrics server: {peer}: dropped (slow, or its slot was taken)");
+                    Ok(())
+                }
                 () = tokio::time::sleep(limits.connection_lifetime) => {
                     conn.as_mut().graceful_shutdown();
-                    match tokio::time::timeout(limits.shutdown_grace, conn.as_mut()).await {
-                        Ok(result) => result,
-                        Err(_) => {
+                    tokio::select! {
+                        result = conn.as_mut() => result,
+                        () = kill.notified() => Ok(()),
+                        () = tokio::time::sleep(limits.shutdown_grace) => {
                             log::debug!("metrics server: {peer}: dropped, response not read");
                             Ok(())
                         }
                     }
                 }
             };
+            slots.release(id);
             if let Err(err) = result {
                 log::debug!("metrics server: {peer}: {err}");
             }
         });
+    }
+}
+
+/// Aborts a task when dropped (the reaper ends with the server).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Drops connections whose response takes longer than `response_timeout`, and those
+/// that have been in the head phase for a second longer than `header_timeout` (hyper
+/// closes a slow sender itself, but not a connection whose last response is still
+/// queued in its write buffer because the client does not read).
+async fn reap(slots: Slots, limits: Limits) {
+    let period = (limits.header_timeout.min(limits.response_timeout) / 4)
+        .clamp(Duration::from_millis(10), Duration::from_secs(1));
+    let head_limit = limits.header_timeout + Duration::from_secs(1);
+    loop {
+        tokio::time::sleep(period).await;
+        slots.kill_where(|s, now| {
+            let limit = match s.phase {
+                Phase::Head => head_limit,
+                Phase::Responding => limits.response_timeout,
+            };
+            now.duration_since(s.since) >= limit
+        });
+    }
+}
+
+/// What a connection is doing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// Waiting for a request head (new, slow sender, or idle keep-alive).
+    Head,
+    /// A request was received; its response is being made or written.
+    Responding,
+}
+
+#[derive(Debug)]
+struct Slot {
+    id: u64,
+    phase: Phase,
+    /// When the phase began.
+    since: Instant,
+    kill: Arc<Notify>,
+}
+
+/// The connections being served and those waiting for a slot; the `Notify` wakes the
+/// waiting ones when a slot may have come free.
+#[derive(Clone, Debug, Default)]
+struct Slots(Arc<Mutex<SlotTable>>, Arc<Notify>);
+
+#[derive(Debug, Default)]
+struct SlotTable {
+    next_id: u64,
+    live: Vec<Slot>,
+    waiting: std::collections::VecDeque<u64>,
+}
+
+impl SlotTable {
+    /// Makes room for one more connection: `Ok` when there is a free slot or one held
+    /// by a slow connection (which is dropped); else how long until one may turn slow.
+    fn room(&mut self, now: Instant, limits: Limits) -> Result<(), Duration> {
+        if self.live.len() < limits.max_connections.max(1) {
+            return Ok(());
+        }
+        let oldest = |phase: Phase| {
+            self.live
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.phase == phase)
+                .min_by_key(|(_, s)| s.since)
+                .map(|(i, s)| (i, now.duration_since(s.since)))
+        };
+        let head = oldest(Phase::Head);
+        let responding = oldest(Phase::Responding);
+        let victim = head
+            .filter(|(_, age)| *age >= limits.slow_request)
+            .or(responding.filter(|(_, age)| *age >= limits.slow_response));
+        match victim {
+            Some((i, _)) => {
+                let evicted = self.live.swap_remove(i);
+                // notify_one keeps the wakeup if the task is not waiting yet.
+                evicted.kill.notify_one();
+                Ok(())
+            }
+            None => {
+                let until = |o: Option<(usize, Duration)>, limit: Duration| {
+                    o.map_or(limit, |(_, age)| limit.saturating_sub(age))
+                };
+                Err(until(head, limits.slow_request)
+                    .min(until(responding, limits.slow_response))
+                    .max(Duration::from_millis(1)))
+            }
+        }
+    }
+}
+
+/// What an admitted connection keeps: its id and the signal that drops it.
+struct Admitted {
+    id: u64,
+    kill: Arc<Notify>,
+}
+
+impl Slots {
+    fn table(&self) -> std::sync::MutexGuard<'_, SlotTable> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A place in the queue for a new connection (`None` when the queue is full).
+    fn enqueue(&self, limits: Limits) -> Option<u64> {
+        let mut t = self.table();
+        if t.waiting.len() >= limits.max_waiting {
+            return None;
+        }
+        t.next_id += 1;
+        let id = t.next_id;
+        t.waiting.push_back(id);
+        Some(id)
+    }
+
+    /// Waits until `ticket` is first in the queue and a slot is free or held by a slow
+    /// connection (which is then dropped), and takes it.
+    async fn admit(&self, ticket: u64, limits: Limits) -> Admitted {
+        /// Leaves the queue if the connection is dropped while waiting.
+        struct Leave<'a>(&'a Slots, u64);
+        impl Drop for Leave<'_> {
+            fn drop(&mut self) {
+                let mut t = self.0.table();
+                t.waiting.retain(|&w| w != self.1);
+                drop(t);
+                self.0.1.notify_waiters();
+            }
+        }
+        let _leave = Leave(self, ticket);
+        loop {
+            // Registered before the check: a slot freed in between wakes it.
+            let changed = self.1.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let wait = {
+                let now = Instant::now();
+                let mut t = self.table();
+                if t.waiting.front() == Some(&ticket) {
+                    match t.room(now, limits) {
+                        Ok(()) => {
+                            t.waiting.pop_front();
+                            let kill = Arc::new(Notify::new());
+                            t.live.push(Slot {
+                                id: ticket,
+                                phase: Phase::Head,
+                                since: now,
+                                kill: kill.clone(),
+                            });
+                            drop(t);
+                            // The next in the queue may go on.
+                            self.1.notify_waiters();
+                            return Admitted { id: ticket, kill };
+                        }
+                        Err(until) => until,
+                    }
+                } else {
+                    Duration::from_secs(1)
+                }
+            };
+            let _ = tokio::time::timeout(wait, changed).await;
+        }
+    }
+
+    fn set_phase(&self, id: u64, phase: Phase) {
+        let mut t = self.table();
+        if let Some(s) = t.live.iter_mut().find(|s| s.id == id) {
+            s.phase = phase;
+            s.since = Instant::now();
+        }
+        drop(t);
+        if phase == Phase::Head {
+            // An idle connection may be slow in a second: waiters recompute their wait.
+            self.1.notify_waiters();
+        }
+    }
+
+    fn release(&self, id: u64) {
+        self.table().live.retain(|s| s.id != id);
+        self.1.notify_waiters();
+    }
+
+    fn kill_where(&self, dead: impl Fn(&Slot, Instant) -> bool) {
+        let now = Instant::now();
+        let mut t = self.table();
+        let before = t.live.len();
+        t.live.retain(|s| {
+            if dead(s, now) {
+                s.kill.notify_one();
+                false
+            } else {
+                true
+            }
+        });
+        let freed = t.live.len() != before;
+        drop(t);
+        if freed {
+            self.1.notify_waiters();
+        }
+    }
+}
+
+/// A response body that puts its connection back in the head phase once hyper has
+/// taken it all (or given up on it): hyper drops the body then. What hyper took may
+/// still wait in its write buffer for a client that does not read; such a connection
+/// is then the first to give its slot away.
+struct Tracked {
+    body: Full<Bytes>,
+    done: Option<(Slots, u64)>,
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        if let Some((slots, id)) = self.done.take() {
+            slots.set_phase(id, Phase::Head);
+        }
+    }
+}
+
+impl Body for Tracked {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
     }
 }
 
