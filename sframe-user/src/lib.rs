@@ -6,6 +6,7 @@
 //! - [`bpf`]: loading the embedded eBPF object and forwarding its logs.
 //! - [`sampler`]: attaching the perf-event program and reading raw samples.
 //! - [`procfs`]: reading `/proc/PID/maps`.
+//! - [`mapped`]: object files mapped read-only, guarded against truncation.
 //! - [`perfscript`]: `perf record --call-graph dwarf` stacks, the walker's ground truth.
 //! - [`privileges`]: whether this process may load BPF programs (used by tests to run
 //!   for real or say clearly why they were skipped).
@@ -24,6 +25,7 @@ pub mod flatten;
 pub mod governor;
 #[cfg(feature = "bpf")]
 pub mod kmaps;
+pub mod mapped;
 #[cfg(feature = "bpf")]
 pub mod objects;
 pub mod objtable;

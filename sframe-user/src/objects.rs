@@ -9,7 +9,6 @@
 use std::{
     collections::HashMap,
     fs,
-    io::Read as _,
     os::unix::fs::MetadataExt as _,
     time::{Duration, Instant},
 };
@@ -20,13 +19,19 @@ use sframe_common::layout::{MAPPING_FLAG_VDSO, MappingEntry, NO_OBJECT};
 use crate::{
     flatten::flatten,
     kmaps::{KernelTables, Placement},
+    mapped::ObjectBytes,
     objtable::{ObjTableOptions, table_for_elf},
     procfs::{self, Mapping},
     table::Source,
 };
 
-/// Largest object file read (bigger ones get no table and use frame pointers).
+/// Largest object file used (bigger ones get no table and use frame pointers). Files
+/// are mapped, not read: the memory they cost is the pages the parsers touch.
 pub const MAX_OBJECT_BYTES: u64 = 1 << 30;
+
+/// Large objects waiting for the build thread at most; more are dropped (counted in
+/// [`StoreStats::builds_dropped`]) and tried again at their process's next reload.
+pub const MAX_QUEUED_BUILDS: usize = 4;
 
 /// How an object is identified across processes.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -192,34 +197,42 @@ struct Installed {
 /// Objects larger than this are derived on the worker thread (unless cached).
 pub const SYNC_BUILD_BYTES: usize = 8 << 20;
 
-/// The CFI/SFrame derivation of one object (no kernel state: runs on any thread).
-fn derive(data: &[u8], options: &ObjTableOptions) -> Result<crate::objtable::ObjectTable, String> {
-    table_for_elf(data, options).map_err(|e| e.to_string())
+/// The CFI/SFrame derivation of one object (no kernel state: runs on any thread). A
+/// mapped file truncated meanwhile read partly as zeros: what came of it is refused.
+fn derive(
+    data: &ObjectBytes,
+    options: &ObjTableOptions,
+) -> Result<crate::objtable::ObjectTable, String> {
+    let derived = table_for_elf(data, options).map_err(|e| e.to_string());
+    if data.maybe_truncated() {
+        return Err("a mapped file was truncated while it was read".to_owned());
+    }
+    derived
 }
 
 struct BuildJob {
     key: ObjectKey,
     path: String,
-    data: Vec<u8>,
+    data: ObjectBytes,
     options: ObjTableOptions,
 }
 
 struct BuildDone {
     key: ObjectKey,
     path: String,
-    data: Vec<u8>,
+    data: ObjectBytes,
     derived: Result<crate::objtable::ObjectTable, String>,
 }
 
-/// One thread deriving large objects' tables, in order.
+/// One thread deriving large objects' tables, in order, from a bounded queue.
 struct Worker {
-    jobs: std::sync::mpsc::Sender<BuildJob>,
+    jobs: std::sync::mpsc::SyncSender<BuildJob>,
     done: std::sync::mpsc::Receiver<BuildDone>,
 }
 
 impl Worker {
     fn spawn() -> Option<Self> {
-        let (jobs, job_rx) = std::sync::mpsc::channel::<BuildJob>();
+        let (jobs, job_rx) = std::sync::mpsc::sync_channel::<BuildJob>(MAX_QUEUED_BUILDS);
         let (done_tx, done) = std::sync::mpsc::channel();
         std::thread::Builder::new()
             .name("sframe-build".into())
@@ -255,6 +268,9 @@ pub struct StoreStats {
     pub evictions: u64,
     /// Objects that found no room even after evicting every unused object.
     pub full: u64,
+    /// Large objects not queued for the build thread because its queue was full (tried
+    /// again at their process's next reload).
+    pub builds_dropped: u64,
     /// Large objects derived on the worker thread.
     pub background_builds: u64,
     /// Mapped files found rewritten in place since they were read (read again).
@@ -546,7 +562,11 @@ impl ObjectStore {
             Some(k) => k,
             None => {
                 let (key, stamp, data) = self.read_file(pid, m)?;
-                self.files.insert(file_id, (key.clone(), stamp));
+                if let Some(waiting) = self.in_flight.get_mut(&key) {
+                    // The same object (another path or inode) is being built already.
+                    waiting.insert(pid);
+                    return None;
+                }
                 if !self.usable(&key) {
                     let options = self.options.clone();
                     if data.len() > SYNC_BUILD_BYTES
@@ -562,9 +582,14 @@ impl ObjectStore {
                             data,
                             options,
                         };
-                        if worker.jobs.send(job).is_ok() {
-                            self.stats.background_builds += 1;
-                            self.in_flight.insert(key, [pid].into());
+                        match worker.jobs.try_send(job) {
+                            Ok(()) => {
+                                self.files.insert(file_id, (key.clone(), stamp));
+                                self.stats.background_builds += 1;
+                                self.in_flight.insert(key, [pid].into());
+                            }
+                            // Not remembered as read: the next reload tries again.
+                            Err(_) => self.stats.builds_dropped += 1,
                         }
                         return None;
                     }
@@ -572,6 +597,7 @@ impl ObjectStore {
                     let info = self.finish_build(&m.path, &data, derived);
                     self.objects.insert(key.clone(), info);
                 }
+                self.files.insert(file_id, (key.clone(), stamp));
                 key
             }
         };
@@ -593,7 +619,8 @@ impl ObjectStore {
         }
     }
 
-    fn read_file(&mut self, pid: u32, m: &Mapping) -> Option<(ObjectKey, FileStamp, Vec<u8>)> {
+    /// Maps the file behind `m` (size checked from `fstat` first) and finds its key.
+    fn read_file(&mut self, pid: u32, m: &Mapping) -> Option<(ObjectKey, FileStamp, ObjectBytes)> {
         let (file, meta) = open_mapped_file(pid, m)
             .map_err(|e| log::debug!("pid {pid}: cannot open {}: {e}", m.path))
             .ok()?;
@@ -605,8 +632,9 @@ impl ObjectStore {
             );
             return None;
         }
-        let mut data = Vec::with_capacity(meta.len() as usize);
-        file.take(MAX_OBJECT_BYTES).read_to_end(&mut data).ok()?;
+        let data = ObjectBytes::map(&file, meta.len())
+            .map_err(|e| log::debug!("pid {pid}: cannot map {}: {e}", m.path))
+            .ok()?;
         let key = build_id(&data)
             .map(ObjectKey::BuildId)
             .unwrap_or(ObjectKey::File {
@@ -633,6 +661,7 @@ impl ObjectStore {
                 let mem = fs::File::open(format!("/proc/{pid}/mem")).ok()?;
                 std::os::unix::fs::FileExt::read_exact_at(&mem, &mut data, m.start).ok()?;
                 let key = ObjectKey::BuildId(build_id(&data).unwrap_or_else(|| data.clone()));
+                let data = ObjectBytes::Heap(data);
                 if !self.usable(&key) {
                     let derived = derive(&data, &self.options);
                     let info = self.finish_build("[vdso]", &data, derived);

@@ -778,7 +778,9 @@ impl Profiler {
             ("table_eviction", t.evictions),
             ("table_full", t.full),
             ("table_background_build", t.background_builds),
+            ("table_build_dropped", t.builds_dropped),
             ("file_changed", t.files_changed),
+            ("file_truncated_page", crate::mapped::truncated_pages()),
             ("process_table_full", t.process_table_full),
             (
                 "cache_hit",

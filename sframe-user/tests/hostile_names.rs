@@ -4,9 +4,10 @@
 
 mod support;
 
-use std::process::Command;
-
-use support::{KillOnDrop, bpf_or_skip, compile_c};
+use support::{
+    KillOnDrop, bpf_or_skip, compile_c,
+    hostile::{self, VICTIM, VICTIM_CHAIN, as_nobody},
+};
 
 const FORGER: &str = r#"
 #include <sys/prctl.h>
@@ -18,70 +19,12 @@ int main(void) {
 }
 "#;
 
-/// The fixture as uid/gid 65534 (nobody), no supplementary groups.
-fn as_nobody(exe: &std::path::Path) -> Command {
-    let mut c = Command::new("setpriv");
-    c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
-        .arg(exe);
-    c
-}
-
-/// CPU seconds of process `pid` so far (utime + stime).
-fn cpu_seconds(pid: u32) -> f64 {
-    // Bytes: the command name in it need not be UTF-8.
-    let stat = std::fs::read(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let stat = String::from_utf8_lossy(&stat);
-    let rest = stat.rsplit_once(") ").map(|x| x.1).unwrap_or("");
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // utime and stime: fields 14 and 15 of the line, 11 and 12 after the comm.
-    let tick = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-    (tick(11) + tick(12)) as f64 / 100.0
-}
-
-/// Profiles `target` with `sframe-user --pid` until it has used `budget` CPU seconds
-/// (not a wall-clock window: on a busy machine it may barely run), stops the profiler
-/// with SIGTERM, asserts it exited well, and returns the folded output.
+/// Profiles `target` alone until it used `budget` CPU seconds; the folded output.
 fn profile_folded(target: &KillOnDrop, exe: &std::path::Path, budget: f64) -> String {
     let dir = exe.parent().expect("fixture dir");
-    let folded = dir.join(format!("out-{}.folded", target.pid()));
-    let profiler = Command::new(env!("CARGO_BIN_EXE_sframe-user"))
-        .args(["--pid", &target.pid().to_string()])
-        .args(["--format", "folded", "--output"])
-        .arg(&folded)
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run sframe-user");
-    let start = cpu_seconds(target.pid());
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
-    while cpu_seconds(target.pid()) - start < budget {
-        assert!(
-            std::path::Path::new(&format!("/proc/{}", target.pid())).exists(),
-            "the target exited"
-        );
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the target got no CPU in 300 s"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    // SAFETY: a signal to our own child.
-    unsafe { libc::kill(profiler.id() as i32, libc::SIGTERM) };
-    let out = profiler.wait_with_output().expect("wait for sframe-user");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    std::fs::read_to_string(&folded).expect("folded output")
+    let args = ["--pid".to_owned(), target.pid().to_string()];
+    hostile::profile(&args, target.pid(), budget, dir).folded
 }
-
-const VICTIM: &str = r#"
-volatile unsigned long sink;
-__attribute__((noinline)) void victim_spin(void) { for (int i = 0; i < 100000; i++) sink += i; }
-__attribute__((noinline)) void level2(void) { for (;;) victim_spin(); }
-__attribute__((noinline)) void level1(void) { level2(); sink++; }
-int main(void) { level1(); return 0; }
-"#;
 
 #[test]
 fn a_program_run_from_a_path_that_is_not_utf8_is_profiled() {
@@ -94,17 +37,7 @@ fn a_program_run_from_a_path_that_is_not_utf8_is_profiled() {
     std::fs::copy(&exe, &hidden).expect("copy the victim");
     let victim = KillOnDrop::spawn(&mut as_nobody(&hidden));
     let text = profile_folded(&victim, &hidden, 2.0);
-    let (mut spin, mut complete) = (0u64, 0u64);
-    for line in text.lines() {
-        let (stack, count) = line.rsplit_once(' ').expect("a count");
-        let count: u64 = count.parse().expect("a count");
-        if stack.ends_with(";victim_spin") {
-            spin += count;
-            if stack.contains(";main;level1;level2;victim_spin") {
-                complete += count;
-            }
-        }
-    }
+    let (complete, spin) = hostile::complete(&text, "victim_spin", VICTIM_CHAIN);
     assert!(spin > 0, "no samples of the victim:\n{text}");
     assert!(
         complete * 100 >= spin * 95,

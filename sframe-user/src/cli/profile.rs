@@ -129,6 +129,9 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
     // tables are built ends the profile with its report instead of killing the process
     // (`tokio::signal::ctrl_c()` would install its handler only when first polled).
     use tokio::signal::unix::{SignalKind, signal};
+    // Before any file is mapped (object tables, blazesym): a file its owner truncates
+    // while mapped reads as zeros instead of killing the profiler.
+    sframe_user::mapped::install_sigbus_guard();
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
     if args.output.is_none() && args.format.is_binary() && std::io::stdout().is_terminal() {

@@ -2,6 +2,7 @@
 //! killed, and the BPF privilege gate.
 #![allow(dead_code, reason = "each test binary uses a different subset")]
 
+pub mod hostile;
 pub mod profiling;
 
 use std::{

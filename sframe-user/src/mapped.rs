@@ -1,0 +1,162 @@
+//! Object files mapped read-only instead of read into the heap, and the guard that makes
+//! mapping a file another user can truncate safe.
+//!
+//! The profiler parses files other users own. Read into the heap, a 1 GiB file (even a
+//! sparse one, 8 KB on disk) costs 1 GiB of memory; mapped, it costs only the pages the
+//! parsers touch (the ELF headers and the unwind sections), and those are page cache,
+//! dropped with the mapping. But a file that shrinks while mapped makes any access past
+//! its new end raise `SIGBUS`, which would kill a root daemon at a user's will (and
+//! blazesym, the symbolizer, maps files too). [`install_sigbus_guard`] installs a
+//! handler that, for a fault past the end of a file mapping (`BUS_ADRERR`), maps a page
+//! of zeros over the faulting page and lets the access retry: the parser reads zeros,
+//! which it treats as any malformed input, and every such fault is counted. Any other
+//! `SIGBUS` (a hardware memory error) gets the default action.
+//!
+//! Files on a FUSE file system served by a hostile user can still make a page fault
+//! wait; see SECURITY.md.
+
+use std::{
+    fs::File,
+    io,
+    sync::{
+        Once,
+        atomic::{AtomicU64, Ordering},
+    },
+};
+
+/// Pages replaced by zeros after a `SIGBUS` (files truncated while mapped), since start.
+static TRUNCATED_PAGES: AtomicU64 = AtomicU64::new(0);
+
+/// Pages of mapped files found truncated (and read as zeros) since the start.
+pub fn truncated_pages() -> u64 {
+    TRUNCATED_PAGES.load(Ordering::Relaxed)
+}
+
+extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo_t to an SA_SIGINFO handler.
+    let (code, addr) = unsafe { ((*info).si_code, (*info).si_addr() as usize) };
+    if code == libc::BUS_ADRERR && addr != 0 {
+        // SAFETY: sysconf and mmap are async-signal-safe system calls. The page replaced
+        // is one of a read-only file mapping past the file's end: its contents are gone
+        // already; zeros take their place.
+        unsafe {
+            let page = libc::sysconf(libc::_SC_PAGESIZE).max(4096) as usize;
+            let at = (addr & !(page - 1)) as *mut libc::c_void;
+            let p = libc::mmap(
+                at,
+                page,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                -1,
+                0,
+            );
+            if p == at {
+                TRUNCATED_PAGES.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        }
+    }
+    // Not ours to mend: the default action on return (the access faults again).
+    // SAFETY: signal(2) is async-signal-safe.
+    unsafe {
+        libc::signal(sig, libc::SIG_DFL);
+    }
+}
+
+/// Installs the `SIGBUS` handler (once per process; later calls do nothing).
+pub fn install_sigbus_guard() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: a sigaction with an SA_SIGINFO handler of the right signature, an
+        // empty mask, installed before any file is mapped.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_sigbus as *const () as usize;
+            sa.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
+            libc::sigemptyset(&mut sa.sa_mask);
+            if libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut()) != 0 {
+                log::warn!(
+                    "cannot install the SIGBUS guard ({}): a mapped file truncated by its owner could stop the profiler",
+                    io::Error::last_os_error()
+                );
+            }
+        }
+    });
+}
+
+/// The bytes of an object: a read-only private mapping of its file, or a heap copy (the
+/// vDSO, read from a process's memory).
+pub enum ObjectBytes {
+    Mapped {
+        map: memmap2::Mmap,
+        /// [`truncated_pages`] when it was mapped.
+        faults_before: u64,
+    },
+    Heap(Vec<u8>),
+}
+
+impl ObjectBytes {
+    /// Maps the first `len` bytes of `file` (its size from `fstat`). An empty file maps
+    /// to an empty slice.
+    pub fn map(file: &File, len: u64) -> io::Result<Self> {
+        install_sigbus_guard();
+        let len = usize::try_from(len).map_err(|_| io::Error::from(io::ErrorKind::FileTooLarge))?;
+        if len == 0 {
+            return Ok(Self::Heap(Vec::new()));
+        }
+        let faults_before = truncated_pages();
+        // SAFETY: a read-only private mapping; a file truncated while mapped raises
+        // SIGBUS, which the guard installed above turns into pages of zeros.
+        let map = unsafe { memmap2::MmapOptions::new().len(len).map(file)? };
+        Ok(Self::Mapped { map, faults_before })
+    }
+
+    /// Whether a page of a mapped file may have read as zeros because some file was
+    /// truncated since this one was mapped (then what was derived from it is suspect).
+    pub fn maybe_truncated(&self) -> bool {
+        match self {
+            Self::Mapped { faults_before, .. } => truncated_pages() != *faults_before,
+            Self::Heap(_) => false,
+        }
+    }
+}
+
+impl std::ops::Deref for ObjectBytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            Self::Mapped { map, .. } => map,
+            Self::Heap(v) => v,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write as _;
+
+    #[test]
+    fn a_file_truncated_while_mapped_reads_as_zeros() {
+        let path = std::env::temp_dir().join(format!("mapped-{}", std::process::id()));
+        let mut f = File::create(&path).unwrap();
+        f.write_all(&vec![0xabu8; 3 * 4096]).unwrap();
+        drop(f);
+        let file = File::open(&path).unwrap();
+        let bytes = ObjectBytes::map(&file, 3 * 4096).unwrap();
+        assert_eq!(bytes[4096], 0xab);
+        assert!(!bytes.maybe_truncated());
+        File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(4096)
+            .unwrap();
+        // Past the new end: zeros, not a SIGBUS.
+        assert_eq!(bytes[2 * 4096 + 17], 0);
+        assert!(bytes.maybe_truncated());
+        assert_eq!(bytes[100], 0xab);
+        let _ = std::fs::remove_file(&path);
+    }
+}

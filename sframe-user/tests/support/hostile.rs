@@ -1,0 +1,129 @@
+//! Support for the tests of hostile local users: fixtures run as `nobody`, and the real
+//! profiler binary run against them, budgeted in a target's CPU time.
+
+use std::{
+    path::Path,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+/// `exe` run as uid/gid 65534 (nobody), no supplementary groups.
+pub fn as_nobody(exe: &Path) -> Command {
+    let mut c = Command::new("setpriv");
+    c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(exe);
+    c
+}
+
+/// A directory `nobody` owns (and only it may write), for an attacker's files.
+pub fn nobody_dir(name: &str) -> std::path::PathBuf {
+    let dir = super::fixture_dir(name);
+    std::os::unix::fs::chown(&dir, Some(65534), Some(65534)).expect("chown to nobody");
+    dir
+}
+
+/// CPU seconds of process `pid` so far (utime + stime).
+pub fn cpu_seconds(pid: u32) -> f64 {
+    // Bytes: the command name in it need not be UTF-8.
+    let stat = std::fs::read(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let stat = String::from_utf8_lossy(&stat);
+    let rest = stat.rsplit_once(") ").map(|x| x.1).unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime: fields 14 and 15 of the line, 11 and 12 after the comm.
+    let tick = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    (tick(11) + tick(12)) as f64 / 100.0
+}
+
+/// A field of `/proc/PID/status` in kB (`VmHWM`, `VmRSS`).
+pub fn status_kb(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?
+        .trim()
+        .trim_end_matches(" kB")
+        .parse()
+        .ok()
+}
+
+/// What one profiler run gave.
+pub struct Run {
+    pub folded: String,
+    /// The profiler's peak RSS (VmHWM) in kB, just before it was stopped.
+    pub peak_rss_kb: u64,
+    /// The profiler's CPU seconds.
+    pub cpu: f64,
+}
+
+/// Runs `sframe-user` with `args` (targets and options) and folded output until process
+/// `budget_pid` has used `budget` CPU seconds (not a wall-clock window: on a busy
+/// machine it may barely run), stops it with SIGTERM and asserts it exited well.
+pub fn profile(args: &[String], budget_pid: u32, budget: f64, out_dir: &Path) -> Run {
+    let folded = out_dir.join(format!("out-{budget_pid}-{}.folded", args.len()));
+    let mut profiler = Command::new(env!("CARGO_BIN_EXE_sframe-user"))
+        .args(args)
+        .args(["--format", "folded", "--output"])
+        .arg(&folded)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run sframe-user");
+    let start = cpu_seconds(budget_pid);
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while cpu_seconds(budget_pid) - start < budget {
+        assert!(
+            Path::new(&format!("/proc/{budget_pid}")).exists(),
+            "the target exited"
+        );
+        assert!(
+            profiler.try_wait().expect("poll sframe-user").is_none(),
+            "sframe-user exited early"
+        );
+        assert!(Instant::now() < deadline, "the target got no CPU in 300 s");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let pid = profiler.id();
+    let peak_rss_kb = status_kb(pid, "VmHWM").expect("profiler's VmHWM");
+    let cpu = cpu_seconds(pid);
+    // SAFETY: a signal to our own child.
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    let out = profiler.wait_with_output().expect("wait for sframe-user");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Run {
+        folded: std::fs::read_to_string(&folded).expect("folded output"),
+        peak_rss_kb,
+        cpu,
+    }
+}
+
+/// Samples of folded stacks ending in `leaf`, and those of them that contain `chain`
+/// (e.g. `;main;level1;level2;victim_spin`).
+pub fn complete(folded: &str, leaf: &str, chain: &str) -> (u64, u64) {
+    let (mut all, mut complete) = (0u64, 0u64);
+    for line in folded.lines() {
+        let (stack, count) = line.rsplit_once(' ').expect("a count");
+        let count: u64 = count.parse().expect("a count");
+        if stack.ends_with(&format!(";{leaf}")) {
+            all += count;
+            if stack.contains(chain) {
+                complete += count;
+            }
+        }
+    }
+    (complete, all)
+}
+
+/// A no-frame-pointer program spinning in `main → level1 → level2 → victim_spin`.
+pub const VICTIM: &str = r#"
+volatile unsigned long sink;
+__attribute__((noinline)) void victim_spin(void) { for (int i = 0; i < 100000; i++) sink += i; }
+__attribute__((noinline)) void level2(void) { for (;;) victim_spin(); }
+__attribute__((noinline)) void level1(void) { level2(); sink++; }
+int main(void) { level1(); return 0; }
+"#;
+
+/// The victim's complete chain in folded stacks.
+pub const VICTIM_CHAIN: &str = ";main;level1;level2;victim_spin";
