@@ -1,11 +1,12 @@
-//! Flattened unwind tables cached on disk, keyed by build-id, so that a restart (or a
-//! profiler on another host sharing the directory) loads a known object without
-//! parsing and deriving it again.
+//! Flattened unwind tables cached on disk, keyed by the object's content digest
+//! ([`crate::objects::content_digest`], never by its build-id, which any user can forge),
+//! so that a restart (or a profiler on another host sharing the directory) loads a
+//! known object without parsing and deriving it again.
 //!
-//! One file per object, `DIR/<build-id hex>.sftab`:
+//! One file per object, `DIR/<digest hex>.sftab`:
 //!
 //! ```text
-//! "SFTC" u32 format | u16 len, tool identity | u16 len, build-id
+//! "SFTC" u32 format | u16 len, tool identity | u16 len, digest
 //! u8 source kind, u8 SFrame version | u64 table rows, unencodable, unexpanded | u64 base
 //! u32 n, n × rule (i32 cfa off, i16 ra off, i16 fp off, u8 cfa base, ra kind, fp kind, flags)
 //! u32 n, n × u32 page entry | u32 n, n × (u16 addr_low, u16 local rule)
@@ -16,13 +17,21 @@
 //! tool identity (version, size and modification time of the profiler's executable)
 //! makes another build of the profiler ignore the file. Files are untrusted: every
 //! count is checked against the bytes left before anything is allocated, and a bad
-//! file is a miss (counted), never a panic. Writes go to a fresh temporary file
-//! (`O_EXCL | O_NOFOLLOW`, mode 0644) renamed into place.
+//! file is a miss (counted, and the file removed), never a panic. Files are opened
+//! `O_NOFOLLOW | O_NONBLOCK` and must be regular (a FIFO never blocks a load). Writes go
+//! to a fresh temporary file (`O_EXCL | O_NOFOLLOW`, mode 0644) renamed into place.
+//!
+//! The directory must be one only the profiler's user can change: it and every
+//! directory above it owned by that user or root, and not writable by others (an
+//! ancestor may be world-writable only with the sticky bit, like `/tmp`). A directory
+//! the profiler's user owns but others may write is repaired (mode 0755); anything else
+//! is refused with an error naming the directory, and the profiler runs without a
+//! cache.
 
 use std::{
     fs,
     io::Write as _,
-    os::unix::fs::{MetadataExt as _, OpenOptionsExt as _},
+    os::unix::fs::{DirBuilderExt as _, MetadataExt as _, OpenOptionsExt as _},
     path::{Path, PathBuf},
 };
 
@@ -34,7 +43,8 @@ use crate::{
 };
 
 const MAGIC: &[u8; 4] = b"SFTC";
-const FORMAT: u32 = 1;
+/// 2: keyed by content digest (1 was keyed by build-id).
+const FORMAT: u32 = 2;
 /// Cache files larger than this are not read.
 pub const MAX_FILE_BYTES: u64 = 256 << 20;
 
@@ -53,6 +63,10 @@ pub enum CacheError {
     OtherTool { path: PathBuf },
     #[error("{path}: {message}")]
     Io { path: PathBuf, message: String },
+    #[error(
+        "{path}: {why}; not used as the table cache (it must be a directory that only the profiler's user or root can change)"
+    )]
+    Unsafe { path: PathBuf, why: String },
 }
 
 /// What the cache did since it was opened.
@@ -72,9 +86,21 @@ pub struct TableCache {
 }
 
 impl TableCache {
-    /// A cache in `dir` (created, mode 0755, when missing).
-    pub fn open(dir: &Path) -> std::io::Result<Self> {
-        fs::create_dir_all(dir)?;
+    /// A cache in `dir` (created, mode 0755, when missing), if it is safe: see the
+    /// module's documentation.
+    pub fn open(dir: &Path) -> Result<Self, CacheError> {
+        let io = |e: std::io::Error| CacheError::Io {
+            path: dir.to_owned(),
+            message: e.to_string(),
+        };
+        if fs::symlink_metadata(dir).is_err() {
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(dir)
+                .map_err(io)?;
+        }
+        check_owned(dir)?;
         Ok(Self {
             dir: dir.to_owned(),
             tool: tool_identity(),
@@ -82,24 +108,20 @@ impl TableCache {
         })
     }
 
-    fn path(&self, build_id: &[u8]) -> PathBuf {
-        let hex: String = build_id.iter().map(|b| format!("{b:02x}")).collect();
+    fn path(&self, key: &[u8]) -> PathBuf {
+        let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
         self.dir.join(format!("{hex}.sftab"))
     }
 
-    /// Whether a file for `build_id` exists (it may still be rejected when read).
-    pub fn contains(&self, build_id: &[u8]) -> bool {
-        self.path(build_id).is_file()
+    /// Whether a file for `key` exists (it may still be rejected when read).
+    pub fn contains(&self, key: &[u8]) -> bool {
+        fs::symlink_metadata(self.path(key)).is_ok_and(|m| m.is_file())
     }
 
-    /// The cached table of `build_id`, its rules interned into `dict`; `None` when
-    /// absent or unusable.
-    pub fn load(
-        &mut self,
-        build_id: &[u8],
-        dict: &mut RuleDict,
-    ) -> Option<(FlatObject, CachedMeta)> {
-        let path = self.path(build_id);
+    /// The cached table of `key`, its rules interned into `dict`; `None` when absent or
+    /// unusable (an unusable file is removed).
+    pub fn load(&mut self, key: &[u8], dict: &mut RuleDict) -> Option<(FlatObject, CachedMeta)> {
+        let path = self.path(key);
         let bytes = match read_bounded(&path) {
             Ok(Some(b)) => b,
             Ok(None) => {
@@ -107,12 +129,13 @@ impl TableCache {
                 return None;
             }
             Err(err) => {
-                log::info!("table cache: {err}");
+                log::info!("table cache: {err}; removed");
                 self.stats.rejected += 1;
+                let _ = fs::remove_file(&path);
                 return None;
             }
         };
-        match decode(&bytes, &self.tool, build_id, dict) {
+        match decode(&bytes, &self.tool, key, dict) {
             Ok(v) => {
                 self.stats.hits += 1;
                 Some(v)
@@ -123,23 +146,24 @@ impl TableCache {
                 } else {
                     CacheError::Corrupt { path, what }
                 };
-                log::info!("table cache: {err}");
+                log::info!("table cache: {err}; removed");
                 self.stats.rejected += 1;
+                let _ = fs::remove_file(self.path(key));
                 None
             }
         }
     }
 
-    /// Writes `flat` (rules resolved through `dict`) for `build_id`.
+    /// Writes `flat` (rules resolved through `dict`) for `key`.
     pub fn store(
         &mut self,
-        build_id: &[u8],
+        key: &[u8],
         meta: CachedMeta,
         flat: &FlatObject,
         dict: &RuleDict,
     ) -> Result<(), CacheError> {
-        let path = self.path(build_id);
-        let bytes = encode(&self.tool, build_id, meta, flat, dict);
+        let path = self.path(key);
+        let bytes = encode(&self.tool, key, meta, flat, dict);
         let tmp = self
             .dir
             .join(format!(".tmp-{}-{}", std::process::id(), self.stats.stores));
@@ -185,7 +209,7 @@ fn read_bounded(path: &Path) -> Result<Option<Vec<u8>>, CacheError> {
     };
     let file = match fs::OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
         .open(path)
     {
         Ok(f) => f,
@@ -207,6 +231,53 @@ fn read_bounded(path: &Path) -> Result<Option<Vec<u8>>, CacheError> {
     Ok(Some(bytes))
 }
 
+/// Checks that `dir` and every directory above it can be changed only by the
+/// profiler's user or root; repairs a directory of the profiler's user that others may
+/// write.
+fn check_owned(dir: &Path) -> Result<(), CacheError> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let unsafe_dir = |path: &Path, why: String| CacheError::Unsafe {
+        path: path.to_owned(),
+        why,
+    };
+    // SAFETY: geteuid(2) cannot fail.
+    let me = unsafe { libc::geteuid() };
+    let meta = fs::symlink_metadata(dir).map_err(|e| unsafe_dir(dir, e.to_string()))?;
+    if meta.file_type().is_symlink() || !meta.is_dir() {
+        return Err(unsafe_dir(dir, "not a directory (or a symlink)".into()));
+    }
+    if meta.uid() != me {
+        return Err(unsafe_dir(dir, format!("owned by uid {}", meta.uid())));
+    }
+    if meta.mode() & 0o022 != 0 {
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o755))
+            .map_err(|e| unsafe_dir(dir, format!("writable by others, and chmod failed: {e}")))?;
+        log::warn!(
+            "table cache {}: was writable by others (mode {:o}); made 0755",
+            dir.display(),
+            meta.mode() & 0o7777
+        );
+    }
+    let canonical = fs::canonicalize(dir).map_err(|e| unsafe_dir(dir, e.to_string()))?;
+    for ancestor in canonical.ancestors().skip(1) {
+        let m = fs::metadata(ancestor).map_err(|e| unsafe_dir(ancestor, e.to_string()))?;
+        if m.uid() != me && m.uid() != 0 {
+            return Err(unsafe_dir(
+                dir,
+                format!("{} is owned by uid {}", ancestor.display(), m.uid()),
+            ));
+        }
+        let sticky = m.mode() & 0o1000 != 0;
+        if m.mode() & 0o022 != 0 && !sticky {
+            return Err(unsafe_dir(
+                dir,
+                format!("{} is writable by others", ancestor.display()),
+            ));
+        }
+    }
+    Ok(())
+}
+
 const OTHER_TOOL: &str = "other tool";
 
 fn source_code(s: Source) -> (u8, u8) {
@@ -218,13 +289,7 @@ fn source_code(s: Source) -> (u8, u8) {
     }
 }
 
-fn encode(
-    tool: &str,
-    build_id: &[u8],
-    meta: CachedMeta,
-    flat: &FlatObject,
-    dict: &RuleDict,
-) -> Vec<u8> {
+fn encode(tool: &str, key: &[u8], meta: CachedMeta, flat: &FlatObject, dict: &RuleDict) -> Vec<u8> {
     // Rules used by this object, by first use; rows refer to them by local index.
     let mut local: std::collections::HashMap<u16, u16> = std::collections::HashMap::new();
     let mut rules: Vec<RuleEntry> = Vec::new();
@@ -250,7 +315,7 @@ fn encode(
     let mut out = Vec::with_capacity(64 + rules.len() * 12 + flat.pages.len() * 4 + rows.len() * 4);
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&FORMAT.to_le_bytes());
-    for s in [tool.as_bytes(), build_id] {
+    for s in [tool.as_bytes(), key] {
         out.extend_from_slice(&(s.len() as u16).to_le_bytes());
         out.extend_from_slice(s);
     }
@@ -331,7 +396,7 @@ impl<'a> Reader<'a> {
 fn decode(
     bytes: &[u8],
     tool: &str,
-    build_id: &[u8],
+    key: &[u8],
     dict: &mut RuleDict,
 ) -> Result<(FlatObject, CachedMeta), String> {
     let Some((body, crc)) = bytes.split_last_chunk::<4>() else {
@@ -348,9 +413,9 @@ fn decode(
     if r.take(n, "tool")? != tool.as_bytes() {
         return Err(OTHER_TOOL.into());
     }
-    let n = usize::from(r.u16("build-id")?);
-    if r.take(n, "build-id")? != build_id {
-        return Err("another object's build-id".into());
+    let n = usize::from(r.u16("digest")?);
+    if r.take(n, "digest")? != key {
+        return Err("another object's digest".into());
     }
     let source = match (r.u8("source")?, r.u8("source version")?) {
         (1, version) => Source::SFrame { version },
@@ -571,6 +636,67 @@ mod tests {
             ),
             (1, 1, 1, 2)
         );
+        // ...and the bad file is gone.
+        assert!(!path.exists());
+        // A FIFO named like an entry is a rejection at once, never a wait for a writer.
+        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: mkfifo(3) of a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+        assert!(cache.load(b"\xab\xcd", &mut d).is_none());
+        assert_eq!(cache.stats.rejected, 2);
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Runs only as root (chown to another user); says so otherwise.
+    fn as_root(test: &str) -> bool {
+        // SAFETY: geteuid(2) cannot fail.
+        let root = unsafe { libc::geteuid() } == 0;
+        if !root {
+            eprintln!("{test}: skipped, needs root to chown a directory to nobody");
+        }
+        root
+    }
+
+    #[test]
+    fn directories_others_can_change_are_refused_or_repaired() {
+        use std::os::unix::fs::PermissionsExt as _;
+        if !as_root("directories_others_can_change_are_refused_or_repaired") {
+            return;
+        }
+        let base = std::env::temp_dir().join(format!("sframe-cache-own-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&base);
+        fs::create_dir_all(&base).unwrap();
+        fs::set_permissions(&base, fs::Permissions::from_mode(0o755)).unwrap();
+        // Owned by nobody: refused.
+        let theirs = base.join("theirs");
+        fs::create_dir(&theirs).unwrap();
+        std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+        let err = TableCache::open(&theirs).err().expect("refused");
+        assert!(err.to_string().contains("owned by uid 65534"), "{err}");
+        // Inside a directory nobody owns: refused (it could be swapped under us).
+        let below = theirs.join("cache");
+        fs::create_dir(&below).unwrap();
+        let err = TableCache::open(&below).err().expect("refused");
+        assert!(err.to_string().contains("is owned by uid 65534"), "{err}");
+        // Ours but mode 0777: repaired to 0755.
+        let open = base.join("open");
+        fs::create_dir(&open).unwrap();
+        fs::set_permissions(&open, fs::Permissions::from_mode(0o777)).unwrap();
+        TableCache::open(&open).expect("repaired");
+        assert_eq!(fs::metadata(&open).unwrap().mode() & 0o7777, 0o755);
+        // A symlink to a directory: refused.
+        let link = base.join("link");
+        std::os::unix::fs::symlink(&open, &link).unwrap();
+        assert!(TableCache::open(&link).is_err());
+        // Inside a world-writable directory without the sticky bit: refused.
+        let shared = base.join("shared");
+        fs::create_dir(&shared).unwrap();
+        fs::set_permissions(&shared, fs::Permissions::from_mode(0o777)).unwrap();
+        fs::create_dir(shared.join("cache")).unwrap();
+        let err = TableCache::open(&shared.join("cache"))
+            .err()
+            .expect("refused");
+        assert!(err.to_string().contains("writable by others"), "{err}");
+        fs::remove_dir_all(&base).unwrap();
     }
 }

@@ -84,6 +84,26 @@ pub fn install_sigbus_guard() {
     });
 }
 
+/// What tells a file changed: size, modification and status-change times (a write, a
+/// truncation, even `utimes` to hide a write, change the last).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stamp {
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl Stamp {
+    pub fn of(meta: &std::fs::Metadata) -> Self {
+        use std::os::unix::fs::MetadataExt as _;
+        Self {
+            size: meta.len(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+        }
+    }
+}
+
 /// The bytes of an object: a read-only private mapping of its file, or a heap copy (the
 /// vDSO, read from a process's memory).
 pub enum ObjectBytes {
@@ -91,6 +111,9 @@ pub enum ObjectBytes {
         map: memmap2::Mmap,
         /// [`truncated_pages`] when it was mapped.
         faults_before: u64,
+        /// The file, and its size, modification and status-change times when mapped.
+        file: File,
+        stamp: Stamp,
     },
     Heap(Vec<u8>),
 }
@@ -98,24 +121,39 @@ pub enum ObjectBytes {
 impl ObjectBytes {
     /// Maps the first `len` bytes of `file` (its size from `fstat`). An empty file maps
     /// to an empty slice.
-    pub fn map(file: &File, len: u64) -> io::Result<Self> {
+    pub fn map(file: File, meta: &std::fs::Metadata) -> io::Result<Self> {
         install_sigbus_guard();
-        let len = usize::try_from(len).map_err(|_| io::Error::from(io::ErrorKind::FileTooLarge))?;
+        let len = usize::try_from(meta.len())
+            .map_err(|_| io::Error::from(io::ErrorKind::FileTooLarge))?;
         if len == 0 {
             return Ok(Self::Heap(Vec::new()));
         }
         let faults_before = truncated_pages();
         // SAFETY: a read-only private mapping; a file truncated while mapped raises
         // SIGBUS, which the guard installed above turns into pages of zeros.
-        let map = unsafe { memmap2::MmapOptions::new().len(len).map(file)? };
-        Ok(Self::Mapped { map, faults_before })
+        let map = unsafe { memmap2::MmapOptions::new().len(len).map(&file)? };
+        Ok(Self::Mapped {
+            map,
+            faults_before,
+            file,
+            stamp: Stamp::of(meta),
+        })
     }
 
-    /// Whether a page of a mapped file may have read as zeros because some file was
-    /// truncated since this one was mapped (then what was derived from it is suspect).
-    pub fn maybe_truncated(&self) -> bool {
+    /// Whether the bytes may have changed since the file was mapped: it was written
+    /// (its size or times changed), or a page of some mapped file read as zeros because
+    /// it was truncated. Then what was derived from them is suspect.
+    pub fn maybe_changed(&self) -> bool {
         match self {
-            Self::Mapped { faults_before, .. } => truncated_pages() != *faults_before,
+            Self::Mapped {
+                faults_before,
+                file,
+                stamp,
+                ..
+            } => {
+                truncated_pages() != *faults_before
+                    || file.metadata().map(|m| Stamp::of(&m)).ok() != Some(*stamp)
+            }
             Self::Heap(_) => false,
         }
     }
@@ -138,15 +176,38 @@ mod tests {
     use std::io::Write as _;
 
     #[test]
+    fn a_file_written_while_mapped_is_noticed() {
+        let path = std::env::temp_dir().join(format!("mapped-w-{}", std::process::id()));
+        std::fs::write(&path, vec![1u8; 8192]).unwrap();
+        let file = File::open(&path).unwrap();
+        let meta = file.metadata().unwrap();
+        let bytes = ObjectBytes::map(file, &meta).unwrap();
+        assert!(!bytes.maybe_changed());
+        // In place, same size, and the modification time put back: the status-change
+        // time still moves.
+        let before = std::fs::metadata(&path).unwrap().modified().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        {
+            use std::os::unix::fs::FileExt as _;
+            let w = File::options().write(true).open(&path).unwrap();
+            w.write_all_at(&[2u8; 16], 100).unwrap();
+            w.set_modified(before).unwrap();
+        }
+        assert!(bytes.maybe_changed());
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
     fn a_file_truncated_while_mapped_reads_as_zeros() {
         let path = std::env::temp_dir().join(format!("mapped-{}", std::process::id()));
         let mut f = File::create(&path).unwrap();
         f.write_all(&vec![0xabu8; 3 * 4096]).unwrap();
         drop(f);
         let file = File::open(&path).unwrap();
-        let bytes = ObjectBytes::map(&file, 3 * 4096).unwrap();
+        let meta = file.metadata().unwrap();
+        let bytes = ObjectBytes::map(file, &meta).unwrap();
         assert_eq!(bytes[4096], 0xab);
-        assert!(!bytes.maybe_truncated());
+        assert!(!bytes.maybe_changed());
         File::options()
             .write(true)
             .open(&path)
@@ -155,7 +216,7 @@ mod tests {
             .unwrap();
         // Past the new end: zeros, not a SIGBUS.
         assert_eq!(bytes[2 * 4096 + 17], 0);
-        assert!(bytes.maybe_truncated());
+        assert!(bytes.maybe_changed());
         assert_eq!(bytes[100], 0xab);
         let _ = std::fs::remove_file(&path);
     }

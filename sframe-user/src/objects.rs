@@ -33,10 +33,15 @@ pub const MAX_OBJECT_BYTES: u64 = 1 << 30;
 /// [`StoreStats::builds_dropped`]) and tried again at their process's next reload.
 pub const MAX_QUEUED_BUILDS: usize = 4;
 
-/// How an object is identified across processes.
+/// How an object is identified across processes and in the disk cache.
+///
+/// Not by build-id: a build-id is what the file says about itself, and any user can
+/// link a program with another program's build-id (`-Wl,--build-id=0x…`). An ELF
+/// object is identified by [`content_digest`], a SHA-256 of everything its table is
+/// derived from; two files share a table only when that is the same.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum ObjectKey {
-    BuildId(Vec<u8>),
+    Content([u8; 32]),
     File {
         dev: u64,
         inode: u64,
@@ -204,8 +209,8 @@ fn derive(
     options: &ObjTableOptions,
 ) -> Result<crate::objtable::ObjectTable, String> {
     let derived = table_for_elf(data, options).map_err(|e| e.to_string());
-    if data.maybe_truncated() {
-        return Err("a mapped file was truncated while it was read".to_owned());
+    if data.maybe_changed() {
+        return Err("the file changed while it was read".to_owned());
     }
     derived
 }
@@ -348,7 +353,7 @@ impl ObjectStore {
             None => return reload,
         };
         for done in finished {
-            let info = self.finish_build(&done.path, &done.data, done.derived);
+            let info = self.finish_build(&done.key, &done.path, &done.data, Some(done.derived));
             self.objects.insert(done.key.clone(), info);
             if let Some(pids) = self.in_flight.remove(&done.key) {
                 reload.extend(pids);
@@ -571,7 +576,7 @@ impl ObjectStore {
                     let options = self.options.clone();
                     if data.len() > SYNC_BUILD_BYTES
                         && build == Build::Background
-                        && !self.cached(&data)
+                        && !self.cached(&key)
                         && let Some(worker) = self.worker()
                     {
                         // A large object takes long to derive: build it off the event
@@ -593,8 +598,7 @@ impl ObjectStore {
                         }
                         return None;
                     }
-                    let derived = derive(&data, &self.options);
-                    let info = self.finish_build(&m.path, &data, derived);
+                    let info = self.finish_build(&key, &m.path, &data, None);
                     self.objects.insert(key.clone(), info);
                 }
                 self.files.insert(file_id, (key.clone(), stamp));
@@ -632,11 +636,11 @@ impl ObjectStore {
             );
             return None;
         }
-        let data = ObjectBytes::map(&file, meta.len())
+        let data = ObjectBytes::map(file, &meta)
             .map_err(|e| log::debug!("pid {pid}: cannot map {}: {e}", m.path))
             .ok()?;
-        let key = build_id(&data)
-            .map(ObjectKey::BuildId)
+        let key = content_digest(&data)
+            .map(ObjectKey::Content)
             .unwrap_or(ObjectKey::File {
                 dev: meta.dev(),
                 inode: meta.ino(),
@@ -660,11 +664,10 @@ impl ObjectStore {
                 let mut data = vec![0u8; len as usize];
                 let mem = fs::File::open(format!("/proc/{pid}/mem")).ok()?;
                 std::os::unix::fs::FileExt::read_exact_at(&mem, &mut data, m.start).ok()?;
-                let key = ObjectKey::BuildId(build_id(&data).unwrap_or_else(|| data.clone()));
+                let key = ObjectKey::Content(digest_bytes(&data));
                 let data = ObjectBytes::Heap(data);
                 if !self.usable(&key) {
-                    let derived = derive(&data, &self.options);
-                    let info = self.finish_build("[vdso]", &data, derived);
+                    let info = self.finish_build(&key, "[vdso]", &data, None);
                     self.objects.insert(key.clone(), info);
                 }
                 self.files
@@ -684,20 +687,21 @@ impl ObjectStore {
     }
 
     /// Whether the disk cache holds this object's table (then loading it is quick).
-    fn cached(&self, data: &[u8]) -> bool {
-        match (&self.cache, build_id(data)) {
-            (Some(cache), Some(id)) => cache.contains(&id),
+    fn cached(&self, key: &ObjectKey) -> bool {
+        match (&self.cache, key) {
+            (Some(cache), ObjectKey::Content(digest)) => cache.contains(digest),
             _ => false,
         }
     }
 
-    /// Builds the object's kernel table from the disk cache or from `derived` (the
-    /// result of `derive` on `data`, possibly computed on the worker).
+    /// Builds the object's kernel table from the disk cache, else from `derived` (the
+    /// result of `derive` on `data`, computed on the worker) or derived now.
     fn finish_build(
         &mut self,
+        key: &ObjectKey,
         path: &str,
-        data: &[u8],
-        derived: Result<crate::objtable::ObjectTable, String>,
+        data: &ObjectBytes,
+        derived: Option<Result<crate::objtable::ObjectTable, String>>,
     ) -> ObjectInfo {
         let mut info = ObjectInfo {
             path: path.to_owned(),
@@ -711,10 +715,18 @@ impl ObjectStore {
             unused_since: Instant::now(),
             retry_at: None,
         };
-        let id = build_id(data);
-        let cached = match (self.cache.as_mut(), id.as_deref()) {
+        let id = match key {
+            ObjectKey::Content(digest) => Some(&digest[..]),
+            ObjectKey::File { .. } => None,
+        };
+        let cached = match (self.cache.as_mut(), id) {
             (Some(cache), Some(id)) => cache.load(id, self.tables.rule_dict()),
             _ => None,
+        };
+        let derived = match (&cached, derived) {
+            (Some(_), _) => Err(String::new()),
+            (None, Some(derived)) => derived,
+            (None, None) => derive(data, &self.options),
         };
         let flat = match cached {
             Some((flat, meta)) => {
@@ -726,7 +738,7 @@ impl ObjectStore {
                 info.source = Some(t.source);
                 info.table_rows = t.table.row_count();
                 let flat = flatten(&t.table, self.tables.rule_dict()).map_err(|e| e.to_string())?;
-                if let (Some(cache), Some(id)) = (self.cache.as_mut(), id.as_deref()) {
+                if let (Some(cache), Some(id)) = (self.cache.as_mut(), id) {
                     let meta = crate::cache::CachedMeta {
                         source: t.source,
                         table_rows: t.table.row_count() as u64,
@@ -787,9 +799,80 @@ impl ObjectStore {
     }
 }
 
-fn build_id(data: &[u8]) -> Option<Vec<u8>> {
+/// Sections whose bytes a table is derived from, besides the executable ones.
+const UNWIND_SECTIONS: &[&str] = &[
+    ".sframe",
+    ".eh_frame",
+    ".eh_frame_hdr",
+    ".debug_frame",
+    ".zdebug_frame",
+    ".plt",
+    ".plt.sec",
+    ".plt.got",
+    ".got",
+];
+
+/// A SHA-256 of everything an ELF object's table is derived from: its class,
+/// endianness, machine and entry point, every segment's layout, every section's name,
+/// kind, flags, address and size, and the bytes of its executable and unwind sections
+/// (not debug information, symbols or data). `None` when it is not an ELF file.
+pub fn content_digest(data: &[u8]) -> Option<[u8; 32]> {
+    use object::{ObjectSection as _, SectionFlags};
+    use sha2::Digest as _;
     let file = object::File::parse(data).ok()?;
-    file.build_id().ok().flatten().map(|b| b.to_vec())
+    let mut h = sha2::Sha256::new();
+    h.update(b"sframe-user object v1\0");
+    h.update([u8::from(file.is_64()), u8::from(file.is_little_endian())]);
+    h.update(format!("{:?}", file.architecture()).as_bytes());
+    h.update(file.entry().to_le_bytes());
+    for s in file.segments() {
+        let (offset, size) = s.file_range();
+        let flags = match s.flags() {
+            object::SegmentFlags::Elf { p_flags } => p_flags,
+            _ => 0,
+        };
+        for v in [offset, size, s.address(), s.size(), u64::from(flags)] {
+            h.update(v.to_le_bytes());
+        }
+    }
+    for s in file.sections() {
+        let name = s.name_bytes().unwrap_or(b"");
+        let flags = match s.flags() {
+            SectionFlags::Elf { sh_flags } => sh_flags,
+            _ => 0,
+        };
+        h.update((name.len() as u64).to_le_bytes());
+        h.update(name);
+        for v in [
+            flags,
+            s.address(),
+            s.size(),
+            s.file_range().map_or(0, |r| r.1),
+        ] {
+            h.update(v.to_le_bytes());
+        }
+        h.update(format!("{:?}", s.kind()).as_bytes());
+        let wanted = flags & u64::from(object::elf::SHF_EXECINSTR) != 0
+            || std::str::from_utf8(name).is_ok_and(|n| UNWIND_SECTIONS.contains(&n));
+        if wanted && let Some((offset, size)) = s.file_range() {
+            let bytes = usize::try_from(offset)
+                .ok()
+                .zip(usize::try_from(size).ok())
+                .and_then(|(o, n)| data.get(o..o.checked_add(n)?));
+            match bytes {
+                Some(b) => h.update(b),
+                // Out of the file: the table derivation refuses it too.
+                None => h.update(b"\xffout of file"),
+            }
+        }
+    }
+    Some(h.finalize().into())
+}
+
+/// A SHA-256 of raw bytes (the vDSO image).
+fn digest_bytes(data: &[u8]) -> [u8; 32] {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(data).into()
 }
 
 fn segments(data: &[u8]) -> Vec<Segment> {

@@ -280,7 +280,7 @@ impl Profiler {
         if let Some(dir) = &config.cache_dir {
             match crate::cache::TableCache::open(dir) {
                 Ok(cache) => store.cache = Some(cache),
-                Err(err) => log::warn!("no table cache in {}: {err}", dir.display()),
+                Err(err) => log::error!("{err}"),
             }
         }
         let mut profiler = Self {
