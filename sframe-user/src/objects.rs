@@ -197,7 +197,25 @@ pub enum Build {
 struct Installed {
     objects: Vec<ObjectKey>,
     entries: Vec<MappingEntry>,
+    /// The file mappings resolved then (range, offset, device, inode): a reload takes
+    /// those it finds again as they are, without checking their files again.
+    resolved: std::collections::HashSet<MappingId>,
 }
+
+/// A mapped file as `/proc/PID/maps` names it: device (major, minor), inode, path.
+type FileId = (u32, u32, u64, String);
+
+/// What identifies a mapping across reloads of its process.
+type MappingId = (u64, u64, u64, u32, u32, u64);
+
+fn mapping_id(m: &Mapping) -> MappingId {
+    (m.start, m.end, m.offset, m.dev_major, m.dev_minor, m.inode)
+}
+
+/// How long a file that could not be opened or mapped is not tried again.
+const UNREADABLE_RETRY: Duration = Duration::from_secs(10);
+/// Unreadable files remembered at most (then forgotten all at once).
+const MAX_UNREADABLE: usize = 16 * 1024;
 
 /// Objects larger than this are derived on the worker thread (unless cached).
 pub const SYNC_BUILD_BYTES: usize = 8 << 20;
@@ -296,7 +314,7 @@ pub struct ObjectStore {
     objects: HashMap<ObjectKey, ObjectInfo>,
     /// (dev, inode, path) of a mapped file → its key and the file's stamp when it was
     /// read, so a file is read once, and again when it was rewritten in place.
-    files: HashMap<(u32, u32, u64, String), (ObjectKey, FileStamp)>,
+    files: HashMap<FileId, (ObjectKey, FileStamp)>,
     /// What each process's kernel mapping table holds.
     processes: HashMap<u32, Installed>,
     options: ObjTableOptions,
@@ -315,6 +333,12 @@ pub struct ObjectStore {
     no_room: HashMap<u32, u64>,
     /// Processes removed from the kernel map so far.
     removals: u64,
+    /// Files that could not be opened or mapped, and when: not tried again before
+    /// `UNREADABLE_RETRY` (a process with thousands of such mappings costs one attempt
+    /// per file, not one per mapping and reload).
+    /// Keyed by process too: another process's open of the same file may succeed (the
+    /// failure may have been a race with this process unmapping it).
+    unreadable: HashMap<(u32, FileId), Instant>,
 }
 
 impl ObjectStore {
@@ -332,6 +356,7 @@ impl ObjectStore {
             stats: StoreStats::default(),
             no_room: HashMap::new(),
             removals: 0,
+            unreadable: HashMap::new(),
         }
     }
 
@@ -377,6 +402,7 @@ impl ObjectStore {
     /// Forgets `pid`: its mapping table is removed (the kernel side removes it itself
     /// when the process exits) and its objects lose a reference.
     pub fn forget_process(&mut self, pid: u32) {
+        self.unreadable.retain(|(p, _), _| *p != pid);
         if self.no_room.remove(&pid).is_none() {
             self.tables.remove_process(pid);
             self.removals += 1;
@@ -467,14 +493,23 @@ impl ObjectStore {
             }
         }
         let mut keys = Vec::new();
+        let previous = self
+            .processes
+            .get_mut(&pid)
+            .map(|p| std::mem::take(&mut p.resolved))
+            .unwrap_or_default();
+        let mut resolved = std::collections::HashSet::new();
         for m in maps.iter().filter(|m| m.executable) {
             report.executable_mappings += 1;
-            let (object, bias, flags) = match self.mapping_object(pid, m, build) {
+            let id = mapping_id(m);
+            let unchanged = previous.contains(&id);
+            let (object, bias, flags) = match self.mapping_object(pid, m, build, unchanged) {
                 Some((key, object, bias, flags)) => {
                     if let Some(info) = self.objects.get_mut(&key) {
                         info.refs += 1;
                     }
                     keys.push(key);
+                    resolved.insert(id);
                     (object, bias, flags)
                 }
                 None => (
@@ -520,6 +555,7 @@ impl ObjectStore {
         let installed = Installed {
             objects: keys,
             entries,
+            resolved,
         };
         if let Some(old) = self.processes.insert(pid, installed) {
             self.release(&old.objects);
@@ -530,11 +566,14 @@ impl ObjectStore {
     }
 
     /// The object of an executable mapping with a loaded table: key, id, bias, flags.
+    /// `unchanged`: the same mapping was resolved at the process's last load (its file
+    /// is not checked again).
     fn mapping_object(
         &mut self,
         pid: u32,
         m: &Mapping,
         build: Build,
+        unchanged: bool,
     ) -> Option<(ObjectKey, u32, u64, u32)> {
         if m.path == "[vdso]" {
             let (key, id, bias) = self.vdso(pid, m)?;
@@ -547,6 +586,7 @@ impl ObjectStore {
         // A file rewritten in place keeps its inode: the key is reused only while the
         // file's size and times are those it had when it was read.
         let known = match self.files.get(&file_id) {
+            Some((key, _)) if unchanged => Some(key.clone()),
             Some((key, stamp)) if FileStamp::of_mapping(pid, m).as_ref() == Some(stamp) => {
                 Some(key.clone())
             }
@@ -566,7 +606,21 @@ impl ObjectStore {
         let key = match known.filter(|k| self.usable(k)) {
             Some(k) => k,
             None => {
-                let (key, stamp, data) = self.read_file(pid, m)?;
+                let unreadable_id = (pid, file_id.clone());
+                if self
+                    .unreadable
+                    .get(&unreadable_id)
+                    .is_some_and(|at| at.elapsed() < UNREADABLE_RETRY)
+                {
+                    return None;
+                }
+                let Some((key, stamp, data)) = self.read_file(pid, m) else {
+                    if self.unreadable.len() >= MAX_UNREADABLE {
+                        self.unreadable.clear();
+                    }
+                    self.unreadable.insert(unreadable_id, Instant::now());
+                    return None;
+                };
                 if let Some(waiting) = self.in_flight.get_mut(&key) {
                     // The same object (another path or inode) is being built already.
                     waiting.insert(pid);

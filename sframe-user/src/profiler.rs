@@ -142,6 +142,9 @@ struct Proc {
     info: TargetInfo,
     exited_at: Option<Instant>,
     loaded_at: Instant,
+    /// What its last (re)load took: its next reload for new mappings waits in
+    /// proportion ([`RELOAD_SHARE`]).
+    load_cost: Duration,
 }
 
 /// Reloads of one process for misses are at least this far apart (a miss that persists
@@ -155,6 +158,15 @@ const DEFERRED_PATIENCE: Duration = Duration::from_secs(10);
 const MAX_DEFERRED_BACKLOG: usize = 1024;
 /// Time `handle_events` spends on first loads of processes seen through misses.
 const PENDING_BUDGET: Duration = Duration::from_millis(50);
+/// Reloads of one process for new mappings take at most this share of one CPU: after a
+/// reload that took `t`, the next waits `max(RELOAD_INTERVAL, t / RELOAD_SHARE - t)`;
+/// mmap events meanwhile are coalesced into that one reload. So a process that maps and
+/// unmaps code in a loop costs the profiler a bounded share, whatever its rate and
+/// however many mappings it has, and the others' loads go on.
+const RELOAD_SHARE: f64 = 0.1;
+/// Lifecycle events handled per `handle_events` call at most (the rest wait for the
+/// next call: a flood of events cannot hold the loop, nor a signal to stop).
+const MAX_EVENTS_PER_CALL: usize = 8192;
 
 pub struct Profiler {
     ebpf: Ebpf,
@@ -197,6 +209,10 @@ pub struct Profiler {
     /// Processes seen through misses, waiting for their first load (FIFO).
     pending: std::collections::VecDeque<u32>,
     pending_set: HashSet<u32>,
+    /// Processes with new mappings whose reload is throttled, and when it is due.
+    reload_due: StdHashMap<u32, Instant>,
+    /// The last `handle_events` left events in the ring (it handles a bounded number).
+    events_left: bool,
     newly_exited: Vec<u32>,
     /// Exited processes in the order they exited (a pid may be listed again after
     /// reuse; entries of pids running again are skipped when trimming).
@@ -312,6 +328,8 @@ impl Profiler {
             procs: StdHashMap::new(),
             pending: Default::default(),
             pending_set: HashSet::new(),
+            reload_due: StdHashMap::new(),
+            events_left: false,
             newly_exited: Vec::new(),
             exited_order: std::collections::VecDeque::new(),
             own_exe: std::fs::read_link("/proc/self/exe").ok(),
@@ -408,7 +426,9 @@ impl Profiler {
     pub fn handle_events(&mut self) -> Vec<u32> {
         let mut batch = Vec::new();
         if let Some(events) = self.events.as_mut() {
-            while let Some(item) = events.next() {
+            while batch.len() < MAX_EVENTS_PER_CALL
+                && let Some(item) = events.next()
+            {
                 if item.len() >= size_of::<ProcEvent>() {
                     // SAFETY: the kernel wrote a ProcEvent (two u32, any bits valid).
                     let e = unsafe { (item.as_ptr() as *const ProcEvent).read_unaligned() };
@@ -416,6 +436,7 @@ impl Profiler {
                 }
             }
         }
+        self.events_left = batch.len() >= MAX_EVENTS_PER_CALL;
         // Execs and forks of new processes are the most urgent loads (short-lived
         // processes); exits come last, after the deferred samples of the exited
         // processes were unwound with their tables.
@@ -460,9 +481,12 @@ impl Profiler {
                 }
                 ProcEventKind::Mmap => {
                     // A library was mapped (one event per executable segment): reload
-                    // now, a starting process is about to run it.
+                    // now, a starting process is about to run it; unless it was
+                    // reloaded just before (then once, when its throttle allows).
                     self.lifecycle.mmaps += 1;
-                    if known || self.kernel_filtered || self.is_listed(pid) {
+                    if known {
+                        self.request_reload(pid, &mut added);
+                    } else if self.kernel_filtered || self.is_listed(pid) {
                         self.load(pid, &mut added, true);
                     }
                 }
@@ -485,6 +509,7 @@ impl Profiler {
             }
         }
         self.load_pending(&mut added);
+        self.run_due_reloads(&mut added);
         self.unwind_deferred();
         for pid in self.store.poll_builds() {
             if self.procs.get(&pid).is_some_and(|p| p.exited_at.is_none()) {
@@ -492,6 +517,49 @@ impl Profiler {
             }
         }
         added
+    }
+
+    /// Reloads `pid` for new mappings now if its throttle allows, else once when it does.
+    fn request_reload(&mut self, pid: u32, added: &mut Vec<u32>) {
+        if self.reload_due.contains_key(&pid) {
+            return;
+        }
+        let Some(p) = self.procs.get(&pid) else {
+            return self.load(pid, added, true);
+        };
+        let cost = p.load_cost.as_secs_f64();
+        let wait = RELOAD_INTERVAL.max(Duration::from_secs_f64(cost / RELOAD_SHARE - cost));
+        let due = p.loaded_at + wait;
+        if due <= Instant::now() {
+            self.load(pid, added, true);
+        } else {
+            self.reload_due.insert(pid, due);
+        }
+    }
+
+    /// Runs the throttled reloads that are due.
+    fn run_due_reloads(&mut self, added: &mut Vec<u32>) {
+        if self.reload_due.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let due: Vec<u32> = self
+            .reload_due
+            .iter()
+            .filter(|&(_, &at)| at <= now)
+            .map(|(&pid, _)| pid)
+            .collect();
+        for pid in due {
+            self.reload_due.remove(&pid);
+            if self.procs.get(&pid).is_some_and(|p| p.exited_at.is_none()) {
+                self.load(pid, added, true);
+            }
+        }
+    }
+
+    /// When the next throttled reload is due (call `handle_events` then).
+    pub fn next_reload_due(&self) -> Option<Instant> {
+        self.reload_due.values().min().copied()
     }
 
     /// The deferred-sample ring buffer, for waiting on it (`AsyncFd`).
@@ -612,9 +680,10 @@ impl Profiler {
             && std::fs::read_link(format!("/proc/{pid}/exe")).ok() == self.own_exe
     }
 
-    /// Processes waiting for their first load (call `handle_events` again soon).
+    /// Processes waiting for their first load, or events not handled yet (call
+    /// `handle_events` again soon).
     pub fn has_pending(&self) -> bool {
-        !self.pending.is_empty()
+        !self.pending.is_empty() || self.events_left
     }
 
     /// Deferred samples waiting for their process's tables.
@@ -645,7 +714,10 @@ impl Profiler {
             return;
         }
         let new = self.procs.get(&pid).is_none_or(|p| p.exited_at.is_some());
-        match self.store.refresh_process(pid, Build::Background) {
+        let started = Instant::now();
+        let refreshed = self.store.refresh_process(pid, Build::Background);
+        let load_cost = started.elapsed();
+        match refreshed {
             Ok(report) if !report.maps.is_empty() => {
                 self.lifecycle.process_loads += 1;
                 let info = match self.procs.remove(&pid) {
@@ -667,6 +739,7 @@ impl Profiler {
                         info,
                         exited_at: None,
                         loaded_at: Instant::now(),
+                        load_cost,
                     },
                 );
                 if new {
@@ -687,6 +760,7 @@ impl Profiler {
     /// `pid` exited: release its tables, keep its mappings for symbolization.
     fn exited(&mut self, pid: u32) {
         self.store.forget_process(pid);
+        self.reload_due.remove(&pid);
         let _ = self.targets.remove(&pid);
         if let Some(p) = self.procs.get_mut(&pid)
             && p.exited_at.is_none()
@@ -838,6 +912,7 @@ impl Profiler {
                 },
                 exited_at: None,
                 loaded_at: Instant::now(),
+                load_cost: Duration::ZERO,
             },
         );
         Ok(report)

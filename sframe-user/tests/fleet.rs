@@ -349,10 +349,12 @@ fn many_functions(salt: u32, n: usize, secs: f64) -> String {
     // Each function calls out with an array of its own size on the stack, so that it
     // has rows of its own (entry, frame of its size, after the epilogue): leaf
     // functions all have the one rule CFA = SP + 8, which the kernel layout merges
-    // across the padding between them. `salt` only changes a string, so that
-    // executables of different salts are distinct objects with the same rows.
+    // across the padding between them. `salt` only changes a string and a constant in
+    // the code (same encoding), so that executables of different salts are distinct
+    // objects (objects are told apart by their code and unwind sections, not by names or
+    // build-ids) with the same rows.
     let mut s = format!(
-        "#include <time.h>\nvolatile unsigned long sink;\n\
+        "#include <time.h>\n#define SALT {salt}\nvolatile unsigned long sink;\n\
          __attribute__((used)) static const char tag[] = \"evict fixture {salt}\";\n\
          static double now(void) {{ struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); \
          return t.tv_sec + t.tv_nsec / 1e9; }}\n\
@@ -367,7 +369,7 @@ fn many_functions(salt: u32, n: usize, secs: f64) -> String {
         );
     }
     s += "__attribute__((noinline)) void evict_work(double secs) { double t = now(); \
-          unsigned long x = 0; while (now() - t < secs) { for (int i = 0; i < 1000; i++) x += i; sink += x;";
+          unsigned long x = 0; while (now() - t < secs) { for (int i = 0; i < 1000; i++) x += i ^ SALT; sink += x;";
     for i in (0..n).step_by(97) {
         s += &format!(" x = f{i}(x);");
     }

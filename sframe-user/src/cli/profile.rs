@@ -263,6 +263,18 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
                 profiler.handle_events();
                 continue;
             }
+            () = async {
+                match profiler.next_reload_due() {
+                    Some(at) => tokio::time::sleep_until(at.into()).await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                // A throttled reload (new mappings of a process reloaded just before).
+                for pid in profiler.handle_events() {
+                    log::debug!("profiling process {pid}");
+                }
+                continue;
+            }
             _ = tokio::task::yield_now(), if profiler.has_pending() => {
                 for pid in profiler.handle_events() {
                     log::debug!("profiling process {pid}");

@@ -46,12 +46,16 @@ pub fn status_kb(pid: u32, field: &str) -> Option<u64> {
         .ok()
 }
 
+/// How long the profiler may take to stop after SIGTERM (it writes its report; a
+/// generous bound: what it guards against is a profiler that never stops).
+pub const STOP_LIMIT: Duration = Duration::from_secs(120);
+
 /// What one profiler run gave.
 pub struct Run {
     pub folded: String,
     /// The profiler's peak RSS (VmHWM) in kB, just before it was stopped.
     pub peak_rss_kb: u64,
-    /// The profiler's CPU seconds.
+    /// The profiler's CPU seconds, stopping included.
     pub cpu: f64,
 }
 
@@ -83,10 +87,50 @@ pub fn profile(args: &[String], budget_pid: u32, budget: f64, out_dir: &Path) ->
     }
     let pid = profiler.id();
     let peak_rss_kb = status_kb(pid, "VmHWM").expect("profiler's VmHWM");
-    let cpu = cpu_seconds(pid);
     // SAFETY: a signal to our own child.
     unsafe { libc::kill(pid as i32, libc::SIGTERM) };
-    let out = profiler.wait_with_output().expect("wait for sframe-user");
+    // Its stderr is drained meanwhile, so that it cannot block on a full pipe.
+    let mut stderr = profiler.stderr.take().expect("piped stderr");
+    let drain = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut text);
+        text
+    });
+    // Waits for the exit without reaping, to read its final CPU times (stopping
+    // included) from the zombie.
+    // A profiler that does not stop within STOP_LIMIT is killed and the test fails
+    // (a hang, such as a blocking open, would otherwise hang the test).
+    let stop_deadline = Instant::now() + STOP_LIMIT;
+    loop {
+        // SAFETY: waitid(2) on our own child with a zeroed siginfo_t to fill.
+        let (waited, exited) = unsafe {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            let r = libc::waitid(
+                libc::P_PID,
+                pid,
+                &mut info,
+                libc::WEXITED | libc::WNOWAIT | libc::WNOHANG,
+            );
+            (r, info.si_pid() != 0)
+        };
+        assert_eq!(waited, 0, "waitid: {}", std::io::Error::last_os_error());
+        if exited {
+            break;
+        }
+        if Instant::now() > stop_deadline {
+            let _ = profiler.kill();
+            let _ = profiler.wait();
+            panic!("sframe-user did not stop within {STOP_LIMIT:?} of SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let cpu = cpu_seconds(pid);
+    let status = profiler.wait().expect("wait for sframe-user");
+    let out = std::process::Output {
+        status,
+        stdout: Vec::new(),
+        stderr: drain.join().unwrap_or_default().into_bytes(),
+    };
     assert!(
         out.status.success(),
         "{}",
