@@ -217,6 +217,46 @@ const UNREADABLE_RETRY: Duration = Duration::from_secs(10);
 /// Unreadable files remembered at most (then forgotten all at once).
 const MAX_UNREADABLE: usize = 16 * 1024;
 
+/// CPU time spent loading tables so far, on every thread (ns).
+static LOAD_CPU_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// CPU seconds spent loading tables so far (reading maps, opening, hashing, deriving,
+/// flattening and copying tables into the kernel), on the loop and the build thread.
+/// The overhead governor leaves it out of the sampling budget: it scales with process
+/// churn, not with the sampling rate.
+pub fn load_cpu_seconds() -> f64 {
+    LOAD_CPU_NS.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1e9
+}
+
+/// This thread's CPU time (ns).
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime(2) writes only into the timespec passed.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
+        return 0;
+    }
+    (ts.tv_sec as u64).saturating_mul(1_000_000_000) + ts.tv_nsec as u64
+}
+
+/// Adds this thread's CPU time from its creation to its drop to [`load_cpu_seconds`].
+struct LoadTimer(u64);
+
+impl LoadTimer {
+    fn start() -> Self {
+        Self(thread_cpu_ns())
+    }
+}
+
+impl Drop for LoadTimer {
+    fn drop(&mut self) {
+        let spent = thread_cpu_ns().saturating_sub(self.0);
+        LOAD_CPU_NS.fetch_add(spent, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// Objects larger than this are derived on the worker thread (unless cached).
 pub const SYNC_BUILD_BYTES: usize = 8 << 20;
 
@@ -261,7 +301,9 @@ impl Worker {
             .name("sframe-build".into())
             .spawn(move || {
                 for job in job_rx {
+                    let timer = LoadTimer::start();
                     let derived = derive(&job.data, &job.options);
+                    drop(timer);
                     let out = BuildDone {
                         key: job.key,
                         path: job.path,
@@ -372,6 +414,7 @@ impl ObjectStore {
     /// Loads the tables the worker finished; returns the processes to reload (they map
     /// those objects).
     pub fn poll_builds(&mut self) -> Vec<u32> {
+        let _timer = LoadTimer::start();
         let mut reload = Vec::new();
         let finished: Vec<BuildDone> = match &self.worker {
             Some(w) => w.done.try_iter().collect(),
@@ -470,6 +513,7 @@ impl ObjectStore {
         pid: u32,
         build: Build,
     ) -> Result<ProcessReport, procfs::MapsError> {
+        let _timer = LoadTimer::start();
         let maps = procfs::read_executable_maps(pid)?;
         let mut report = ProcessReport::default();
         let mut entries = Vec::new();

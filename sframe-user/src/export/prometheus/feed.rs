@@ -96,6 +96,7 @@ impl Feed {
             fleet: profiler.fleet_counters(),
             processes: profiler.alive_targets() as u64,
             frequency: profiler.frequency(),
+            load_cpu: crate::objects::load_cpu_seconds(),
         };
         metrics.update(now, &health);
     }

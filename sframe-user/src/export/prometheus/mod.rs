@@ -99,6 +99,8 @@ pub struct Health {
     pub processes: u64,
     /// Sampling frequency now (Hz; the overhead governor may lower it).
     pub frequency: u64,
+    /// CPU seconds spent loading tables so far (all threads).
+    pub load_cpu: f64,
 }
 
 /// The registry and the aggregation behind it.
@@ -119,6 +121,7 @@ pub struct Metrics {
     bpf_run_count: Counter,
     bpf_stats_enabled: Gauge,
     cpu: Counter<f64, AtomicU64>,
+    load_cpu: Counter<f64, AtomicU64>,
     rss: Gauge,
     fleet: Family<EventLabels, Counter>,
     processes: Gauge,
@@ -218,6 +221,13 @@ impl Metrics {
             Unit::Seconds,
             cpu.clone(),
         );
+        let load_cpu = Counter::<f64, AtomicU64>::default();
+        registry.register_with_unit(
+            "sframe_table_load_cpu",
+            "CPU time the profiler spent loading unwind tables (maps, files, derivation, kernel copies), part of sframe_process_cpu; the overhead governor budgets the rest",
+            Unit::Seconds,
+            load_cpu.clone(),
+        );
         let rss = Gauge::default();
         registry.register_with_unit(
             "sframe_process_resident_memory",
@@ -264,6 +274,7 @@ impl Metrics {
             bpf_run_count,
             bpf_stats_enabled,
             cpu,
+            load_cpu,
             rss,
             fleet,
             processes,
@@ -358,6 +369,9 @@ impl Metrics {
             self.cpu.inc_by(cpu - self.last_cpu);
             self.last_cpu = cpu;
         }
+        if health.load_cpu > self.last.load_cpu {
+            self.load_cpu.inc_by(health.load_cpu - self.last.load_cpu);
+        }
         if let Some(rss) = own_rss_bytes() {
             self.rss.set(as_i64(rss));
         }
@@ -449,6 +463,10 @@ mod tests {
             assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
         }
         assert!(text.contains("sframe_process_cpu_seconds_total "), "{text}");
+        assert!(
+            text.contains("sframe_table_load_cpu_seconds_total "),
+            "{text}"
+        );
         assert!(
             text.contains("sframe_process_resident_memory_bytes "),
             "{text}"
