@@ -29,10 +29,36 @@ pub fn quick_check() -> Result<()> {
     })
 }
 
+/// `cargo xtask stress`: the busy-host load of the bench (compile churn, spinners,
+/// python3) plus CPU hogs, for a while; run `cargo xtask test` beside it to check the
+/// suite holds on a loaded machine.
+#[derive(Args)]
+pub struct StressArgs {
+    /// Seconds to run (0: until interrupted).
+    #[arg(long, default_value_t = 0)]
+    seconds: u64,
+    /// CPU hogs beside the load (default: one per CPU).
+    #[arg(long)]
+    hogs: Option<usize>,
+}
+
+pub fn stress(args: StressArgs) -> Result<()> {
+    setup::setup()?;
+    let bin = cmd::build_sframe_user_bin("sframe-bench", false)?;
+    let mut run = std::process::Command::new(&bin);
+    run.args(["--stress", &args.seconds.to_string()]);
+    if let Some(h) = args.hogs {
+        run.args(["--hogs", &h.to_string()]);
+    }
+    cmd::run(&mut run, "stress")
+}
+
 pub fn bench(args: BenchArgs) -> Result<()> {
     setup::setup()?;
     let root = cmd::workspace_root();
     let bin = cmd::build_sframe_user_bin("sframe-bench", false)?;
+    // The busy-host section runs the profiler as users do.
+    cmd::build_sframe_user_bin("sframe-user", false)?;
     let mut run = cmd::privileged(&bin.to_string_lossy());
     if args.quick {
         run.arg("--quick");

@@ -50,6 +50,9 @@ enum Command {
     /// Whole-system profiling under process churn for minutes: RSS and kernel table
     /// memory must stay flat (not part of `test`).
     Soak(fleet::SoakArgs),
+    /// Load this machine as a busy host would be (compile churn, no-frame-pointer
+    /// spinners, python3, one CPU hog per CPU) for a while, e.g. beside `cargo xtask test`.
+    Stress(bench::StressArgs),
     /// Build the release sframe-user, for another architecture with --arch aarch64.
     Build(vm::BuildArgs),
     /// The kernel matrix: boot Debian's kernels (6.1, 6.12) under qemu and run the
@@ -68,6 +71,7 @@ fn main() -> Result<()> {
         Command::Fuzz(args) => fuzz::fuzz(args),
         Command::Bench(args) => bench::bench(args),
         Command::Soak(args) => fleet::soak(args),
+        Command::Stress(args) => bench::stress(args),
         Command::VmTest(args) => vm::vm_test(args),
         Command::Build(args) => vm::build(args),
         Command::VmGuest(args) => vm::guest::guest(args),

@@ -19,8 +19,12 @@
 //!    under `perf record --call-graph dwarf`.
 //! 5. `accuracy`: stacks against `perf record --call-graph dwarf` on python3, bash, C
 //!    and C++ workloads, beside the kernel's frame-pointer walker.
+//! 6. `busy`: whole-system profiling on a busy host (compile churn, long-lived spinners,
+//!    python3), beside `perf record -a -g` and `--call-graph dwarf`. `--stress SECONDS`
+//!    runs only that load (what `cargo xtask stress` is).
 
 mod accuracy;
+mod busy;
 mod cost;
 mod fixtures;
 mod heap;
@@ -58,6 +62,12 @@ struct Args {
     /// Only these sections (repeatable), e.g. to iterate on one measurement.
     #[arg(long, value_enum)]
     only: Vec<Section>,
+    /// Run only the busy-host load for this many seconds (0: until killed), no report.
+    #[arg(long)]
+    stress: Option<u64>,
+    /// With --stress: CPU hogs beside the load (default: one per CPU).
+    #[arg(long)]
+    hogs: Option<usize>,
 }
 
 /// A part of the report `--only` can select.
@@ -75,6 +85,8 @@ enum Section {
     Overhead,
     /// Section 5: accuracy against perf --call-graph dwarf.
     Accuracy,
+    /// Section 6: a busy host.
+    Busy,
 }
 
 impl Args {
@@ -99,6 +111,10 @@ impl Args {
 fn main() -> Result<()> {
     sframe_user::privileges::init_logging();
     let args = Args::parse();
+    if let Some(seconds) = args.stress {
+        let cpus = thread::available_parallelism().map_or(1, |n| n.get());
+        return busy::stress(seconds, args.hogs.unwrap_or(cpus));
+    }
     let started = Instant::now();
     let mut doc = String::new();
     header(&mut doc, &args);
@@ -141,6 +157,27 @@ fn main() -> Result<()> {
     if args.runs(Section::Accuracy) {
         progress("5/5 accuracy against perf --call-graph dwarf");
         accuracy::section(&mut doc, &args);
+    }
+    if args.runs(Section::Busy) && args.bpf() {
+        progress("6/6 busy host");
+        let seconds = if args.quick { 8.0 } else { 60.0 };
+        let profiler = std::env::current_exe()
+            .ok()
+            .map(|e| e.with_file_name("sframe-user"))
+            .filter(|p| p.exists());
+        match profiler {
+            Some(exe) => {
+                if let Err(err) = busy::section(&mut doc, seconds, &exe) {
+                    let _ = writeln!(doc, "\n## 6. Busy host\n\nNot measured: {err:#}");
+                }
+            }
+            None => {
+                let _ = writeln!(
+                    doc,
+                    "\n## 6. Busy host\n\nNot measured: no sframe-user beside sframe-bench (cargo xtask bench builds both)"
+                );
+            }
+        }
     }
     let _ = writeln!(
         doc,
