@@ -1,18 +1,25 @@
-//! `--max-overhead`: keeps the profiler's sampling cost (its BPF programs' run time,
-//! from `bpf_stats`, plus its own user-space CPU less what loading tables took) under a
-//! share of the machine by lowering the sampling frequency, and raises it back when
-//! there is room.
+//! `--max-overhead`: keeps the profiler's sampling cost — what scales with the rate: its
+//! BPF programs' run time (from `bpf_stats`) plus the user-space CPU spent collecting
+//! samples (reading and emptying the kernel maps, unwinding deferred samples;
+//! [`crate::cputime::COLLECTION`]) — under a share of the machine by lowering the
+//! sampling frequency, and raises it back when there is room.
 //!
-//! Loading tables is left out: it scales with how many new processes and objects the
-//! host runs, not with the rate, and lowering the rate would not make it cheaper — it
+//! Loading tables (new processes and objects) and symbolizing and exporting stacks are
+//! left out: they scale with how many new processes, objects and distinct stacks the
+//! host has, not with the rate, and lowering the rate would not make them cheaper — it
 //! would only cost the profile its samples exactly when a busy host needs them. Loading
-//! has its own bounds instead (a throttle per process, a bounded build queue, first
-//! loads limited per turn of the loop) and its own metric
-//! (`sframe_table_load_cpu_seconds_total`).
+//! has its own bounds (a throttle per process, a bounded build queue, first loads limited
+//! per turn of the loop); each share is exported (`sframe_table_load_cpu_seconds_total`,
+//! `sframe_collection_cpu_seconds_total`, beside `sframe_process_cpu_seconds_total`).
 
 use std::{os::fd::OwnedFd, time::Instant};
 
 use crate::{export::prometheus::own_cpu_seconds, profiler::Profiler};
+
+/// User-space CPU seconds spent collecting samples so far.
+pub fn collection_cpu_seconds() -> f64 {
+    crate::cputime::seconds(&crate::cputime::COLLECTION)
+}
 
 /// Seconds between two decisions.
 pub const PERIOD_SECS: f64 = 5.0;
@@ -36,13 +43,27 @@ pub fn decide(current: u64, requested: u64, overhead: f64, budget: f64) -> u64 {
     current
 }
 
-/// The sampling and loading overheads (shares of `capacity` CPU seconds) of a period in
-/// which the BPF programs ran `bpf` seconds and the profiler used `cpu` seconds, `load`
-/// of them loading tables.
-pub fn overheads(bpf: f64, cpu: f64, load: f64, capacity: f64) -> (f64, f64) {
-    let load = load.max(0.0);
-    let sampling = bpf.max(0.0) + (cpu - load).max(0.0);
-    (sampling / capacity, load / capacity)
+/// Shares of the machine's CPU over a period.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Overheads {
+    /// BPF run time plus collection: what the budget applies to.
+    pub sampling: f64,
+    /// Loading tables.
+    pub loading: f64,
+    /// The rest of the profiler's user space (symbolization, export).
+    pub other: f64,
+}
+
+/// The overheads of a period of `capacity` CPU seconds in which the BPF programs ran
+/// `bpf` seconds and the profiler used `cpu` seconds, `collect` of them collecting
+/// samples and `load` loading tables.
+pub fn overheads(bpf: f64, collect: f64, load: f64, cpu: f64, capacity: f64) -> Overheads {
+    let (collect, load) = (collect.max(0.0), load.max(0.0));
+    Overheads {
+        sampling: (bpf.max(0.0) + collect) / capacity,
+        loading: load / capacity,
+        other: (cpu - collect - load).max(0.0) / capacity,
+    }
 }
 
 pub struct Governor {
@@ -52,11 +73,14 @@ pub struct Governor {
     cpus: f64,
     /// Keeps `bpf_stats` enabled while the governor lives (BPF_ENABLE_STATS).
     _stats: Option<OwnedFd>,
-    last: Option<(Instant, u64, f64, f64)>,
+    last: Option<(Instant, u64, f64, f64, f64)>,
     /// The last measured sampling overhead (share of all CPUs), for logs and metrics.
     pub overhead: Option<f64>,
     /// The last measured loading overhead (share of all CPUs), not budgeted.
     pub load_overhead: Option<f64>,
+    /// The last measured overhead of everything else in user space (symbolization,
+    /// export; share of all CPUs), not budgeted.
+    pub other_overhead: Option<f64>,
 }
 
 impl Governor {
@@ -76,6 +100,7 @@ impl Governor {
             last: None,
             overhead: None,
             load_overhead: None,
+            other_overhead: None,
         }
     }
 
@@ -85,31 +110,36 @@ impl Governor {
         let bpf_ns = profiler.program_stats().map_or(0, |(ns, _)| ns);
         let cpu = own_cpu_seconds().unwrap_or(0.0);
         let load = crate::objects::load_cpu_seconds();
-        let Some((then, last_ns, last_cpu, last_load)) = self.last else {
-            self.last = Some((now, bpf_ns, cpu, load));
+        let collect = collection_cpu_seconds();
+        let Some((then, last_ns, last_cpu, last_load, last_collect)) = self.last else {
+            self.last = Some((now, bpf_ns, cpu, load, collect));
             return;
         };
         let wall = now.duration_since(then).as_secs_f64();
         if wall < PERIOD_SECS {
             return;
         }
-        self.last = Some((now, bpf_ns, cpu, load));
-        let (overhead, loading) = overheads(
+        self.last = Some((now, bpf_ns, cpu, load, collect));
+        let o = overheads(
             bpf_ns.saturating_sub(last_ns) as f64 / 1e9,
-            cpu - last_cpu,
+            collect - last_collect,
             load - last_load,
+            cpu - last_cpu,
             wall * self.cpus,
         );
-        self.overhead = Some(overhead);
-        self.load_overhead = Some(loading);
+        self.overhead = Some(o.sampling);
+        self.load_overhead = Some(o.loading);
+        self.other_overhead = Some(o.other);
+        let overhead = o.sampling;
         let current = profiler.frequency();
         let next = decide(current, self.requested, overhead, self.budget);
         if next != current {
             log::info!(
-                "sampling overhead {:.3}% of the CPUs (budget {:.3}%; loading tables {:.3}% more): sampling at {next} Hz instead of {current} Hz",
+                "sampling overhead {:.3}% of the CPUs (budget {:.3}%; besides, loading tables {:.3}%, symbolizing and exporting {:.3}%): sampling at {next} Hz instead of {current} Hz",
                 overhead * 100.0,
                 self.budget * 100.0,
-                self.load_overhead.unwrap_or(0.0) * 100.0
+                o.loading * 100.0,
+                o.other * 100.0
             );
             if let Err(err) = profiler.set_frequency(next) {
                 log::warn!("changing the sampling frequency: {err}");
@@ -123,15 +153,17 @@ mod tests {
     use super::{decide, overheads};
 
     #[test]
-    fn loading_tables_is_not_charged_to_sampling() {
-        // 10 s on 2 CPUs: BPF 0.05 s, user space 0.5 s of which 0.4 s loading.
-        let (sampling, loading) = overheads(0.05, 0.5, 0.4, 20.0);
-        assert!((sampling - 0.0075).abs() < 1e-9, "{sampling}");
-        assert!((loading - 0.02).abs() < 1e-9, "{loading}");
-        // Under a 1 % budget a churning host keeps its rate: the loading alone (2 %)
-        // would have cut it to about 0.9 × 1 / 2.75 of the requested.
-        assert_eq!(decide(99, 99, sampling, 0.01), 99);
-        assert!(decide(99, 99, sampling + loading, 0.01) < 40);
+    fn only_what_scales_with_the_rate_is_charged_to_sampling() {
+        // 10 s on 2 CPUs: BPF 0.05 s; user space 0.7 s: 0.1 s collecting, 0.4 s loading,
+        // 0.2 s symbolizing and exporting.
+        let o = overheads(0.05, 0.1, 0.4, 0.7, 20.0);
+        assert!((o.sampling - 0.0075).abs() < 1e-9, "{o:?}");
+        assert!((o.loading - 0.02).abs() < 1e-9, "{o:?}");
+        assert!((o.other - 0.01).abs() < 1e-9, "{o:?}");
+        // Under a 1 % budget a churning host keeps its rate; charging everything (3.75 %)
+        // would have cut it to about a quarter.
+        assert_eq!(decide(99, 99, o.sampling, 0.01), 99);
+        assert!(decide(99, 99, o.sampling + o.loading + o.other, 0.01) < 30);
     }
 
     #[test]

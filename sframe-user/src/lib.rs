@@ -18,6 +18,7 @@
 pub mod bpf;
 pub mod cache;
 pub mod cgroup;
+pub mod cputime;
 pub mod ehframe;
 pub mod export;
 pub mod flatten;

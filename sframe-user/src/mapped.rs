@@ -140,6 +140,29 @@ impl ObjectBytes {
         })
     }
 
+    /// Drops the pages of `range` from this process's memory (a mapped file's pages are
+    /// read again from the file if touched again; a heap copy is left as it is): what
+    /// has been read once, such as the bytes hashed for the object's key, does not stay
+    /// in the profiler's RSS while the rest is parsed.
+    pub fn release(&self, range: std::ops::Range<usize>) {
+        let Self::Mapped { map, .. } = self else {
+            return;
+        };
+        let page = 4096;
+        let start = range.start / page * page;
+        let end = range.end.min(map.len());
+        if start >= end {
+            return;
+        }
+        // SAFETY: MADV_DONTNEED on a private read-only file mapping that was never
+        // written: its pages are dropped and read again from the file on the next
+        // access, so every byte keeps its value (a file changed meanwhile is caught by
+        // `maybe_changed`, as for any other read).
+        let _ = unsafe {
+            map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start)
+        };
+    }
+
     /// Whether the bytes may have changed since the file was mapped: it was written
     /// (its size or times changed), or a page of some mapped file read as zeros because
     /// it was truncated. Then what was derived from them is suspect.

@@ -217,44 +217,16 @@ const UNREADABLE_RETRY: Duration = Duration::from_secs(10);
 /// Unreadable files remembered at most (then forgotten all at once).
 const MAX_UNREADABLE: usize = 16 * 1024;
 
-/// CPU time spent loading tables so far, on every thread (ns).
-static LOAD_CPU_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
 /// CPU seconds spent loading tables so far (reading maps, opening, hashing, deriving,
 /// flattening and copying tables into the kernel), on the loop and the build thread.
 /// The overhead governor leaves it out of the sampling budget: it scales with process
 /// churn, not with the sampling rate.
 pub fn load_cpu_seconds() -> f64 {
-    LOAD_CPU_NS.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1e9
+    crate::cputime::seconds(&crate::cputime::LOADING)
 }
 
-/// This thread's CPU time (ns).
-fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime(2) writes only into the timespec passed.
-    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
-        return 0;
-    }
-    (ts.tv_sec as u64).saturating_mul(1_000_000_000) + ts.tv_nsec as u64
-}
-
-/// Adds this thread's CPU time from its creation to its drop to [`load_cpu_seconds`].
-struct LoadTimer(u64);
-
-impl LoadTimer {
-    fn start() -> Self {
-        Self(thread_cpu_ns())
-    }
-}
-
-impl Drop for LoadTimer {
-    fn drop(&mut self) {
-        let spent = thread_cpu_ns().saturating_sub(self.0);
-        LOAD_CPU_NS.fetch_add(spent, std::sync::atomic::Ordering::Relaxed);
-    }
+fn load_timer() -> crate::cputime::Timer {
+    crate::cputime::Timer::start(&crate::cputime::LOADING)
 }
 
 /// Objects larger than this are derived on the worker thread (unless cached).
@@ -267,6 +239,9 @@ fn derive(
     options: &ObjTableOptions,
 ) -> Result<crate::objtable::ObjectTable, String> {
     let derived = table_for_elf(data, options).map_err(|e| e.to_string());
+    // What the derivation touched (unwind sections, code around function ends) leaves
+    // the profiler's RSS now, not when the mapping is dropped.
+    data.release(0..data.len());
     if data.maybe_changed() {
         return Err("the file changed while it was read".to_owned());
     }
@@ -301,7 +276,7 @@ impl Worker {
             .name("sframe-build".into())
             .spawn(move || {
                 for job in job_rx {
-                    let timer = LoadTimer::start();
+                    let timer = load_timer();
                     let derived = derive(&job.data, &job.options);
                     drop(timer);
                     let out = BuildDone {
@@ -414,7 +389,7 @@ impl ObjectStore {
     /// Loads the tables the worker finished; returns the processes to reload (they map
     /// those objects).
     pub fn poll_builds(&mut self) -> Vec<u32> {
-        let _timer = LoadTimer::start();
+        let _timer = load_timer();
         let mut reload = Vec::new();
         let finished: Vec<BuildDone> = match &self.worker {
             Some(w) => w.done.try_iter().collect(),
@@ -513,7 +488,7 @@ impl ObjectStore {
         pid: u32,
         build: Build,
     ) -> Result<ProcessReport, procfs::MapsError> {
-        let _timer = LoadTimer::start();
+        let _timer = load_timer();
         let maps = procfs::read_executable_maps(pid)?;
         let mut report = ProcessReport::default();
         let mut entries = Vec::new();
@@ -914,10 +889,13 @@ const UNWIND_SECTIONS: &[&str] = &[
 /// endianness, machine and entry point, every segment's layout, every section's name,
 /// kind, flags, address and size, and the bytes of its executable and unwind sections
 /// (not debug information, symbols or data). `None` when it is not an ELF file.
-pub fn content_digest(data: &[u8]) -> Option<[u8; 32]> {
+///
+/// The bytes hashed (the code of a large object is most of it) are released from the
+/// profiler's memory a chunk at a time as they are hashed.
+pub fn content_digest(data: &ObjectBytes) -> Option<[u8; 32]> {
     use object::{ObjectSection as _, SectionFlags};
     use sha2::Digest as _;
-    let file = object::File::parse(data).ok()?;
+    let file = object::File::parse(&data[..]).ok()?;
     let mut h = sha2::Sha256::new();
     h.update(b"sframe-user object v1\0");
     h.update([u8::from(file.is_64()), u8::from(file.is_little_endian())]);
@@ -953,12 +931,22 @@ pub fn content_digest(data: &[u8]) -> Option<[u8; 32]> {
         let wanted = flags & u64::from(object::elf::SHF_EXECINSTR) != 0
             || std::str::from_utf8(name).is_ok_and(|n| UNWIND_SECTIONS.contains(&n));
         if wanted && let Some((offset, size)) = s.file_range() {
-            let bytes = usize::try_from(offset)
+            let range = usize::try_from(offset)
                 .ok()
                 .zip(usize::try_from(size).ok())
-                .and_then(|(o, n)| data.get(o..o.checked_add(n)?));
-            match bytes {
-                Some(b) => h.update(b),
+                .and_then(|(o, n)| Some(o..o.checked_add(n)?))
+                .filter(|r| r.end <= data.len());
+            match range {
+                Some(r) => {
+                    const CHUNK: usize = 8 << 20;
+                    let mut at = r.start;
+                    while at < r.end {
+                        let end = (at + CHUNK).min(r.end);
+                        h.update(&data[at..end]);
+                        data.release(at..end);
+                        at = end;
+                    }
+                }
                 // Out of the file: the table derivation refuses it too.
                 None => h.update(b"\xffout of file"),
             }

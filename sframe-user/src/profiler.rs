@@ -572,6 +572,7 @@ impl Profiler {
     /// same tables (read from the maps) and the stack bytes the sample carries, and counts
     /// them like the kernel side would have.
     fn unwind_deferred(&mut self) {
+        let _cpu = crate::cputime::Timer::start(&crate::cputime::COLLECTION);
         use sframe_common::sample::{DEFERRED_STACK_BYTES, DeferredSample};
         let Some(ring) = self.deferred.as_mut() else {
             return;
@@ -949,6 +950,7 @@ impl Profiler {
 
     /// Moves the kernel's counts into user space and returns everything counted so far.
     pub fn collect(&mut self) -> Snapshot {
+        let _cpu = crate::cputime::Timer::start(&crate::cputime::COLLECTION);
         let keys: Vec<CountKey> = self.counts_map.keys().filter_map(Result::ok).collect();
         let mut wanted = HashSet::new();
         let mut round = StdHashMap::new();

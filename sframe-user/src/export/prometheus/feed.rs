@@ -97,6 +97,7 @@ impl Feed {
             processes: profiler.alive_targets() as u64,
             frequency: profiler.frequency(),
             load_cpu: crate::objects::load_cpu_seconds(),
+            collect_cpu: crate::governor::collection_cpu_seconds(),
         };
         metrics.update(now, &health);
     }

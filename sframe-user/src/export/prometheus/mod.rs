@@ -101,6 +101,8 @@ pub struct Health {
     pub frequency: u64,
     /// CPU seconds spent loading tables so far (all threads).
     pub load_cpu: f64,
+    /// User-space CPU seconds spent collecting samples so far.
+    pub collect_cpu: f64,
 }
 
 /// The registry and the aggregation behind it.
@@ -122,6 +124,7 @@ pub struct Metrics {
     bpf_stats_enabled: Gauge,
     cpu: Counter<f64, AtomicU64>,
     load_cpu: Counter<f64, AtomicU64>,
+    collect_cpu: Counter<f64, AtomicU64>,
     rss: Gauge,
     fleet: Family<EventLabels, Counter>,
     processes: Gauge,
@@ -228,6 +231,13 @@ impl Metrics {
             Unit::Seconds,
             load_cpu.clone(),
         );
+        let collect_cpu = Counter::<f64, AtomicU64>::default();
+        registry.register_with_unit(
+            "sframe_collection_cpu",
+            "CPU time the profiler spent collecting samples (kernel maps read and emptied, deferred samples unwound), part of sframe_process_cpu; with sframe_bpf_run_time, what the overhead governor budgets",
+            Unit::Seconds,
+            collect_cpu.clone(),
+        );
         let rss = Gauge::default();
         registry.register_with_unit(
             "sframe_process_resident_memory",
@@ -275,6 +285,7 @@ impl Metrics {
             bpf_stats_enabled,
             cpu,
             load_cpu,
+            collect_cpu,
             rss,
             fleet,
             processes,
@@ -371,6 +382,10 @@ impl Metrics {
         }
         if health.load_cpu > self.last.load_cpu {
             self.load_cpu.inc_by(health.load_cpu - self.last.load_cpu);
+        }
+        if health.collect_cpu > self.last.collect_cpu {
+            self.collect_cpu
+                .inc_by(health.collect_cpu - self.last.collect_cpu);
         }
         if let Some(rss) = own_rss_bytes() {
             self.rss.set(as_i64(rss));
