@@ -7,9 +7,15 @@
 //! `/proc/PID/map_files/START-END` (the exact mapped file, even deleted or in another
 //! mount namespace; needs `CAP_SYS_ADMIN` or `CAP_CHECKPOINT_RESTORE`), else through
 //! `/proc/PID/root/PATH` (checked against the mapping's inode). Objects and frames are
-//! cached for the life of the [`Symbolizer`]: a profile costs work proportional to its
-//! distinct (object, offset) pairs, not to its samples, and processes that map the same
-//! object share its cache entry.
+//! cached: a profile costs work proportional to its distinct (object, offset) pairs, not
+//! to its samples, and processes that map the same object share its cache entry. The
+//! caches are bounded for an always-on profiler: past [`MAX_OBJECTS`] open objects (each
+//! holds a descriptor and blazesym's parsed state), [`MAX_FRAMES`] user frames or
+//! [`MAX_KERNEL_FRAMES`] kernel frames, everything is dropped at the start of the next
+//! call (a new generation: what is still in use is opened and symbolized again), counted
+//! in [`SymbolizerStats::resets`]. blazesym caches by path, and objects are reached as
+//! `/proc/self/fd/N`: dropping one object alone would let its descriptor number, reused,
+//! name another file in blazesym's cache, so only whole generations are dropped.
 //!
 //! Addresses are symbolized as given: callers pass `return address - 1` for caller
 //! frames so that a call at the end of a function is attributed to it.
@@ -60,7 +66,35 @@ pub struct SymbolizerStats {
     pub frames_symbolized: u64,
     /// Addresses answered from the frame cache.
     pub frame_cache_hits: u64,
+    /// Times the caches were dropped for being over their bounds.
+    pub resets: u64,
 }
+
+/// How many objects and frames a [`Symbolizer`] keeps at most (see the module's
+/// documentation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CacheLimits {
+    pub objects: usize,
+    pub frames: usize,
+    pub kernel_frames: usize,
+}
+
+impl Default for CacheLimits {
+    fn default() -> Self {
+        Self {
+            objects: MAX_OBJECTS,
+            frames: MAX_FRAMES,
+            kernel_frames: MAX_KERNEL_FRAMES,
+        }
+    }
+}
+
+/// Objects open at once at most (descriptors and blazesym state).
+pub const MAX_OBJECTS: usize = 512;
+/// Cached user frames at most.
+pub const MAX_FRAMES: usize = 256 * 1024;
+/// Cached kernel frames at most.
+pub const MAX_KERNEL_FRAMES: usize = 64 * 1024;
 
 /// Symbolizer of user and kernel addresses with per-object caches.
 pub struct Symbolizer {
@@ -75,6 +109,7 @@ pub struct Symbolizer {
     /// `Err(reason)` when `/proc/kallsyms` cannot be used; computed on first use.
     kallsyms: Option<Result<(), String>>,
     stats: SymbolizerStats,
+    limits: CacheLimits,
 }
 
 const VDSO_ID: usize = usize::MAX;
@@ -103,7 +138,42 @@ impl Symbolizer {
             kernel_frames: HashMap::new(),
             kallsyms: None,
             stats: SymbolizerStats::default(),
+            limits: CacheLimits::default(),
         }
+    }
+
+    /// A symbolizer with other cache bounds.
+    pub fn with_limits(limits: CacheLimits) -> Self {
+        Self {
+            limits,
+            ..Self::new()
+        }
+    }
+
+    /// Starts a new generation if a cache is over its bound (only between calls: no
+    /// object index is held then).
+    fn bound(&mut self) {
+        let over = self.objects.len() > self.limits.objects
+            || self.frames.len() > self.limits.frames
+            || self.kernel_frames.len() > self.limits.kernel_frames;
+        if !over {
+            return;
+        }
+        log::info!(
+            "symbolizer: {} objects, {} frames, {} kernel frames cached: dropping them",
+            self.objects.len(),
+            self.frames.len(),
+            self.kernel_frames.len()
+        );
+        let kallsyms = self.kallsyms.take();
+        let stats = self.stats;
+        // blazesym's state first, then the descriptors its paths name.
+        *self = Self::with_limits(self.limits);
+        self.kallsyms = kallsyms;
+        self.stats = SymbolizerStats {
+            resets: stats.resets + 1,
+            ..stats
+        };
     }
 
     pub fn stats(&self) -> SymbolizerStats {
@@ -113,6 +183,7 @@ impl Symbolizer {
     /// Symbolizes absolute user addresses of process `pid`, whose mappings are `maps`
     /// (from [`crate::procfs::read_maps`]). Returns one frame per address, in order.
     pub fn symbolize_user(&mut self, pid: u32, maps: &[Mapping], addrs: &[u64]) -> Vec<Frame> {
+        self.bound();
         // Mappings sorted by start for a binary search (procfs gives them sorted; do not
         // rely on it).
         let mut order: Vec<usize> = (0..maps.len()).collect();
@@ -234,6 +305,7 @@ impl Symbolizer {
 
     /// Symbolizes kernel addresses with `/proc/kallsyms`. One frame per address.
     pub fn symbolize_kernel(&mut self, addrs: &[u64]) -> Vec<Frame> {
+        self.bound();
         let usable = self.kallsyms.get_or_insert_with(kallsyms_usable).clone();
         if let Err(reason) = usable {
             return addrs
@@ -594,5 +666,36 @@ mod tests {
         );
         assert_eq!(frames[0], frames[1]);
         assert_eq!(s.stats().frames_symbolized, 1);
+    }
+
+    #[test]
+    fn caches_over_their_bounds_start_a_new_generation() {
+        #[inline(never)]
+        fn sframe_symbolize_bound_probe() -> u64 {
+            std::hint::black_box(7)
+        }
+        let pid = std::process::id();
+        let maps = crate::procfs::read_maps(pid).unwrap();
+        let here = sframe_symbolize_bound_probe as *const () as u64;
+        // An address in another object (libc: `getpid`).
+        let there = libc::getpid as *const () as u64;
+        let mut s = Symbolizer::with_limits(CacheLimits {
+            objects: 1,
+            frames: 1,
+            kernel_frames: 1,
+        });
+        let mut names = Vec::new();
+        for _ in 0..3 {
+            let frames = s.symbolize_user(pid, &maps, &[here, there]);
+            names.push(frames[0].name.clone().unwrap_or_default());
+        }
+        // Two objects and two frames are over the bounds of one: every later call
+        // started a new generation, and still symbolized.
+        assert_eq!(s.stats().resets, 2);
+        assert!(s.objects.len() <= 2 && s.frames.len() <= 2);
+        for n in &names {
+            assert!(n.ends_with("sframe_symbolize_bound_probe"), "{names:?}");
+        }
+        assert_eq!(s.stats().objects_opened, 6);
     }
 }
