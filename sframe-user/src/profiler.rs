@@ -895,6 +895,29 @@ impl Profiler {
         self.kernel_filtered || !self.spec.comms.is_empty() || !self.cgroups_v1.is_empty()
     }
 
+    /// Makes `pid` a target without loading its tables: a process about to exec (the
+    /// command of `sframe-user -- CMD`, held before its exec), whose exec event loads the
+    /// new image's tables.
+    pub fn watch_before_exec(&mut self, pid: u32) {
+        if let Err(err) = self.targets.insert(pid, 1, 0) {
+            log::warn!("pid {pid}: cannot add to targets: {err}");
+        }
+        self.procs.insert(
+            pid,
+            Proc {
+                info: TargetInfo {
+                    pid,
+                    comm: procfs::comm(pid).unwrap_or_else(|| format!("pid{pid}")),
+                    ns_pid: procfs::namespace_pid(pid),
+                    maps: Vec::new(),
+                },
+                exited_at: None,
+                loaded_at: Instant::now(),
+                load_cost: Duration::ZERO,
+            },
+        );
+    }
+
     /// Loads the tables of `pid`'s objects, then starts sampling it.
     pub fn add_target(&mut self, pid: u32) -> Result<ProcessReport, crate::procfs::MapsError> {
         let report = self.store.refresh_process(pid, Build::Now)?;

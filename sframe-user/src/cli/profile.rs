@@ -105,6 +105,16 @@ pub struct ProfileArgs {
     /// `stack="[other]"`).
     #[arg(long, value_name = "K", default_value_t = 100)]
     pub prometheus_top_k: usize,
+    /// With a command: run it as this user (name or uid), with its groups. Default: the
+    /// user who ran sudo (SUDO_UID, SUDO_GID), else the profiler's own user.
+    #[arg(long, value_name = "USER", requires = "command")]
+    pub run_as: Option<String>,
+    /// A command to start and profile from its first instruction, with its children,
+    /// until it and they have exited; `sframe-user` then exits with its status (128 +
+    /// signal when it was killed; 127 when it cannot be found, 126 when it cannot be
+    /// run). Ctrl-C and SIGTERM are passed on to it first.
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<String>,
 }
 
 /// The Prometheus side of a run.
@@ -151,8 +161,14 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
         comms: args.comms.clone(),
         cgroups: args.cgroups.clone(),
     };
-    // Nothing named: the whole system.
-    targets.all |= targets.names_nothing();
+    let command_mode = !args.command.is_empty();
+    let identity = if command_mode {
+        super::command::identity(args.run_as.as_deref())?
+    } else {
+        None
+    };
+    // Nothing named: the whole system (a command names itself).
+    targets.all |= targets.names_nothing() && !command_mode;
     let config = ProfilerConfig {
         frequency: args.frequency,
         targets,
@@ -183,6 +199,22 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
             "sframe-user: profiling every process (name targets with --pid, --comm, --cgroup)"
         );
     }
+    // The command, held before its exec until it is a target.
+    let mut command = if command_mode {
+        match super::command::start(&args.command, identity.as_ref(), |pid| {
+            profiler.watch_before_exec(pid)
+        }) {
+            Ok(started) => Some(started.child),
+            Err(not) => {
+                eprintln!("sframe-user: error: {:#}", not.error);
+                std::process::exit(not.status);
+            }
+        }
+    } else {
+        None
+    };
+    let mut command_status: Option<std::process::ExitStatus> = None;
+    let mut forwarded = false;
     let mut exporter = match args.prometheus {
         Some(addr) => {
             let listener = server::bind(addr).await?;
@@ -241,8 +273,18 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
     let mut exited_reported = 0;
     loop {
         tokio::select! {
-            _ = sigint.recv() => break,
-            _ = sigterm.recv() => break,
+            _ = sigint.recv() => {
+                if forward(&mut command, &mut forwarded, libc::SIGINT) {
+                    continue;
+                }
+                break;
+            }
+            _ = sigterm.recv() => {
+                if forward(&mut command, &mut forwarded, libc::SIGTERM) {
+                    continue;
+                }
+                break;
+            }
             _ = &mut until_deadline => break,
             ready = async { events.as_ref().expect("guarded").readable().await }, if events.is_some() => {
                 // Lifecycle events: exec, fork, exit, dlopen, misses. Handled at once, so
@@ -318,8 +360,18 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
         {
             write_interval(iv, &profiler, &snap, &targets, &mut symbolizer, &args)?;
         }
-        if !profiler.open_ended() && profiler.alive_targets() == 0 {
-            eprintln!("sframe-user: every target has exited");
+        if let Some(child) = &mut command
+            && command_status.is_none()
+        {
+            command_status = child.try_wait().ok().flatten();
+        }
+        if !profiler.open_ended()
+            && profiler.alive_targets() == 0
+            && (command.is_none() || command_status.is_some())
+        {
+            if command.is_none() {
+                eprintln!("sframe-user: every target has exited");
+            }
             break;
         }
     }
@@ -338,8 +390,14 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
     if let Some(e) = exporter.take() {
         e.server.abort();
     }
+    if let Some(child) = &mut command
+        && command_status.is_none()
+    {
+        command_status = child.try_wait().ok().flatten();
+    }
     if let Some(iv) = &mut intervals {
-        return write_interval(iv, &profiler, &snap, &targets, &mut symbolizer, &args);
+        let written = write_interval(iv, &profiler, &snap, &targets, &mut symbolizer, &args);
+        return exit_as_command(written, command_status);
     }
     let profile = Profile::build(
         &profiler,
@@ -350,15 +408,43 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
         started.elapsed(),
         args.frequency,
     );
-    match &args.output {
+    let written = match &args.output {
         Some(path) => write_file(path, &profile, &args),
-        None => {
+        None => (|| {
             let mut out = std::io::stdout().lock();
             export::write(&profile, args.format, args.top, &mut out)?;
             out.flush()?;
             Ok(())
-        }
+        })(),
+    };
+    exit_as_command(written, command_status)
+}
+
+/// In command mode, once the profile is written, ends with the command's exit status.
+fn exit_as_command(
+    written: Result<()>,
+    command_status: Option<std::process::ExitStatus>,
+) -> Result<()> {
+    written?;
+    if let Some(status) = command_status {
+        std::process::exit(super::command::exit_code(status));
     }
+    Ok(())
+}
+
+/// Passes a stop signal on to the command while it runs (the first time only: a second
+/// one stops the profile); true when it was passed on.
+fn forward(command: &mut Option<std::process::Child>, forwarded: &mut bool, sig: i32) -> bool {
+    let Some(child) = command else {
+        return false;
+    };
+    if *forwarded || !matches!(child.try_wait(), Ok(None)) {
+        return false;
+    }
+    *forwarded = true;
+    // SAFETY: kill(2) of our own child, not reaped yet (its pid is still ours).
+    unsafe { libc::kill(child.id() as i32, sig) };
+    true
 }
 
 /// Writes the samples of the interval that ends now to its own file.

@@ -1,0 +1,145 @@
+//! Command mode, `sframe-user [OPTIONS] -- CMD [ARGS…]`, with the real profiler binary:
+//! the command's first milliseconds are profiled with complete stacks, the profiler ends
+//! with the command's exit status (128 + signal, 127 when it cannot be found), and the
+//! command runs as `--run-as USER` or as the user who ran sudo, never as root by surprise.
+
+mod support;
+
+use std::process::Command;
+
+use support::{bpf_or_skip, compile_c, fixture_dir};
+
+/// `startup_work` burns its first 30 ms of CPU, `later_work` 200 ms more, then exit 7.
+const STARTUP: &str = r#"
+#include <stdlib.h>
+#include <time.h>
+volatile unsigned long sink;
+__attribute__((noinline)) void startup_work(void) {
+    clock_t end = clock() + CLOCKS_PER_SEC * 3 / 100;
+    while (clock() < end) for (int i = 0; i < 1000; i++) sink += i;
+}
+__attribute__((noinline)) void later_work(void) {
+    clock_t end = clock() + CLOCKS_PER_SEC / 5;
+    while (clock() < end) for (int i = 0; i < 1000; i++) sink += i;
+}
+int main(void) { startup_work(); later_work(); exit(7); }
+"#;
+
+fn profiler() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_sframe-user"))
+}
+
+#[test]
+fn a_command_is_profiled_from_its_start_and_its_status_is_returned() {
+    if !bpf_or_skip("a_command_is_profiled_from_its_start_and_its_status_is_returned") {
+        return;
+    }
+    let exe = compile_c("startup", STARTUP, &["-O2", "-fomit-frame-pointer"]);
+    let folded = exe.with_file_name("out.folded");
+    let out = profiler()
+        .args(["--frequency", "999", "--format", "folded", "--output"])
+        .arg(&folded)
+        .arg("--")
+        .arg(&exe)
+        .output()
+        .expect("run sframe-user");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(7), "{stderr}");
+    let text = std::fs::read_to_string(&folded).expect("folded output");
+    let (mut startup, mut complete) = (0u64, 0u64);
+    for line in text.lines() {
+        let (stack, count) = line.rsplit_once(' ').expect("a count");
+        let count: u64 = count.parse().expect("a count");
+        if stack.contains(";startup_work") {
+            startup += count;
+            if stack.contains(";__libc_start_call_main;main;startup_work") {
+                complete += count;
+            }
+        }
+    }
+    // 30 ms of CPU at 999 Hz: about 30 samples.
+    assert!(startup > 0, "no sample of the first 30 ms:\n{text}");
+    assert!(
+        complete * 10 >= startup * 9,
+        "{complete} of {startup} samples of startup_work complete:\n{text}"
+    );
+    assert!(text.contains(";main;later_work"), "{text}");
+}
+
+#[test]
+fn exit_statuses_are_the_commands() {
+    if !bpf_or_skip("exit_statuses_are_the_commands") {
+        return;
+    }
+    let dir = fixture_dir("command-status");
+    let run = |cmd: &[&str]| {
+        profiler()
+            .args(["--format", "folded", "--output"])
+            .arg(dir.join("out.folded"))
+            .arg("--")
+            .args(cmd)
+            .output()
+            .expect("run sframe-user")
+    };
+    let killed = run(&["sh", "-c", "kill -TERM $$"]);
+    assert_eq!(killed.status.code(), Some(143));
+    let missing = run(&["/nonexistent/sframe-command"]);
+    assert_eq!(missing.status.code(), Some(127));
+    let stderr = String::from_utf8_lossy(&missing.stderr);
+    assert!(
+        stderr.contains("cannot run /nonexistent/sframe-command"),
+        "{stderr}"
+    );
+    let not_executable = run(&[dir.to_str().expect("utf-8 path")]);
+    assert_eq!(not_executable.status.code(), Some(126));
+}
+
+#[test]
+fn the_command_runs_as_the_given_or_the_sudo_user() {
+    if !bpf_or_skip("the_command_runs_as_the_given_or_the_sudo_user") {
+        return;
+    }
+    let dir = support::hostile::nobody_dir("command-user");
+    let uid_file = dir.join("uid");
+    let script = format!(
+        "id -u > {} && id -G >> {}",
+        uid_file.display(),
+        uid_file.display()
+    );
+    let run = |extra: &[&str], sudo: Option<&str>| {
+        let _ = std::fs::remove_file(&uid_file);
+        let mut c = profiler();
+        c.args(["--format", "folded", "--output"])
+            .arg(dir.join("out.folded"))
+            .args(extra)
+            .args(["--", "sh", "-c", &script]);
+        c.env_remove("SUDO_UID").env_remove("SUDO_GID");
+        if let Some(id) = sudo {
+            c.env("SUDO_UID", id).env("SUDO_GID", id);
+        }
+        let out = c.output().expect("run sframe-user");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::fs::read_to_string(&uid_file).expect("the command wrote its ids")
+    };
+    let ids = run(&["--run-as", "nobody"], None);
+    assert_eq!(ids.lines().next(), Some("65534"), "{ids}");
+    assert!(
+        !ids.lines()
+            .nth(1)
+            .unwrap_or("")
+            .split(' ')
+            .any(|g| g == "0"),
+        "{ids}"
+    );
+    let ids = run(&[], Some("65534"));
+    assert_eq!(ids.lines().next(), Some("65534"), "{ids}");
+    // Neither: the profiler's own user.
+    // SAFETY: getuid(2) cannot fail.
+    let me = unsafe { libc::getuid() };
+    let ids = run(&[], None);
+    assert_eq!(ids.lines().next(), Some(me.to_string().as_str()), "{ids}");
+}
