@@ -178,13 +178,12 @@ pub fn start(
                 // The profiler went away before letting it run.
                 return Err(io::Error::from(io::ErrorKind::BrokenPipe));
             }
-            if let Some(id) = &id {
-                if libc::setgroups(id.groups.len(), id.groups.as_ptr()) != 0
+            if let Some(id) = &id
+                && (libc::setgroups(id.groups.len(), id.groups.as_ptr()) != 0
                     || libc::setgid(id.gid) != 0
-                    || libc::setuid(id.uid) != 0
-                {
-                    return Err(io::Error::last_os_error());
-                }
+                    || libc::setuid(id.uid) != 0)
+            {
+                return Err(io::Error::last_os_error());
             }
             Ok(())
         });
