@@ -34,6 +34,8 @@ pub struct CountKey {
     pub kernel_stack: i32,
     /// A `WalkOutcome`.
     pub outcome: u32,
+    /// The sampled thread's name (`comm`, NUL-padded) at the time of the sample.
+    pub comm: [u8; 16],
 }
 
 /// Hash of a stack's frames (FNV-1a over the 8-byte words, with the length folded in).
@@ -69,7 +71,7 @@ pub struct BaselineSample {
     pub frames: [u64; BASELINE_FRAMES],
 }
 
-const _: () = assert!(core::mem::size_of::<CountKey>() == 24);
+const _: () = assert!(core::mem::size_of::<CountKey>() == 40);
 const _: () = assert!(core::mem::size_of::<BaselineSample>() == 16 + 8 * BASELINE_FRAMES);
 const _: () = assert!(core::mem::size_of::<UserStack>() == 8 + 8 * MAX_FRAMES);
 

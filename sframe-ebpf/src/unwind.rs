@@ -187,6 +187,17 @@ pub fn profile(ctx: &PerfEventContext) -> u32 {
         user_stack: 0,
         kernel_stack: -1,
         outcome: WalkOutcome::NoUserRegs as u32,
+        comm: [0; 16],
+    };
+    // The interrupted thread's name: threads of a pool told apart at no walk cost. Called
+    // without branching on its result (a branch would make the verifier explore the whole
+    // walk twice, once per state of these stack bytes); on failure they stay zero.
+    // SAFETY: the helper writes at most `comm.len()` bytes into `key.comm`.
+    unsafe {
+        aya_ebpf::helpers::generated::bpf_get_current_comm(
+            key.comm.as_mut_ptr().cast(),
+            key.comm.len() as u32,
+        )
     };
     if let Some((_, RegsSource::Task)) = user {
         count(Counter::SamplesInKernel, 1);

@@ -45,6 +45,18 @@ pub struct Snapshot {
     pub counters: [u64; Counter::COUNT],
 }
 
+/// `/proc/PID/task/TID/comm` as the kernel's 16-byte, NUL-padded `comm` (zeros when the
+/// thread is gone).
+fn thread_comm(pid: u32, tid: u32) -> [u8; 16] {
+    let mut comm = [0u8; 16];
+    if let Ok(bytes) = std::fs::read(format!("/proc/{pid}/task/{tid}/comm")) {
+        let name = bytes.strip_suffix(b"\n").unwrap_or(&bytes);
+        let n = name.len().min(15);
+        comm[..n].copy_from_slice(&name[..n]);
+    }
+    comm
+}
+
 /// The addresses to symbolize for a user stack (innermost first): the sampled PC as is,
 /// and each return address minus one, which lies in the call instruction. A call to a
 /// function that does not return can be the last instruction of its caller, so the
@@ -213,6 +225,9 @@ pub struct Profiler {
     reload_due: StdHashMap<u32, Instant>,
     /// The last `handle_events` left events in the ring (it handles a bounded number).
     events_left: bool,
+    /// Thread names (`/proc/PID/task/TID/comm`, raw) by tid, read when a thread's first
+    /// samples are collected (a thread that is gone by then keeps no name).
+    thread_names: StdHashMap<u32, String>,
     newly_exited: Vec<u32>,
     /// Exited processes in the order they exited (a pid may be listed again after
     /// reuse; entries of pids running again are skipped when trimming).
@@ -330,6 +345,7 @@ impl Profiler {
             pending_set: HashSet::new(),
             reload_due: StdHashMap::new(),
             events_left: false,
+            thread_names: StdHashMap::new(),
             newly_exited: Vec::new(),
             exited_order: std::collections::VecDeque::new(),
             own_exe: std::fs::read_link("/proc/self/exe").ok(),
@@ -646,6 +662,8 @@ impl Profiler {
             let key = CountKey {
                 pid: rec.pid,
                 tid: rec.tid,
+                // Not in the record: the thread's name now (it was sampled moments ago).
+                comm: thread_comm(rec.pid, rec.tid),
                 user_stack: st.stack_key(),
                 kernel_stack: self.intern_kernel_stack(rec.kernel_stack, &mut StdHashMap::new()),
                 outcome: outcome as u32,
@@ -972,6 +990,32 @@ impl Profiler {
     }
 
     /// Moves the kernel's counts into user space and returns everything counted so far.
+    /// The name of thread `tid`, if it was read when its samples were collected.
+    pub fn thread_name(&self, tid: u32) -> Option<&str> {
+        self.thread_names.get(&tid).map(String::as_str)
+    }
+
+    /// Reads the names of threads seen for the first time in `snap`.
+    fn name_threads(&mut self, snap: &Snapshot) {
+        /// Names kept at most (then all are forgotten and read again as needed).
+        const MAX_THREAD_NAMES: usize = 1 << 16;
+        for c in &snap.counts {
+            let (pid, tid) = (c.key.pid, c.key.tid);
+            if tid == 0 || self.thread_names.contains_key(&tid) {
+                continue;
+            }
+            if self.thread_names.len() >= MAX_THREAD_NAMES {
+                self.thread_names.clear();
+            }
+            let Ok(bytes) = std::fs::read(format!("/proc/{pid}/task/{tid}/comm")) else {
+                continue;
+            };
+            let bytes = bytes.strip_suffix(b"\n").unwrap_or(&bytes);
+            self.thread_names
+                .insert(tid, String::from_utf8_lossy(bytes).into_owned());
+        }
+    }
+
     pub fn collect(&mut self) -> Snapshot {
         let _cpu = crate::cputime::Timer::start(&crate::cputime::COLLECTION);
         let keys: Vec<CountKey> = self.counts_map.keys().filter_map(Result::ok).collect();
@@ -1022,6 +1066,7 @@ impl Profiler {
             }
         }
         self.empty_kernel_stacks_when_full(snap.counters[Counter::KernelStackFailed as usize]);
+        self.name_threads(&snap);
         snap
     }
 

@@ -143,3 +143,99 @@ fn the_command_runs_as_the_given_or_the_sudo_user() {
     let ids = run(&[], None);
     assert_eq!(ids.lines().next(), Some(me.to_string().as_str()), "{ids}");
 }
+
+/// Three threads named with `pthread_setname_np`, each spinning 300 ms of its own CPU
+/// in its own function.
+const THREADS: &str = r#"
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <time.h>
+volatile unsigned long sink;
+static double cpu(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
+#define SPIN(name) __attribute__((noinline)) void name(void) { \
+    double end = cpu() + 0.3; while (cpu() < end) for (int i = 0; i < 1000; i++) sink += i; }
+SPIN(spin_alpha)
+SPIN(spin_beta)
+SPIN(spin_gamma)
+struct job { const char *name; void (*f)(void); };
+static void *run(void *arg) {
+    struct job *j = arg;
+    pthread_setname_np(pthread_self(), j->name);
+    j->f();
+    return 0;
+}
+int main(void) {
+    struct job jobs[3] = {{"alpha", spin_alpha}, {"beta", spin_beta}, {"gamma", spin_gamma}};
+    pthread_t t[3];
+    for (int i = 0; i < 3; i++) pthread_create(&t[i], 0, run, &jobs[i]);
+    for (int i = 0; i < 3; i++) pthread_join(t[i], 0);
+    return 0;
+}
+"#;
+
+#[test]
+fn samples_carry_their_thread() {
+    if !bpf_or_skip("samples_carry_their_thread") {
+        return;
+    }
+    let exe = compile_c("threads", THREADS, &["-O2", "-pthread"]);
+    let folded = exe.with_file_name("threads.folded");
+    let out = profiler()
+        .args(["--frequency", "499", "--group-by", "thread"])
+        .args(["--format", "folded", "--output"])
+        .arg(&folded)
+        .arg("--")
+        .arg(&exe)
+        .output()
+        .expect("run sframe-user");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&folded).expect("folded output");
+    let mut tids = std::collections::HashMap::new();
+    for (name, own) in [
+        ("alpha", "spin_alpha"),
+        ("beta", "spin_beta"),
+        ("gamma", "spin_gamma"),
+    ] {
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with(&format!("{name}-")))
+            .collect();
+        let samples: u64 = lines
+            .iter()
+            .filter(|l| l.contains(own))
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok())
+            .sum();
+        assert!(samples > 0, "no samples of thread {name} in {own}:\n{text}");
+        for l in &lines {
+            for other in ["spin_alpha", "spin_beta", "spin_gamma"] {
+                assert!(
+                    other == own || !l.contains(other),
+                    "thread {name} has {other}: {l}"
+                );
+            }
+            // `NAME-PID/TID`: one tid per thread.
+            let group = l.split(';').next().unwrap_or_default();
+            let tid = group
+                .rsplit_once('/')
+                .map(|x| x.1.to_owned())
+                .unwrap_or_default();
+            assert!(tid.parse::<u32>().is_ok_and(|t| t > 0), "{group}");
+            tids.entry(name)
+                .or_insert_with(std::collections::HashSet::new)
+                .insert(tid);
+        }
+    }
+    let all: std::collections::HashSet<&String> = tids.values().flatten().collect();
+    assert!(
+        tids.values().all(|t| t.len() == 1) && all.len() == 3,
+        "{tids:?}"
+    );
+}

@@ -832,6 +832,8 @@ fn pprof_tool_reads_written_profile() {
         frame
     };
     let stack = |names: &[(&str, u64)], count| Stack {
+        tid: 0,
+        thread: String::new(),
         user: names.iter().map(|&(n, o)| f(n, o)).collect(),
         kernel: Vec::new(),
         count,

@@ -94,6 +94,10 @@ pub struct ProfileArgs {
     /// the interval's start time (UTC) before the extension (`flame-20250102T030405Z.svg`).
     #[arg(long, value_name = "SECS", requires = "output")]
     pub interval: Option<f64>,
+    /// What the first frame of folded and SVG stacks names: the process (its command
+    /// name) or the thread (`NAME-PID/TID`, the thread's own name).
+    #[arg(long, value_enum, default_value_t = export::GroupBy::Process)]
+    pub group_by: export::GroupBy,
     /// Stacks shown by `--format top`.
     #[arg(long, default_value_t = 10)]
     pub top: usize,
@@ -399,7 +403,7 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
         let written = write_interval(iv, &profiler, &snap, &targets, &mut symbolizer, &args);
         return exit_as_command(written, command_status);
     }
-    let profile = Profile::build(
+    let mut profile = Profile::build(
         &profiler,
         &snap,
         &targets,
@@ -408,6 +412,7 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
         started.elapsed(),
         args.frequency,
     );
+    profile.group_by = args.group_by;
     let written = match &args.output {
         Some(path) => write_file(path, &profile, &args),
         None => (|| {
@@ -457,7 +462,7 @@ fn write_interval(
     args: &ProfileArgs,
 ) -> Result<()> {
     let delta = snapshot_delta(snap, &iv.previous);
-    let profile = Profile::build(
+    let mut profile = Profile::build(
         profiler,
         &delta,
         targets,
@@ -466,6 +471,7 @@ fn write_interval(
         iv.started.elapsed(),
         args.frequency,
     );
+    profile.group_by = args.group_by;
     let path = timestamped_path(&iv.base, iv.started_at);
     write_file(&path, &profile, args)?;
     eprintln!("sframe-user: wrote {}", path.display());

@@ -60,8 +60,8 @@ pub fn snapshot_delta(current: &Snapshot, previous: &Snapshot) -> Snapshot {
 }
 
 impl Profile {
-    /// Symbolizes the stacks of `snap` (threads of a process merged) for the processes
-    /// in `targets`; samples of other pids are left out.
+    /// Symbolizes the stacks of `snap` (one per thread and distinct stack) for the
+    /// processes in `targets`; samples of other pids are left out.
     pub fn build(
         profiler: &Profiler,
         snap: &Snapshot,
@@ -71,12 +71,20 @@ impl Profile {
         duration: Duration,
         frequency: u64,
     ) -> Profile {
-        // (pid, user stack, kernel stack, outcome) → count, tids merged.
-        let mut merged: BTreeMap<(u32, u64, i32, u32), u64> = BTreeMap::new();
+        // (pid, tid, thread name, user stack, kernel stack, outcome) → count.
+        type Key = (u32, u32, [u8; 16], u64, i32, u32);
+        let mut merged: BTreeMap<Key, u64> = BTreeMap::new();
         for c in &snap.counts {
             let k = c.key;
             *merged
-                .entry((k.pid, k.user_stack, k.kernel_stack, k.outcome))
+                .entry((
+                    k.pid,
+                    k.tid,
+                    k.comm,
+                    k.user_stack,
+                    k.kernel_stack,
+                    k.outcome,
+                ))
                 .or_default() += c.count;
         }
         let mut processes: Vec<ProcessProfile> = Vec::new();
@@ -85,8 +93,13 @@ impl Profile {
                 continue;
             }
             let mut stacks: Vec<Stack> = merged
-                .range((t.pid, 0, i32::MIN, 0)..=(t.pid, u64::MAX, i32::MAX, u32::MAX))
-                .map(|(&(_, user, kernel, outcome), &count)| Stack {
+                .range(
+                    (t.pid, 0, [0; 16], 0, i32::MIN, 0)
+                        ..=(t.pid, u32::MAX, [u8::MAX; 16], u64::MAX, i32::MAX, u32::MAX),
+                )
+                .map(|(&(_, tid, comm, user, kernel, outcome), &count)| Stack {
+                    tid,
+                    thread: thread_name(&comm, profiler.thread_name(tid)),
                     user: user_frames(profiler, symbolizer, t, user),
                     kernel: kernel_frames(profiler, symbolizer, kernel),
                     count,
@@ -107,6 +120,7 @@ impl Profile {
         }
         processes.sort_by_key(|p| p.pid);
         Profile {
+            group_by: super::GroupBy::default(),
             processes,
             start: Some(start),
             duration,
@@ -115,6 +129,16 @@ impl Profile {
             counters: snap.counters,
         }
     }
+}
+
+/// A thread's name for the outputs: the kernel's `comm` of the sample, else the one read
+/// when its samples were first collected; sanitized (non-UTF-8 shown lossily).
+fn thread_name(comm: &[u8; 16], read: Option<&str>) -> String {
+    let len = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
+    if len > 0 {
+        return crate::sanitize::name_bytes(&comm[..len]);
+    }
+    crate::sanitize::name(read.unwrap_or_default()).into_owned()
 }
 
 /// Outermost first.

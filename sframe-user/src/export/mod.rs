@@ -83,9 +83,21 @@ impl Format {
     }
 }
 
+/// What the first frame of a folded or flame-graph stack names.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum GroupBy {
+    /// The process: its command name (`comm`).
+    #[default]
+    Process,
+    /// The thread: `NAME-PID/TID` (the thread's own name, its process and thread ids).
+    Thread,
+}
+
 /// A symbolized profile.
 #[derive(Clone, Debug, Default)]
 pub struct Profile {
+    /// How folded and flame-graph stacks are grouped.
+    pub group_by: GroupBy,
     /// Processes by pid.
     pub processes: Vec<ProcessProfile>,
     /// When sampling started.
@@ -109,9 +121,13 @@ pub struct ProcessProfile {
     pub stacks: Vec<Stack>,
 }
 
-/// One distinct stack of a process (all its threads) with its sample count.
+/// One distinct stack of one thread of a process, with its sample count.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Stack {
+    /// The thread (0 when not known, e.g. in the metrics feed, which merges threads).
+    pub tid: u32,
+    /// Its name (`comm` of the thread), sanitized; empty when not known.
+    pub thread: String,
     /// User frames, outermost first.
     pub user: Vec<Frame>,
     /// Kernel frames, outermost first (they are above the user frames).
@@ -269,6 +285,7 @@ pub(crate) mod tests {
             None,
         );
         Profile {
+            group_by: GroupBy::Process,
             processes: vec![
                 ProcessProfile {
                     ns_pid: None,
@@ -276,12 +293,16 @@ pub(crate) mod tests {
                     comm: "my prog".to_owned(),
                     stacks: vec![
                         Stack {
+                            tid: 0,
+                            thread: String::new(),
                             user: vec![start.clone(), main.clone(), leaf],
                             kernel: vec![],
                             count: 7,
                             outcome: WalkOutcome::Complete,
                         },
                         Stack {
+                            tid: 0,
+                            thread: String::new(),
                             user: vec![start, main, unknown],
                             kernel: vec![sys],
                             count: 3,
@@ -294,6 +315,8 @@ pub(crate) mod tests {
                     pid: 43,
                     comm: "other".to_owned(),
                     stacks: vec![Stack {
+                        tid: 0,
+                        thread: String::new(),
                         user: vec![frame(None, "[anon]", 0x10, None)],
                         kernel: vec![],
                         count: 1,

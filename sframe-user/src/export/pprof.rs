@@ -150,6 +150,7 @@ pub fn encode(profile: &Profile) -> proto::Profile {
     let cpu = b.string("cpu");
     let nanoseconds = b.string("nanoseconds");
     let (key_pid, key_comm, key_outcome) = (b.string("pid"), b.string("comm"), b.string("outcome"));
+    let (key_tid, key_thread) = (b.string("thread_id"), b.string("thread_name"));
     let period = profile.period_ns() as i64;
     let mut out = proto::Profile {
         sample_type: vec![
@@ -183,6 +184,7 @@ pub fn encode(profile: &Profile) -> proto::Profile {
         for s in &p.stacks {
             let count = i64::try_from(s.count).unwrap_or(i64::MAX);
             let outcome = b.string(s.outcome.name());
+            let thread = (!s.thread.is_empty()).then(|| b.string(&s.thread));
             // Leaf first: kernel frames innermost first, then user frames.
             let location_id = s
                 .kernel
@@ -210,7 +212,19 @@ pub fn encode(profile: &Profile) -> proto::Profile {
                         str: outcome,
                         ..Default::default()
                     },
-                ],
+                ]
+                .into_iter()
+                .chain((s.tid != 0).then_some(proto::Label {
+                    key: key_tid,
+                    num: i64::from(s.tid),
+                    ..Default::default()
+                }))
+                .chain(thread.map(|str| proto::Label {
+                    key: key_thread,
+                    str,
+                    ..Default::default()
+                }))
+                .collect(),
             });
         }
     }
@@ -447,6 +461,22 @@ mod tests {
                 ("outcome", "no_mapping", 0)
             ]
         );
+    }
+
+    #[test]
+    fn threads_are_labelled() {
+        let mut profile = crate::export::tests::sample_profile();
+        profile.processes[0].stacks[0].tid = 4242;
+        profile.processes[0].stacks[0].thread = "worker".to_owned();
+        let p = decode(&pprof_bytes(&profile));
+        let s = |i: i64| p.string_table[i as usize].as_str();
+        let labels: Vec<(&str, &str, i64)> = p.sample[0]
+            .label
+            .iter()
+            .map(|l| (s(l.key), s(l.str), l.num))
+            .collect();
+        assert!(labels.contains(&("thread_id", "", 4242)), "{labels:?}");
+        assert!(labels.contains(&("thread_name", "worker", 0)), "{labels:?}");
     }
 
     #[test]

@@ -48,6 +48,8 @@ impl Feed {
                 .entry((k.pid, k.user_stack, k.kernel_stack))
                 .or_insert_with(|| {
                     let s = Stack {
+                        tid: 0,
+                        thread: String::new(),
                         user: build::user_frames(profiler, symbolizer, target, k.user_stack),
                         kernel: build::kernel_frames(profiler, symbolizer, k.kernel_stack),
                         count: 0,
