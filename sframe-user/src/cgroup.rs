@@ -138,6 +138,101 @@ pub fn v1_pids(path: &Path) -> Vec<u32> {
     pids
 }
 
+/// The cgroup v2 path of process `pid` (the `0::PATH` line of `/proc/PID/cgroup`), if
+/// it has one. Read with a bound: the file is the kernel's, the path the cgroup's
+/// creator's to choose.
+pub fn process_cgroup(pid: u32) -> Option<String> {
+    use std::io::Read as _;
+    let file = std::fs::File::open(format!("/proc/{pid}/cgroup")).ok()?;
+    let mut bytes = Vec::new();
+    file.take(64 * 1024).read_to_end(&mut bytes).ok()?;
+    v2_path(&String::from_utf8_lossy(&bytes)).map(str::to_owned)
+}
+
+/// The v2 path in the text of a `/proc/PID/cgroup`.
+fn v2_path(text: &str) -> Option<&str> {
+    text.lines().find_map(|l| l.strip_prefix("0::"))
+}
+
+/// Container runtimes recognized in cgroup paths: (scope prefix, runtime). A component
+/// `PREFIX<64 hex>.scope` (systemd driver) or, under a parent named after the runtime,
+/// a bare `<64 hex>` (cgroupfs driver) names a container.
+const RUNTIMES: &[(&str, &str)] = &[
+    ("docker-", "docker"),
+    ("cri-containerd-", "containerd"),
+    ("crio-", "cri-o"),
+    ("libpod-", "podman"),
+];
+
+/// Parents under which a bare 64-hex component is a container (cgroupfs drivers).
+const CGROUPFS_PARENTS: &[(&str, &str)] = &[
+    ("docker", "docker"),
+    ("kubepods", "kubernetes"),
+    ("besteffort", "kubernetes"),
+    ("burstable", "kubernetes"),
+    ("libpod_parent", "podman"),
+];
+
+/// A container named by a cgroup path.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Container {
+    /// The 64-hex container id.
+    pub id: String,
+    pub runtime: &'static str,
+    /// The Kubernetes pod UID, when a `pod<UID>` component names one.
+    pub pod_uid: Option<String>,
+}
+
+fn is_id(s: &str) -> bool {
+    s.len() == 64
+        && s.bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+}
+
+/// The container a cgroup v2 path names, if it names one (innermost component wins).
+pub fn container(path: &str) -> Option<Container> {
+    let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
+    let pod_uid = parts.iter().find_map(|p| {
+        let rest = p
+            .strip_prefix("kubepods-besteffort-pod")
+            .or_else(|| p.strip_prefix("kubepods-burstable-pod"))
+            .or_else(|| p.strip_prefix("kubepods-pod"))
+            .or_else(|| p.strip_prefix("pod"))?;
+        let uid = rest
+            .strip_suffix(".slice")
+            .unwrap_or(rest)
+            .replace('_', "-");
+        (uid.len() == 36 && uid.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-')).then_some(uid)
+    });
+    for (i, part) in parts.iter().enumerate().rev() {
+        let scope = part.strip_suffix(".scope").unwrap_or(part);
+        for (prefix, runtime) in RUNTIMES {
+            if let Some(id) = scope.strip_prefix(prefix)
+                && is_id(id)
+            {
+                return Some(Container {
+                    id: id.to_owned(),
+                    runtime,
+                    pod_uid,
+                });
+            }
+        }
+        if is_id(part)
+            && let Some(parent) = i.checked_sub(1).map(|j| parts[j])
+        {
+            let parent = parent.strip_prefix("pod").map_or(parent, |_| "kubepods");
+            if let Some((_, runtime)) = CGROUPFS_PARENTS.iter().find(|(p, _)| *p == parent) {
+                return Some(Container {
+                    id: (*part).to_owned(),
+                    runtime,
+                    pod_uid,
+                });
+            }
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -150,6 +245,59 @@ mod tests {
             cgroup2_mounts(text),
             vec![PathBuf::from("/sys/fs/cgroup/unified")]
         );
+    }
+
+    #[test]
+    fn containers_of_each_runtime_are_recognized() {
+        let id = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+        let uid = "1b2c3d4e-0000-4a5b-8c9d-0123456789ab";
+        let uid_ = uid.replace('-', "_");
+        for (path, runtime, pod) in [
+            (format!("/system.slice/docker-{id}.scope"), "docker", false),
+            (format!("/docker/{id}"), "docker", false),
+            (
+                format!(
+                    "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid_}.slice/cri-containerd-{id}.scope"
+                ),
+                "containerd",
+                true,
+            ),
+            (
+                format!("/kubepods/burstable/pod{uid}/{id}"),
+                "kubernetes",
+                true,
+            ),
+            (format!("/kubepods/pod{uid}/{id}"), "kubernetes", true),
+            (
+                format!("/kubepods.slice/kubepods-pod{uid_}.slice/crio-{id}.scope"),
+                "cri-o",
+                true,
+            ),
+            (
+                format!("/machine.slice/libpod-{id}.scope/container"),
+                "podman",
+                false,
+            ),
+            (format!("/libpod_parent/{id}"), "podman", false),
+        ] {
+            let c = container(&path).unwrap_or_else(|| panic!("{path}"));
+            assert_eq!(c.id, id, "{path}");
+            assert_eq!(c.runtime, runtime, "{path}");
+            assert_eq!(c.pod_uid.as_deref(), pod.then_some(uid), "{path}");
+        }
+        for path in [
+            "/",
+            "/user.slice/user-1000.slice/session-2.scope",
+            "/system.slice/ssh.service",
+            &format!("/mine/{id}"),
+            &format!("/system.slice/docker-{}.scope", &id[1..]),
+            &format!("/system.slice/docker-{}.scope", id.to_uppercase()),
+        ] {
+            assert_eq!(container(path), None, "{path}");
+        }
+        assert_eq!(v2_path("1:cpu:/\n0::/a/b\n"), Some("/a/b"));
+        assert_eq!(v2_path("1:cpu:/x\n"), None);
+        assert!(process_cgroup(std::process::id()).is_some());
     }
 
     #[test]

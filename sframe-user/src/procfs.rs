@@ -264,6 +264,19 @@ pub fn all_pids() -> Vec<u32> {
         .collect()
 }
 
+/// Whether process `pid` exists and is not a zombie (`/proc/PID/stat` state `Z` or
+/// `X`): a live process whose maps read empty is in the middle of an exec.
+pub fn alive_not_zombie(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // The state follows the command name, which ends at the last `)`.
+    let Some(close) = stat.iter().rposition(|&b| b == b')') else {
+        return false;
+    };
+    !matches!(stat.get(close + 2), Some(b'Z' | b'X') | None)
+}
+
 /// Whether `/proc/PID` exists (a zombie still has it, with no mappings).
 pub fn exists(pid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
@@ -332,6 +345,21 @@ mod tests {
         let expected: Vec<_> = all.into_iter().filter(|m| m.executable).collect();
         // The maps may change between the two reads only by this test's threads.
         assert_eq!(exec.len(), expected.len());
+    }
+
+    #[test]
+    fn a_zombie_is_told_from_a_live_process() {
+        assert!(alive_not_zombie(std::process::id()));
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        // Exited, not reaped: a zombie.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while alive_not_zombie(pid) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(!alive_not_zombie(pid));
+        child.wait().unwrap();
+        assert!(!alive_not_zombie(pid));
     }
 
     #[test]

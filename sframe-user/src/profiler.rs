@@ -170,6 +170,9 @@ const DEFERRED_PATIENCE: Duration = Duration::from_secs(10);
 const MAX_DEFERRED_BACKLOG: usize = 1024;
 /// Time `handle_events` spends on first loads of processes seen through misses.
 const PENDING_BUDGET: Duration = Duration::from_millis(50);
+/// Loads of a live process that found no executable mappings (read mid-exec) are tried
+/// again this many times, `RELOAD_INTERVAL` apart, before it is taken for gone.
+const MAX_LOAD_RETRIES: u8 = 5;
 /// Reloads of one process for new mappings take at most this share of one CPU: after a
 /// reload that took `t`, the next waits `max(RELOAD_INTERVAL, t / RELOAD_SHARE - t)`;
 /// mmap events meanwhile are coalesced into that one reload. So a process that maps and
@@ -225,6 +228,8 @@ pub struct Profiler {
     reload_due: StdHashMap<u32, Instant>,
     /// The last `handle_events` left events in the ring (it handles a bounded number).
     events_left: bool,
+    /// Loads of a live process that found no maps (mid-exec), retried so far.
+    load_retries: StdHashMap<u32, u8>,
     /// Thread names (`/proc/PID/task/TID/comm`, raw) by tid, read when a thread's first
     /// samples are collected (a thread that is gone by then keeps no name).
     thread_names: StdHashMap<u32, String>,
@@ -345,6 +350,7 @@ impl Profiler {
             pending_set: HashSet::new(),
             reload_due: StdHashMap::new(),
             events_left: false,
+            load_retries: StdHashMap::new(),
             thread_names: StdHashMap::new(),
             newly_exited: Vec::new(),
             exited_order: std::collections::VecDeque::new(),
@@ -739,6 +745,7 @@ impl Profiler {
         match refreshed {
             Ok(report) if !report.maps.is_empty() => {
                 self.lifecycle.process_loads += 1;
+                self.load_retries.remove(&pid);
                 let info = match self.procs.remove(&pid) {
                     // A reload without exec: same command and namespace.
                     Some(p) if !new && !renamed => TargetInfo {
@@ -750,6 +757,7 @@ impl Profiler {
                         comm: procfs::comm(pid).unwrap_or_else(|| format!("pid{pid}")),
                         ns_pid: procfs::namespace_pid(pid),
                         maps: report.maps,
+                        cgroup: crate::cgroup::process_cgroup(pid),
                     },
                 };
                 self.procs.insert(
@@ -765,9 +773,23 @@ impl Profiler {
                     added.push(pid);
                 }
             }
+            // No maps, but alive and not a zombie: read in the middle of an exec (the
+            // event of an earlier exec handled while the next one runs). Try again
+            // shortly, a few times, instead of taking it for exited.
+            Ok(_) | Err(_)
+                if self.procs.contains_key(&pid)
+                    && procfs::alive_not_zombie(pid)
+                    && self.load_retries.get(&pid).copied().unwrap_or(0) < MAX_LOAD_RETRIES =>
+            {
+                *self.load_retries.entry(pid).or_default() += 1;
+                self.reload_due
+                    .entry(pid)
+                    .or_insert_with(|| Instant::now() + RELOAD_INTERVAL);
+            }
             // No maps: a zombie (or gone). Keep what we knew for symbolization.
             Ok(_) | Err(_) => {
                 self.lifecycle.load_failures += 1;
+                self.load_retries.remove(&pid);
                 self.store.forget_process(pid);
                 if !procfs::exists(pid) || self.procs.contains_key(&pid) {
                     self.exited(pid);
@@ -780,6 +802,7 @@ impl Profiler {
     fn exited(&mut self, pid: u32) {
         self.store.forget_process(pid);
         self.reload_due.remove(&pid);
+        self.load_retries.remove(&pid);
         let _ = self.targets.remove(&pid);
         if let Some(p) = self.procs.get_mut(&pid)
             && p.exited_at.is_none()
@@ -928,6 +951,7 @@ impl Profiler {
                     comm: procfs::comm(pid).unwrap_or_else(|| format!("pid{pid}")),
                     ns_pid: procfs::namespace_pid(pid),
                     maps: Vec::new(),
+                    cgroup: crate::cgroup::process_cgroup(pid),
                 },
                 exited_at: None,
                 loaded_at: Instant::now(),
@@ -951,6 +975,7 @@ impl Profiler {
                     comm: procfs::comm(pid).unwrap_or_else(|| format!("pid{pid}")),
                     ns_pid: procfs::namespace_pid(pid),
                     maps: report.maps.clone(),
+                    cgroup: crate::cgroup::process_cgroup(pid),
                 },
                 exited_at: None,
                 loaded_at: Instant::now(),

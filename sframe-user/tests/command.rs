@@ -239,3 +239,66 @@ fn samples_carry_their_thread() {
         "{tids:?}"
     );
 }
+
+/// A process in a cgroup named as Docker's systemd driver names a container's: its
+/// samples are grouped under the container's short id (`--group-by container`) and its
+/// cgroup path (`--group-by cgroup`).
+#[test]
+fn samples_carry_their_cgroup_and_container() {
+    if !bpf_or_skip("samples_carry_their_cgroup_and_container") {
+        return;
+    }
+    let Some(root) = ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
+        .into_iter()
+        .map(std::path::Path::new)
+        .find(|p| p.join("cgroup.procs").exists() && p.join("cgroup.controllers").exists())
+    else {
+        assert!(
+            !sframe_user::privileges::in_ci(),
+            "CI machines mount a cgroup v2 hierarchy"
+        );
+        eprintln!("SKIPPED: no cgroup v2 hierarchy here");
+        return;
+    };
+    let id = "5e2f0c1d9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c2d";
+    let parent = root.join(format!("sframe-attr-{}", std::process::id()));
+    let scope = parent.join(format!("docker-{id}.scope"));
+    std::fs::create_dir_all(&scope).expect("create the cgroups");
+    let exe = compile_c("contained", STARTUP, &["-O2"]);
+    // Held in the cgroup before it runs: `sh` moves itself, then execs the fixture.
+    let script = format!(
+        "echo $$ > {} && exec {}",
+        scope.join("cgroup.procs").display(),
+        exe.display()
+    );
+    let run = |group: &str| {
+        let folded = exe.with_file_name(format!("{group}.folded"));
+        let out = profiler()
+            .args(["--frequency", "499", "--group-by", group])
+            .args(["--format", "folded", "--output"])
+            .arg(&folded)
+            .args(["--", "sh", "-c", &script])
+            .output()
+            .expect("run sframe-user");
+        assert_eq!(
+            out.status.code(),
+            Some(7),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::fs::read_to_string(&folded).expect("folded output")
+    };
+    let by_container = run("container");
+    let by_cgroup = run("cgroup");
+    let _ = std::fs::remove_dir(&scope);
+    let _ = std::fs::remove_dir(&parent);
+    let later = |text: &str, first: &str| {
+        text.lines()
+            .filter(|l| l.contains(";later_work"))
+            .all(|l| l.starts_with(&format!("{first};")))
+            && text.contains(";later_work")
+    };
+    assert!(later(&by_container, &id[..12]), "{by_container}");
+    let cgroup = format!("/sframe-attr-{}/docker-{id}.scope", std::process::id());
+    assert!(later(&by_cgroup, &cgroup), "{by_cgroup}");
+}

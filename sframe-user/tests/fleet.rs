@@ -236,6 +236,7 @@ fn follows_libraries_opened_with_dlopen_after_the_start() {
             comm: "dlmain".into(),
             ns_pid: None,
             maps,
+            cgroup: None,
         }];
         let stacks = stacks_of(&profiler, &delta, &targets, &pids);
         let (good, total, bad) = complete_through(&stacks, &["main", "open_and_run", "dl_spin"]);

@@ -23,6 +23,8 @@ pub struct TargetInfo {
     pub ns_pid: Option<u32>,
     /// Its mappings, as last read.
     pub maps: Vec<Mapping>,
+    /// Its cgroup v2 path when it was loaded (raw; sanitized in the outputs).
+    pub cgroup: Option<String>,
 }
 
 /// The counts of `current` that `previous` did not have (one `--interval`).
@@ -111,9 +113,15 @@ impl Profile {
                     .cmp(&a.count)
                     .then_with(|| a.names().cmp(&b.names()))
             });
+            let container = t.cgroup.as_deref().and_then(crate::cgroup::container);
             processes.push(ProcessProfile {
                 pid: t.pid,
                 ns_pid: t.ns_pid,
+                cgroup: t
+                    .cgroup
+                    .as_deref()
+                    .map(|c| crate::sanitize::name(c).into_owned()),
+                container_id: container.map(|c| c.id),
                 comm: crate::sanitize::name(&t.comm).into_owned(),
                 stacks,
             });

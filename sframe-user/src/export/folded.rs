@@ -19,6 +19,11 @@ pub(super) fn group_frame(group_by: GroupBy, p: &ProcessProfile, s: &Stack) -> S
             };
             format!("{}-{}/{}", clean(name), p.pid, s.tid)
         }
+        GroupBy::Cgroup => p.cgroup.as_deref().map_or("[no cgroup]".to_owned(), clean),
+        GroupBy::Container => p
+            .container_id
+            .as_deref()
+            .map_or("[host]".to_owned(), |id| id.chars().take(12).collect()),
     }
 }
 

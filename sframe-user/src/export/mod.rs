@@ -91,6 +91,11 @@ pub enum GroupBy {
     Process,
     /// The thread: `NAME-PID/TID` (the thread's own name, its process and thread ids).
     Thread,
+    /// The cgroup v2 path (`[no cgroup]` when unknown).
+    Cgroup,
+    /// The container: the first 12 hex digits of its id, as `docker ps` shows it
+    /// (`[host]` for processes in no recognized container).
+    Container,
 }
 
 /// A symbolized profile.
@@ -117,6 +122,10 @@ pub struct ProcessProfile {
     /// Its pid in its own PID namespace (a container), when different.
     pub ns_pid: Option<u32>,
     pub comm: String,
+    /// Its cgroup v2 path (sanitized), when known.
+    pub cgroup: Option<String>,
+    /// The container its cgroup names (`crate::cgroup::container`), when it names one.
+    pub container_id: Option<String>,
     /// Distinct stacks, most samples first.
     pub stacks: Vec<Stack>,
 }
@@ -289,6 +298,8 @@ pub(crate) mod tests {
             processes: vec![
                 ProcessProfile {
                     ns_pid: None,
+                    cgroup: None,
+                    container_id: None,
                     pid: 42,
                     comm: "my prog".to_owned(),
                     stacks: vec![
@@ -312,6 +323,8 @@ pub(crate) mod tests {
                 },
                 ProcessProfile {
                     ns_pid: None,
+                    cgroup: None,
+                    container_id: None,
                     pid: 43,
                     comm: "other".to_owned(),
                     stacks: vec![Stack {

@@ -151,6 +151,7 @@ pub fn encode(profile: &Profile) -> proto::Profile {
     let nanoseconds = b.string("nanoseconds");
     let (key_pid, key_comm, key_outcome) = (b.string("pid"), b.string("comm"), b.string("outcome"));
     let (key_tid, key_thread) = (b.string("thread_id"), b.string("thread_name"));
+    let (key_cgroup, key_container) = (b.string("cgroup"), b.string("container_id"));
     let period = profile.period_ns() as i64;
     let mut out = proto::Profile {
         sample_type: vec![
@@ -181,6 +182,8 @@ pub fn encode(profile: &Profile) -> proto::Profile {
     out.comment.push(comment);
     for p in &profile.processes {
         let comm = b.string(&p.comm);
+        let cgroup = p.cgroup.as_deref().map(|c| b.string(c));
+        let container = p.container_id.as_deref().map(|c| b.string(c));
         for s in &p.stacks {
             let count = i64::try_from(s.count).unwrap_or(i64::MAX);
             let outcome = b.string(s.outcome.name());
@@ -221,6 +224,16 @@ pub fn encode(profile: &Profile) -> proto::Profile {
                 }))
                 .chain(thread.map(|str| proto::Label {
                     key: key_thread,
+                    str,
+                    ..Default::default()
+                }))
+                .chain(cgroup.map(|str| proto::Label {
+                    key: key_cgroup,
+                    str,
+                    ..Default::default()
+                }))
+                .chain(container.map(|str| proto::Label {
+                    key: key_container,
                     str,
                     ..Default::default()
                 }))
@@ -468,6 +481,8 @@ mod tests {
         let mut profile = crate::export::tests::sample_profile();
         profile.processes[0].stacks[0].tid = 4242;
         profile.processes[0].stacks[0].thread = "worker".to_owned();
+        profile.processes[0].cgroup = Some("/system.slice/docker-x.scope".to_owned());
+        profile.processes[0].container_id = Some("ab".repeat(32));
         let p = decode(&pprof_bytes(&profile));
         let s = |i: i64| p.string_table[i as usize].as_str();
         let labels: Vec<(&str, &str, i64)> = p.sample[0]
@@ -477,6 +492,15 @@ mod tests {
             .collect();
         assert!(labels.contains(&("thread_id", "", 4242)), "{labels:?}");
         assert!(labels.contains(&("thread_name", "worker", 0)), "{labels:?}");
+        assert!(
+            labels.contains(&("cgroup", "/system.slice/docker-x.scope", 0)),
+            "{labels:?}"
+        );
+        let id = "ab".repeat(32);
+        assert!(
+            labels.contains(&("container_id", id.as_str(), 0)),
+            "{labels:?}"
+        );
     }
 
     #[test]
