@@ -842,6 +842,8 @@ fn pprof_tool_reads_written_profile() {
     let profile = Profile {
         processes: vec![ProcessProfile {
             ns_pid: None,
+            cgroup: None,
+            container_id: None,
             pid: 1,
             comm: "prog".to_owned(),
             stacks: vec![
