@@ -86,7 +86,7 @@ pub fn install_sigbus_guard() {
 
 /// What tells a file changed: size, modification and status-change times (a write, a
 /// truncation, even `utimes` to hide a write, change the last).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Stamp {
     size: u64,
     mtime: (i64, i64),

@@ -50,38 +50,23 @@ pub enum ObjectKey {
     },
 }
 
-/// What tells a file rewritten in place (same device and inode) from the one read
-/// before: its size and its modification and status-change times.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-struct FileStamp {
-    size: u64,
-    mtime: (i64, i64),
-    ctime: (i64, i64),
-}
+// What tells a file rewritten in place (same device and inode) from the one read
+// before: its size and its modification and status-change times.
+use crate::mapped::Stamp as FileStamp;
 
-impl FileStamp {
-    fn of(meta: &fs::Metadata) -> Self {
-        Self {
-            size: meta.len(),
-            mtime: (meta.mtime(), meta.mtime_nsec()),
-            ctime: (meta.ctime(), meta.ctime_nsec()),
-        }
+/// The stamp of the file a process maps now (`None` when it cannot be reached).
+/// Checked at every refresh of every new mapping: a `stat`, never an open of the
+/// file (`map_files` is a link to the mapped inode; the path in the process's root
+/// is resolved inside it with `O_PATH`, which neither reads nor blocks).
+fn stamp_of_mapping(pid: u32, m: &Mapping) -> Option<FileStamp> {
+    let map_files = format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end);
+    if let Ok(meta) = fs::metadata(&map_files) {
+        return Some(FileStamp::of(&meta));
     }
-
-    /// The stamp of the file a process maps now (`None` when it cannot be reached).
-    /// Checked at every refresh of every known mapping: a `stat`, never an open of the
-    /// file (`map_files` is a link to the mapped inode; the path in the process's root
-    /// is resolved inside it with `O_PATH`, which neither reads nor blocks).
-    fn of_mapping(pid: u32, m: &Mapping) -> Option<Self> {
-        let map_files = format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end);
-        if let Ok(meta) = fs::metadata(&map_files) {
-            return Some(Self::of(&meta));
-        }
-        let root = std::path::PathBuf::from(format!("/proc/{pid}/root"));
-        crate::safe_open::stat_in_root(&root, m.live_path()?)
-            .ok()
-            .map(|meta| Self::of(&meta))
-    }
+    let root = std::path::PathBuf::from(format!("/proc/{pid}/root"));
+    crate::safe_open::stat_in_root(&root, m.live_path()?)
+        .ok()
+        .map(|meta| FileStamp::of(&meta))
 }
 
 /// Opens the file behind a mapping (`crate::safe_open`: regular files only, never
@@ -606,7 +591,7 @@ impl ObjectStore {
         // file's size and times are those it had when it was read.
         let known = match self.files.get(&file_id) {
             Some((key, _)) if unchanged => Some(key.clone()),
-            Some((key, stamp)) if FileStamp::of_mapping(pid, m).as_ref() == Some(stamp) => {
+            Some((key, stamp)) if stamp_of_mapping(pid, m).as_ref() == Some(stamp) => {
                 Some(key.clone())
             }
             Some(_) => {

@@ -45,16 +45,15 @@ pub struct Snapshot {
     pub counters: [u64; Counter::COUNT],
 }
 
-/// `/proc/PID/task/TID/comm` as the kernel's 16-byte, NUL-padded `comm` (zeros when the
-/// thread is gone).
-fn thread_comm(pid: u32, tid: u32) -> [u8; 16] {
-    let mut comm = [0u8; 16];
-    if let Ok(bytes) = std::fs::read(format!("/proc/{pid}/task/{tid}/comm")) {
-        let name = bytes.strip_suffix(b"\n").unwrap_or(&bytes);
-        let n = name.len().min(15);
-        comm[..n].copy_from_slice(&name[..n]);
+/// What is known of process `pid` besides its mappings, read now.
+fn target_info(pid: u32, maps: Vec<crate::procfs::Mapping>) -> TargetInfo {
+    TargetInfo {
+        pid,
+        comm: procfs::comm(pid).unwrap_or_else(|| format!("pid{pid}")),
+        ns_pid: procfs::namespace_pid(pid),
+        maps,
+        cgroup: crate::cgroup::process_cgroup(pid),
     }
-    comm
 }
 
 /// The addresses to symbolize for a user stack (innermost first): the sampled PC as is,
@@ -668,8 +667,9 @@ impl Profiler {
             let key = CountKey {
                 pid: rec.pid,
                 tid: rec.tid,
-                // Not in the record: the thread's name now (it was sampled moments ago).
-                comm: thread_comm(rec.pid, rec.tid),
+                // Not in the record: the thread's name, read once per thread (it was
+                // sampled moments ago), not once per deferred sample.
+                comm: self.thread_comm(rec.pid, rec.tid),
                 user_stack: st.stack_key(),
                 kernel_stack: self.intern_kernel_stack(rec.kernel_stack, &mut StdHashMap::new()),
                 outcome: outcome as u32,
@@ -752,13 +752,7 @@ impl Profiler {
                         maps: report.maps,
                         ..p.info
                     },
-                    _ => TargetInfo {
-                        pid,
-                        comm: procfs::comm(pid).unwrap_or_else(|| format!("pid{pid}")),
-                        ns_pid: procfs::namespace_pid(pid),
-                        maps: report.maps,
-                        cgroup: crate::cgroup::process_cgroup(pid),
-                    },
+                    _ => target_info(pid, report.maps),
                 };
                 self.procs.insert(
                     pid,
@@ -946,13 +940,7 @@ impl Profiler {
         self.procs.insert(
             pid,
             Proc {
-                info: TargetInfo {
-                    pid,
-                    comm: procfs::comm(pid).unwrap_or_else(|| format!("pid{pid}")),
-                    ns_pid: procfs::namespace_pid(pid),
-                    maps: Vec::new(),
-                    cgroup: crate::cgroup::process_cgroup(pid),
-                },
+                info: target_info(pid, Vec::new()),
                 exited_at: None,
                 loaded_at: Instant::now(),
                 load_cost: Duration::ZERO,
@@ -970,13 +958,7 @@ impl Profiler {
         self.procs.insert(
             pid,
             Proc {
-                info: TargetInfo {
-                    pid,
-                    comm: procfs::comm(pid).unwrap_or_else(|| format!("pid{pid}")),
-                    ns_pid: procfs::namespace_pid(pid),
-                    maps: report.maps.clone(),
-                    cgroup: crate::cgroup::process_cgroup(pid),
-                },
+                info: target_info(pid, report.maps.clone()),
                 exited_at: None,
                 loaded_at: Instant::now(),
                 load_cost: Duration::ZERO,
@@ -1020,25 +1002,32 @@ impl Profiler {
         self.thread_names.get(&tid).map(String::as_str)
     }
 
-    /// Reads the names of threads seen for the first time in `snap`.
-    fn name_threads(&mut self, snap: &Snapshot) {
-        /// Names kept at most (then all are forgotten and read again as needed).
+    /// The name of thread `tid` of `pid` (`/proc/PID/task/TID/comm`), read on first use
+    /// and kept (at most `MAX_THREAD_NAMES`, then all are forgotten and read again).
+    fn read_thread_name(&mut self, pid: u32, tid: u32) -> Option<&str> {
+        /// Names kept at most.
         const MAX_THREAD_NAMES: usize = 1 << 16;
-        for c in &snap.counts {
-            let (pid, tid) = (c.key.pid, c.key.tid);
-            if tid == 0 || self.thread_names.contains_key(&tid) {
-                continue;
-            }
+        if tid != 0 && !self.thread_names.contains_key(&tid) {
             if self.thread_names.len() >= MAX_THREAD_NAMES {
                 self.thread_names.clear();
             }
-            let Ok(bytes) = std::fs::read(format!("/proc/{pid}/task/{tid}/comm")) else {
-                continue;
-            };
+            let bytes = std::fs::read(format!("/proc/{pid}/task/{tid}/comm")).ok()?;
             let bytes = bytes.strip_suffix(b"\n").unwrap_or(&bytes);
             self.thread_names
                 .insert(tid, String::from_utf8_lossy(bytes).into_owned());
         }
+        self.thread_names.get(&tid).map(String::as_str)
+    }
+
+    /// The kernel's 16-byte, NUL-padded `comm` of a thread, from [`Self::read_thread_name`]
+    /// (zeros when the thread is gone).
+    fn thread_comm(&mut self, pid: u32, tid: u32) -> [u8; 16] {
+        let mut comm = [0u8; 16];
+        if let Some(name) = self.read_thread_name(pid, tid) {
+            let n = name.len().min(15);
+            comm[..n].copy_from_slice(&name.as_bytes()[..n]);
+        }
+        comm
     }
 
     pub fn collect(&mut self) -> Snapshot {
@@ -1091,7 +1080,6 @@ impl Profiler {
             }
         }
         self.empty_kernel_stacks_when_full(snap.counters[Counter::KernelStackFailed as usize]);
-        self.name_threads(&snap);
         snap
     }
 
