@@ -770,11 +770,15 @@ impl Profiler {
             // No maps, but alive and not a zombie: read in the middle of an exec (the
             // event of an earlier exec handled while the next one runs). Try again
             // shortly, a few times, instead of taking it for exited.
+            // A process already seen exiting is not retried (it may read empty while
+            // its exit runs, before it is a zombie).
             Ok(_) | Err(_)
-                if self.procs.contains_key(&pid)
+                if self.procs.get(&pid).is_some_and(|p| p.exited_at.is_none())
                     && procfs::alive_not_zombie(pid)
                     && self.load_retries.get(&pid).copied().unwrap_or(0) < MAX_LOAD_RETRIES =>
             {
+                // The empty table just installed goes; the retry installs the real one.
+                self.store.forget_process(pid);
                 *self.load_retries.entry(pid).or_default() += 1;
                 self.reload_due
                     .entry(pid)

@@ -46,8 +46,9 @@ pub struct ProfileArgs {
     /// when there is room. 0 turns the governor off.
     #[arg(long, value_name = "PERCENT", default_value_t = 1.0)]
     pub max_overhead: f64,
-    /// Directory where flattened unwind tables are cached by build-id, so that a
-    /// restart loads known objects without parsing them again.
+    /// Directory where flattened unwind tables are cached by a digest of what they are
+    /// derived from (not by build-id), so that a restart loads known objects without
+    /// parsing them again. It must be changeable only by this user or root.
     #[arg(long, value_name = "DIR", default_value = "/var/cache/sframe-user")]
     pub cache_dir: PathBuf,
     /// Do not read or write the table cache.
