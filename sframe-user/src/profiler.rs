@@ -739,6 +739,8 @@ impl Profiler {
             return;
         }
         let new = self.procs.get(&pid).is_none_or(|p| p.exited_at.is_some());
+        // A retry after maps read empty mid-exec reads the new image's name and cgroup.
+        let renamed = renamed || self.load_retries.contains_key(&pid);
         let started = Instant::now();
         let refreshed = self.store.refresh_process(pid, Build::Background);
         let load_cost = started.elapsed();

@@ -202,6 +202,129 @@ fn prometheus_exporter_serves_fixture_stacks() {
     drop(chain);
 }
 
+/// `--prometheus-group container` with room for one container: two chain processes in
+/// two Docker-named cgroups; one's series carry its full container id, the other's
+/// `[other]`, and the overflow is counted.
+#[test]
+fn prometheus_group_label_is_bounded() {
+    if !bpf_or_skip("prometheus_group_label_is_bounded") {
+        return;
+    }
+    let Some(root) = support::cgroup2_root() else {
+        return;
+    };
+    let mut cgroups = support::TestCgroups::new(root);
+    let ids = [
+        "c0ffee0000000000000000000000000000000000000000000000000000000001",
+        "c0ffee0000000000000000000000000000000000000000000000000000000002",
+    ];
+    let exe = chain_fixture();
+    let chains: Vec<KillOnDrop> = ids
+        .iter()
+        .map(|id| {
+            let dir = cgroups.make(&format!(
+                "sframe-prom-{}/docker-{id}.scope",
+                std::process::id()
+            ));
+            // `sh` moves itself into the cgroup and becomes the fixture (same pid).
+            let script = format!(
+                "echo $$ > {} && exec {}",
+                dir.join("cgroup.procs").display(),
+                exe.display()
+            );
+            KillOnDrop::spawn(Command::new("sh").args(["-c", &script]))
+        })
+        .collect();
+    thread::sleep(Duration::from_millis(200));
+    let pids: Vec<String> = chains.iter().map(|c| c.pid().to_string()).collect();
+    let (profiler, addr) = start_exporter(
+        &pids[0],
+        &[
+            "--pid",
+            &pids[1],
+            "--duration",
+            "30",
+            "--frequency",
+            "199",
+            "--prometheus-group",
+            "container",
+            "--prometheus-group-limit",
+            "1",
+        ],
+    );
+    // Wait until both processes have series (budgeted in samples, not time: the
+    // profiler's duration is the bound).
+    let series = |text: &str, pid: &str| -> Vec<String> {
+        text.lines()
+            .filter(|l| {
+                l.starts_with(&format!(
+                    "sframe_stack_samples_total{{comm=\"chain\",pid=\"{pid}\","
+                ))
+            })
+            .map(str::to_owned)
+            .collect()
+    };
+    let text = loop {
+        let response = http_get(addr, "/metrics");
+        let text = response.split("\r\n\r\n").nth(1).unwrap_or("").to_owned();
+        if pids.iter().all(|p| {
+            series(&text, p)
+                .iter()
+                .any(|l| l.contains(CHAIN) && !l.ends_with(" 0"))
+        }) {
+            break text;
+        }
+        thread::sleep(Duration::from_millis(500));
+        if profiler_exited(&profiler) {
+            panic!("the profiler ended before both processes had series:\n{text}");
+        }
+    };
+    let labels: Vec<String> = pids
+        .iter()
+        .map(|p| {
+            let lines = series(&text, p);
+            let values: std::collections::HashSet<&str> = lines
+                .iter()
+                .filter_map(|l| l.split("container_id=\"").nth(1)?.split('"').next())
+                .collect();
+            assert_eq!(values.len(), 1, "one container_id per process: {lines:?}");
+            assert_eq!(
+                lines.iter().filter(|l| l.contains("container_id=")).count(),
+                lines.len(),
+                "{lines:?}"
+            );
+            values.into_iter().next().unwrap_or_default().to_owned()
+        })
+        .collect();
+    let mut sorted = labels.clone();
+    sorted.sort();
+    let admitted = if labels[0] == "[other]" { 1 } else { 0 };
+    assert_eq!(sorted[0], "[other]", "{labels:?}");
+    assert_eq!(labels[admitted], ids[admitted], "{labels:?}");
+    assert!(
+        text.lines()
+            .any(|l| l == "sframe_group_label_overflow_total 1"),
+        "{text}"
+    );
+    drop(profiler);
+    drop(chains);
+}
+
+fn profiler_exited(profiler: &KillOnDrop) -> bool {
+    // SAFETY: waitid with WNOWAIT only looks at the child's state.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    let r = unsafe {
+        libc::waitid(
+            libc::P_PID,
+            profiler.pid(),
+            &mut info,
+            libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+        )
+    };
+    // SAFETY: si_pid is valid for a WEXITED report; 0 when nothing changed.
+    r == 0 && unsafe { info.si_pid() } != 0
+}
+
 /// Prometheus's `prometheus` and `promtool`, or `None` (after printing why) when the
 /// Debian package is missing outside CI.
 fn prometheus_tools(test: &str) -> Option<(PathBuf, PathBuf)> {
@@ -474,9 +597,9 @@ fn promtool_accepts_exporter_text_format() {
         return;
     };
     let mut metrics = Metrics::new(2, WINDOW, GRACE);
-    metrics.record(42, "prog \"x\"", "main;work\\y", 2, 30);
-    metrics.record(42, "prog \"x\"", "main;idle", 2, 20);
-    metrics.record(42, "prog \"x\"", "main;rare", 2, 1);
+    metrics.record(42, "prog \"x\"", None, "main;work\\y", 2, 30);
+    metrics.record(42, "prog \"x\"", None, "main;idle", 2, 20);
+    metrics.record(42, "prog \"x\"", None, "main;rare", 2, 1);
     metrics.update(Instant::now(), &Health::default());
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let listener = runtime

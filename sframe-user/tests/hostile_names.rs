@@ -68,3 +68,60 @@ fn a_command_name_with_a_newline_cannot_forge_a_folded_line() {
     }
     assert!(text.contains("forge_spin"), "{text}");
 }
+
+/// A thread that names itself (`pthread_setname_np`) with a newline, a `;` and a space.
+const THREAD_FORGER: &str = r#"
+#define _GNU_SOURCE
+#include <pthread.h>
+volatile unsigned long sink;
+__attribute__((noinline)) void forged_thread_spin(void) {
+    for (;;) for (int i = 0; i < 1000; i++) sink += i;
+}
+static void *run(void *arg) {
+    (void)arg;
+    pthread_setname_np(pthread_self(), "t 9\nq;x 1");
+    forged_thread_spin();
+    return 0;
+}
+int main(void) {
+    pthread_t t;
+    pthread_create(&t, 0, run, 0);
+    pthread_join(t, 0);
+    return 0;
+}
+"#;
+
+#[test]
+fn a_thread_name_with_a_newline_and_a_semicolon_cannot_forge_a_folded_line() {
+    if !bpf_or_skip("a_thread_name_with_a_newline_and_a_semicolon_cannot_forge_a_folded_line") {
+        return;
+    }
+    let exe = compile_c("thread-forger", THREAD_FORGER, &["-O2", "-pthread"]);
+    let forger = KillOnDrop::spawn(&mut as_nobody(&exe));
+    let dir = exe.parent().expect("fixture dir");
+    let args = [
+        "--pid".to_owned(),
+        forger.pid().to_string(),
+        "--group-by".to_owned(),
+        "thread".to_owned(),
+    ];
+    let text = hostile::profile(&args, forger.pid(), 2.0, dir).folded;
+    let mut spin = 0;
+    for line in text.lines() {
+        let (stack, count) = line.rsplit_once(' ').expect("a count");
+        let count: u64 = count
+            .parse()
+            .unwrap_or_else(|_| panic!("forged line: {line:?}"));
+        assert!(!stack.starts_with('q'), "forged line: {line:?}");
+        if stack.contains("forged_thread_spin") {
+            // The whole name is one frame: escaped newline, `;` and space as `_`, then `-PID/TID`.
+            let group = stack.split(';').next().unwrap_or_default();
+            assert!(
+                group.starts_with("t_9\\nq_x_1-") && group.contains('/'),
+                "the thread name is not one escaped frame: {line:?}"
+            );
+            spin += count;
+        }
+    }
+    assert!(spin > 0, "no samples of the named thread:\n{text}");
+}

@@ -110,6 +110,15 @@ pub struct ProfileArgs {
     /// `stack="[other]"`).
     #[arg(long, value_name = "K", default_value_t = 100)]
     pub prometheus_top_k: usize,
+    /// Label every stack series with its process's cgroup (`cgroup`) or container
+    /// (`container_id`, absent for processes in no recognized container).
+    #[arg(long, value_enum, value_name = "LABEL", requires = "prometheus")]
+    pub prometheus_group: Option<prometheus::GroupLabel>,
+    /// Distinct values of the --prometheus-group label with series at a time; the
+    /// processes of further values are labelled `[other]` and counted in
+    /// sframe_group_label_overflow_total.
+    #[arg(long, value_name = "N", default_value_t = prometheus::DEFAULT_GROUP_LIMIT)]
+    pub prometheus_group_limit: usize,
     /// With a command: run it as this user (name or uid), with its groups. Default: the
     /// user who ran sudo (SUDO_UID, SUDO_GID), else the profiler's own user.
     #[arg(long, value_name = "USER", requires = "command")]
@@ -226,8 +235,11 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
             let local = listener.local_addr().unwrap_or(addr);
             eprintln!("sframe-user: serving metrics on http://{local}/metrics");
             let exposition = server::Exposition::default();
-            let metrics =
+            let mut metrics =
                 Metrics::new(args.prometheus_top_k, prometheus::WINDOW, prometheus::GRACE);
+            if let Some(label) = args.prometheus_group {
+                metrics = metrics.with_group(label, args.prometheus_group_limit);
+            }
             exposition.set(metrics.render());
             Some(Exporter {
                 server: tokio::spawn(server::serve(listener, exposition.clone())),

@@ -60,6 +60,58 @@ impl Drop for KillOnDrop {
     }
 }
 
+/// The cgroup v2 hierarchy's root, or `None` (after saying so) outside CI.
+pub fn cgroup2_root() -> Option<PathBuf> {
+    let root = ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|p| p.join("cgroup.procs").exists() && p.join("cgroup.controllers").exists());
+    if root.is_none() {
+        assert!(
+            !sframe_user::privileges::in_ci(),
+            "CI machines mount a cgroup v2 hierarchy"
+        );
+        eprintln!("SKIPPED: no cgroup v2 hierarchy here");
+    }
+    root
+}
+
+/// Cgroups made by a test under the v2 root, removed (innermost first) on drop.
+pub struct TestCgroups {
+    pub root: PathBuf,
+    made: Vec<PathBuf>,
+}
+
+impl TestCgroups {
+    pub fn new(root: PathBuf) -> Self {
+        Self {
+            root,
+            made: Vec::new(),
+        }
+    }
+
+    /// Makes `rel` (and its parents) under the root; returns its absolute path.
+    pub fn make(&mut self, rel: &str) -> PathBuf {
+        let mut dir = self.root.clone();
+        for part in rel.split('/').filter(|p| !p.is_empty()) {
+            dir.push(part);
+            if !dir.exists() {
+                std::fs::create_dir(&dir).expect("create a test cgroup");
+                self.made.push(dir.clone());
+            }
+        }
+        dir
+    }
+}
+
+impl Drop for TestCgroups {
+    fn drop(&mut self) {
+        for dir in self.made.iter().rev() {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
 /// Gate for tests that load BPF: returns false (after printing why) when they must be
 /// skipped; panics under CI instead of skipping.
 pub fn bpf_or_skip(test: &str) -> bool {

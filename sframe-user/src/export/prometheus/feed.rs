@@ -5,7 +5,7 @@ use std::{collections::HashMap, time::Instant};
 
 use sframe_common::stack::CountKey;
 
-use super::{Health, Metrics, bpf_stats_enabled};
+use super::{GroupLabel, Health, Metrics, bpf_stats_enabled};
 use crate::{
     export::{Stack, TargetInfo, build},
     profiler::{Profiler, Snapshot},
@@ -20,6 +20,16 @@ pub struct Feed {
     names: HashMap<(u32, u64, i32), (String, usize)>,
 }
 
+/// The value of `label` for process `t`: its cgroup path (sanitized like every name
+/// in the outputs), or the id of the container that path names.
+fn group_value(label: GroupLabel, t: &TargetInfo) -> Option<String> {
+    let cgroup = t.cgroup.as_deref()?;
+    match label {
+        GroupLabel::Cgroup => Some(crate::sanitize::name(cgroup).into_owned()),
+        GroupLabel::Container => crate::cgroup::container(cgroup).map(|c| c.id),
+    }
+}
+
 impl Feed {
     /// Records the samples of `snap` not seen before and the health of `profiler`,
     /// then updates `metrics`. Only pids in `targets` are exported.
@@ -32,12 +42,16 @@ impl Feed {
         targets: &[TargetInfo],
         symbolizer: &mut Symbolizer,
     ) {
-        let by_pid: HashMap<u32, &TargetInfo> = targets.iter().map(|t| (t.pid, t)).collect();
+        let group = metrics.group();
+        let by_pid: HashMap<u32, (&TargetInfo, Option<String>)> = targets
+            .iter()
+            .map(|t| (t.pid, (t, group.and_then(|g| group_value(g, t)))))
+            .collect();
         for c in &snap.counts {
             let k = c.key;
             let seen = self.previous.insert(k, c.count).unwrap_or(0);
             let delta = c.count.saturating_sub(seen);
-            let Some(target) = by_pid.get(&k.pid) else {
+            let Some((target, group)) = by_pid.get(&k.pid) else {
                 continue;
             };
             if delta == 0 {
@@ -63,6 +77,7 @@ impl Feed {
             metrics.record(
                 k.pid,
                 &crate::sanitize::name(&target.comm),
+                group.as_deref(),
                 stack,
                 *frames,
                 delta,

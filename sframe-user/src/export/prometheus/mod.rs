@@ -44,7 +44,33 @@ struct StackLabels {
     comm: String,
     pid: u32,
     stack: String,
+    /// `cgroup` or `container_id` with `--prometheus-group`, else empty.
+    #[prometheus(flatten)]
+    group: Vec<(&'static str, String)>,
 }
+
+/// The one per-process label `--prometheus-group` adds to the stack series.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum GroupLabel {
+    /// `cgroup`: the process's cgroup v2 path.
+    Cgroup,
+    /// `container_id`: the full id of the container its cgroup names (no label for
+    /// processes in no recognized container).
+    Container,
+}
+
+impl GroupLabel {
+    /// The label key.
+    pub fn key(self) -> &'static str {
+        match self {
+            Self::Cgroup => "cgroup",
+            Self::Container => "container_id",
+        }
+    }
+}
+
+/// Default bound on the distinct values of the `--prometheus-group` label.
+pub const DEFAULT_GROUP_LIMIT: usize = 100;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabels {
@@ -129,6 +155,8 @@ pub struct Metrics {
     fleet: Family<EventLabels, Counter>,
     processes: Gauge,
     frequency: Gauge,
+    group: Option<GroupLabel>,
+    group_overflow: Counter,
     /// Last absolute values, to turn them into counter increments.
     last: Health,
     last_cpu: f64,
@@ -261,6 +289,12 @@ impl Metrics {
             "sframe_sampling_frequency_hz",
             "Sampling frequency per CPU now (the overhead governor lowers it under load)",
         );
+        let group_overflow = Counter::default();
+        registry.register(
+            "sframe_group_label_overflow",
+            "Processes whose --prometheus-group label (cgroup or container_id) was replaced by [other] because --prometheus-group-limit distinct values already had series",
+            group_overflow.clone(),
+        );
         for o in WalkOutcome::ALL {
             let _ = outcomes.get_or_create(&OutcomeLabels { outcome: o.name() });
         }
@@ -290,15 +324,40 @@ impl Metrics {
             fleet,
             processes,
             frequency,
+            group: None,
+            group_overflow,
             last: Health::default(),
             last_cpu: 0.0,
         }
     }
 
+    /// Labels every stack series with its process's `label`, at most `limit` distinct
+    /// values at a time (the rest `[other]`, counted).
+    pub fn with_group(mut self, label: GroupLabel, limit: usize) -> Self {
+        self.group = Some(label);
+        self.window = self.window.with_group_limit(limit);
+        self
+    }
+
+    /// The group label, if any.
+    pub fn group(&self) -> Option<GroupLabel> {
+        self.group
+    }
+
     /// Records `delta` new samples of `stack` (folded, outermost first) with
-    /// `frames` user frames, in process `pid`. Applied at the next [`Self::update`].
-    pub fn record(&mut self, pid: u32, comm: &str, stack: &str, frames: usize, delta: u64) {
-        self.window.record(pid, comm, stack, delta);
+    /// `frames` user frames, in process `pid` of group `group` (its value of the
+    /// [`GroupLabel`], when grouping and known). Applied at the next [`Self::update`].
+    pub fn record(
+        &mut self,
+        pid: u32,
+        comm: &str,
+        group: Option<&str>,
+        stack: &str,
+        frames: usize,
+        delta: u64,
+    ) {
+        let group = self.group.and(group);
+        self.window.record(pid, comm, group, stack, delta);
         // Bounded: the samples of one update interval.
         for _ in 0..delta.min(100_000) {
             self.frames.observe(frames as f64);
@@ -325,9 +384,17 @@ impl Metrics {
                     comm: s.comm,
                     pid: s.pid,
                     stack: s.stack,
+                    group: self
+                        .group
+                        .zip(s.group)
+                        .map(|(label, value)| vec![(label.key(), value)])
+                        .unwrap_or_default(),
                 })
                 .inc_by(s.value);
         }
+        let overflow = self.window.group_overflow();
+        self.group_overflow
+            .inc_by(overflow.saturating_sub(self.group_overflow.get()));
         for o in WalkOutcome::ALL {
             let i = o as usize;
             let delta = health.outcomes[i].saturating_sub(self.last.outcomes[i]);
@@ -434,8 +501,8 @@ mod tests {
     #[test]
     fn exposition_has_stacks_outcomes_and_health() {
         let mut m = Metrics::new(1, WINDOW, GRACE);
-        m.record(7, "prog", "main;work", 2, 5);
-        m.record(7, "prog", "main;idle", 2, 1);
+        m.record(7, "prog", None, "main;work", 2, 5);
+        m.record(7, "prog", None, "main;idle", 2, 1);
         let mut health = Health {
             objects_loaded: 3,
             objects_by_source: [1, 2, 0, 0],
@@ -501,7 +568,7 @@ mod tests {
     #[test]
     fn help_texts_need_no_escaping() {
         let mut m = Metrics::new(5, WINDOW, GRACE);
-        m.record(1, "p", "main", 1, 1);
+        m.record(1, "p", None, "main", 1, 1);
         m.update(Instant::now(), &Health::default());
         let text = m.render();
         let helps: Vec<&str> = text.lines().filter(|l| l.starts_with("# HELP ")).collect();
@@ -515,7 +582,7 @@ mod tests {
     #[test]
     fn text_format_keeps_every_sample() {
         let mut m = Metrics::new(5, WINDOW, GRACE);
-        m.record(1, "p", "main;work", 3, 7);
+        m.record(1, "p", None, "main;work", 3, 7);
         m.update(Instant::now(), &Health::default());
         let om = m.render();
         let text = text_format::from_openmetrics(&om);
@@ -539,7 +606,7 @@ mod tests {
     #[test]
     fn label_values_are_escaped() {
         let mut m = Metrics::new(5, WINDOW, GRACE);
-        m.record(1, "a\"b", "x\\y;\"z\"", 1, 1);
+        m.record(1, "a\"b", None, "x\\y;\"z\"", 1, 1);
         m.update(Instant::now(), &Health::default());
         let text = m.render();
         assert!(
@@ -548,5 +615,28 @@ mod tests {
             ),
             "{text}"
         );
+    }
+
+    #[test]
+    fn group_label_is_added_and_bounded() {
+        let mut m = Metrics::new(5, WINDOW, GRACE).with_group(GroupLabel::Container, 1);
+        m.record(1, "p", Some("ab12"), "main", 1, 2);
+        m.record(2, "q", Some("cd34"), "main", 1, 3);
+        m.record(3, "r", None, "main", 1, 4);
+        m.update(Instant::now(), &Health::default());
+        let text = m.render();
+        for line in [
+            r#"sframe_stack_samples_total{comm="p",pid="1",stack="main",container_id="ab12"} 2"#,
+            r#"sframe_stack_samples_total{comm="q",pid="2",stack="main",container_id="[other]"} 3"#,
+            r#"sframe_stack_samples_total{comm="r",pid="3",stack="main"} 4"#,
+            "sframe_group_label_overflow_total 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
+        }
+        // Without --prometheus-group, a group passed in is not exported.
+        let mut m = Metrics::new(5, WINDOW, GRACE);
+        m.record(1, "p", Some("ab12"), "main", 1, 2);
+        m.update(Instant::now(), &Health::default());
+        assert!(!m.render().contains("container_id="));
     }
 }

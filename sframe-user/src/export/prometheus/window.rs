@@ -6,6 +6,12 @@
 //! series when that stack is in its process's top-K at the time of the update, else to
 //! `[other]`. A stack leaving the top-K loses its series (and starts from 0 if it comes
 //! back), so a process never has more than K + 1 series.
+//!
+//! With a group label (`--prometheus-group`), each process carries one value (its cgroup
+//! or container) chosen when it first has samples. At most `group_limit` distinct values
+//! have series at a time; a process whose value would exceed the bound gets
+//! [`OTHER`] instead, counted in [`StackWindow::group_overflow`]. Values free up when
+//! the last process carrying them is forgotten.
 
 use std::{
     collections::{HashMap, HashSet, VecDeque},
@@ -20,6 +26,8 @@ pub const OTHER: &str = "[other]";
 pub struct Series {
     pub pid: u32,
     pub comm: String,
+    /// The process's group label value, when grouping.
+    pub group: Option<String>,
     pub stack: String,
     pub value: u64,
 }
@@ -27,6 +35,7 @@ pub struct Series {
 #[derive(Debug, Default)]
 struct ProcessWindow {
     comm: String,
+    group: Option<String>,
     /// Increments inside the window, oldest first.
     recent: VecDeque<(Instant, String, u64)>,
     /// Sum of `recent` per stack.
@@ -46,6 +55,10 @@ pub struct StackWindow {
     window: Duration,
     grace: Duration,
     processes: HashMap<u32, ProcessWindow>,
+    group_limit: usize,
+    /// Distinct group values with series, and how many processes carry each.
+    groups: HashMap<String, usize>,
+    group_overflow: u64,
 }
 
 impl StackWindow {
@@ -55,15 +68,57 @@ impl StackWindow {
             window,
             grace,
             processes: HashMap::new(),
+            group_limit: usize::MAX,
+            groups: HashMap::new(),
+            group_overflow: 0,
         }
     }
 
-    /// Records `delta` new samples of `stack` (folded form) in process `pid`.
-    pub fn record(&mut self, pid: u32, comm: &str, stack: &str, delta: u64) {
+    /// Bounds the distinct group values with series to `limit`.
+    pub fn with_group_limit(mut self, limit: usize) -> Self {
+        self.group_limit = limit;
+        self
+    }
+
+    /// Processes whose group value was replaced by [`OTHER`] because `group_limit`
+    /// values already had series.
+    pub fn group_overflow(&self) -> u64 {
+        self.group_overflow
+    }
+
+    /// The label value a new process of group `value` gets.
+    fn admit(&mut self, value: &str) -> String {
+        if let Some(n) = self.groups.get_mut(value) {
+            *n += 1;
+            return value.to_owned();
+        }
+        if self.groups.len() < self.group_limit && value != OTHER {
+            self.groups.insert(value.to_owned(), 1);
+            return value.to_owned();
+        }
+        self.group_overflow += 1;
+        OTHER.to_owned()
+    }
+
+    /// Records `delta` new samples of `stack` (folded form) in process `pid`, whose
+    /// group value (cgroup, container) is `group` when grouping.
+    pub fn record(&mut self, pid: u32, comm: &str, group: Option<&str>, stack: &str, delta: u64) {
         if delta == 0 {
             return;
         }
-        let p = self.processes.entry(pid).or_default();
+        if !self.processes.contains_key(&pid) {
+            let group = group.map(|g| self.admit(g));
+            self.processes.insert(
+                pid,
+                ProcessWindow {
+                    group,
+                    ..ProcessWindow::default()
+                },
+            );
+        }
+        let Some(p) = self.processes.get_mut(&pid) else {
+            return;
+        };
         if p.comm != comm {
             p.comm = comm.to_owned();
         }
@@ -83,9 +138,21 @@ impl StackWindow {
     /// period is over.
     pub fn update(&mut self, now: Instant) {
         let (top_k, window, grace) = (self.top_k, self.window, self.grace);
+        let groups = &mut self.groups;
         self.processes.retain(|_, p| {
-            p.exited_at
-                .is_none_or(|t| now.saturating_duration_since(t) < grace)
+            let keep = p
+                .exited_at
+                .is_none_or(|t| now.saturating_duration_since(t) < grace);
+            if !keep
+                && let Some(g) = &p.group
+                && let Some(n) = groups.get_mut(g)
+            {
+                *n -= 1;
+                if *n == 0 {
+                    groups.remove(g);
+                }
+            }
+            keep
         });
         for p in self.processes.values_mut() {
             for (stack, delta) in std::mem::take(&mut p.pending) {
@@ -135,6 +202,7 @@ impl StackWindow {
             let series = |stack: &str, value: u64| Series {
                 pid: *pid,
                 comm: p.comm.clone(),
+                group: p.group.clone(),
                 stack: stack.to_owned(),
                 value,
             };
@@ -170,9 +238,9 @@ mod tests {
         let t0 = Instant::now();
         let mut w = StackWindow::new(2, Duration::from_secs(60), Duration::from_secs(30));
         for (stack, n) in [("a", 10), ("b", 5), ("c", 3), ("d", 1)] {
-            w.record(1, "p", stack, n);
+            w.record(1, "p", None, stack, n);
         }
-        w.record(2, "q", "x", 4);
+        w.record(2, "q", None, "x", 4);
         w.update(t0);
         assert_eq!(
             values(&w),
@@ -186,8 +254,8 @@ mod tests {
         );
         // c overtakes b inside the window: b's series goes, c's starts with this
         // update's samples; every remaining value only grew.
-        w.record(1, "p", "c", 6);
-        w.record(1, "p", "b", 1);
+        w.record(1, "p", None, "c", 6);
+        w.record(1, "p", None, "b", 1);
         w.update(t0 + Duration::from_secs(10));
         assert_eq!(
             values(&w),
@@ -207,13 +275,13 @@ mod tests {
     fn window_slides() {
         let t0 = Instant::now();
         let mut w = StackWindow::new(1, Duration::from_secs(60), Duration::from_secs(30));
-        w.record(1, "p", "old", 100);
+        w.record(1, "p", None, "old", 100);
         w.update(t0);
-        w.record(1, "p", "new", 1);
+        w.record(1, "p", None, "new", 1);
         w.update(t0 + Duration::from_secs(30));
         // "old" still leads the window.
         assert_eq!(values(&w), [v(1, "old", 100), v(1, OTHER, 1)]);
-        w.record(1, "p", "new", 1);
+        w.record(1, "p", None, "new", 1);
         w.update(t0 + Duration::from_secs(61));
         // "old" left the window: "new" is the top stack now.
         assert_eq!(values(&w), [v(1, "new", 1), v(1, OTHER, 1)]);
@@ -223,8 +291,8 @@ mod tests {
     fn exited_processes_expire_after_grace() {
         let t0 = Instant::now();
         let mut w = StackWindow::new(5, Duration::from_secs(60), Duration::from_secs(30));
-        w.record(1, "p", "a", 1);
-        w.record(2, "q", "b", 1);
+        w.record(1, "p", None, "a", 1);
+        w.record(2, "q", None, "b", 1);
         w.update(t0);
         w.exited(1, t0 + Duration::from_secs(5));
         w.update(t0 + Duration::from_secs(34));
@@ -239,8 +307,49 @@ mod tests {
     #[test]
     fn zero_top_k_puts_everything_in_other() {
         let mut w = StackWindow::new(0, Duration::from_secs(60), Duration::from_secs(30));
-        w.record(1, "p", "a", 3);
+        w.record(1, "p", None, "a", 3);
         w.update(Instant::now());
         assert_eq!(values(&w), [v(1, OTHER, 3)]);
+    }
+
+    #[test]
+    fn group_values_are_bounded_and_freed() {
+        let grace = Duration::from_secs(30);
+        let mut w = StackWindow::new(5, Duration::from_secs(60), grace).with_group_limit(2);
+        let t0 = Instant::now();
+        w.record(1, "p", Some("/a"), "s", 1);
+        w.record(2, "p", Some("/b"), "s", 1);
+        w.record(3, "p", Some("/a"), "s", 1);
+        w.record(4, "p", Some("/c"), "s", 1);
+        w.update(t0);
+        let groups = |w: &StackWindow| -> Vec<(u32, Option<String>)> {
+            let mut g: Vec<_> = w.series().into_iter().map(|s| (s.pid, s.group)).collect();
+            g.dedup();
+            g
+        };
+        let g = |s: &str| Some(s.to_owned());
+        assert_eq!(
+            groups(&w),
+            [(1, g("/a")), (2, g("/b")), (3, g("/a")), (4, g(OTHER))]
+        );
+        assert_eq!(w.group_overflow(), 1);
+        // A later process of a known group keeps it; `/b` is freed once its only
+        // process is forgotten, and `/c` takes its place.
+        w.exited(2, t0);
+        w.update(t0 + grace);
+        w.record(5, "p", Some("/a"), "s", 1);
+        w.record(6, "p", Some("/c"), "s", 1);
+        w.update(t0 + grace);
+        let now = groups(&w);
+        assert!(
+            now.contains(&(5, g("/a"))) && now.contains(&(6, g("/c"))),
+            "{now:?}"
+        );
+        assert!(!now.iter().any(|(pid, _)| *pid == 2), "{now:?}");
+        assert_eq!(w.group_overflow(), 1);
+        // No group: no label.
+        w.record(7, "p", None, "s", 1);
+        w.update(t0 + grace);
+        assert!(groups(&w).contains(&(7, None)));
     }
 }
