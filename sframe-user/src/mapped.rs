@@ -104,6 +104,34 @@ impl Stamp {
     }
 }
 
+std::thread_local! {
+    /// The mapping (address, length) whose pages [`release_read`] may drop on this
+    /// thread: set by [`ObjectBytes::releasing`] for the duration of one derivation.
+    static RELEASABLE: std::cell::Cell<Option<(usize, usize)>> =
+        const { std::cell::Cell::new(None) };
+}
+
+/// Drops from this process's memory the pages of `bytes` when they lie in the file
+/// mapping of the enclosing [`ObjectBytes::releasing`] on this thread; otherwise (a
+/// heap copy, another buffer, no derivation running) does nothing. For passes that read
+/// a large object once, front to back (the padding scan touches every page where a
+/// function starts): what they are done with leaves the RSS as they go.
+pub fn release_read(bytes: &[u8]) {
+    let Some((base, len)) = RELEASABLE.with(std::cell::Cell::get) else {
+        return;
+    };
+    let page = 4096;
+    let start = (bytes.as_ptr() as usize).next_multiple_of(page);
+    let end = (bytes.as_ptr() as usize + bytes.len()) / page * page;
+    if start < base || end > base + len || start >= end {
+        return;
+    }
+    // SAFETY: whole pages inside a live private, read-only file mapping that is never
+    // written (`releasing` borrows it): MADV_DONTNEED drops them and the next access
+    // reads them again from the file, so every byte keeps its value.
+    let _ = unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) };
+}
+
 /// The bytes of an object: a read-only private mapping of its file, or a heap copy (the
 /// vDSO, read from a process's memory).
 pub enum ObjectBytes {
@@ -119,6 +147,19 @@ pub enum ObjectBytes {
 }
 
 impl ObjectBytes {
+    /// Runs `f` (a derivation reading these bytes) with [`release_read`] allowed to drop
+    /// pages of this mapping on this thread.
+    pub fn releasing<R>(&self, f: impl FnOnce() -> R) -> R {
+        let range = match self {
+            Self::Mapped { map, .. } => Some((map.as_ptr() as usize, map.len())),
+            Self::Heap(_) => None,
+        };
+        let previous = RELEASABLE.with(|c| c.replace(range));
+        let out = f();
+        RELEASABLE.with(|c| c.set(previous));
+        out
+    }
+
     /// Maps the first `len` bytes of `file` (its size from `fstat`). An empty file maps
     /// to an empty slice.
     pub fn map(file: File, meta: &std::fs::Metadata) -> io::Result<Self> {
@@ -197,6 +238,52 @@ impl std::ops::Deref for ObjectBytes {
 mod tests {
     use super::*;
     use std::io::Write as _;
+
+    /// Resident kB of the mapping that contains `addr` (`/proc/self/smaps`).
+    fn resident_kb(addr: usize) -> u64 {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut inside = false;
+        for line in smaps.lines() {
+            if let Some((range, _)) = line.split_once(' ')
+                && let Some((lo, hi)) = range.split_once('-')
+                && let (Ok(lo), Ok(hi)) =
+                    (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
+            {
+                inside = (lo..hi).contains(&addr);
+            } else if inside && let Some(kb) = line.strip_prefix("Rss:") {
+                return kb.trim().trim_end_matches(" kB").trim().parse().unwrap();
+            }
+        }
+        panic!("no mapping at {addr:#x}");
+    }
+
+    #[test]
+    fn pages_read_in_a_derivation_are_released_and_read_again_unchanged() {
+        let path = std::env::temp_dir().join(format!("mapped-r-{}", std::process::id()));
+        let content: Vec<u8> = (0..8u32 << 20).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&path, &content).unwrap();
+        let file = File::open(&path).unwrap();
+        let meta = file.metadata().unwrap();
+        let bytes = ObjectBytes::map(file, &meta).unwrap();
+        let addr = bytes.as_ptr() as usize;
+        let sum = |b: &[u8]| b.iter().map(|&x| u64::from(x)).sum::<u64>();
+        let expected = sum(&content);
+        // Outside `releasing`, nothing is dropped.
+        assert_eq!(sum(&bytes), expected);
+        let before = resident_kb(addr);
+        release_read(&bytes);
+        assert_eq!(resident_kb(addr), before);
+        assert!(before >= 8 << 10, "{before} kB resident");
+        bytes.releasing(|| release_read(&bytes[4096..]));
+        // The first page stays; the rest left.
+        assert!(resident_kb(addr) <= 8, "{} kB resident", resident_kb(addr));
+        assert_eq!(sum(&bytes), expected);
+        // A heap copy is never touched.
+        let heap = ObjectBytes::Heap(content.clone());
+        heap.releasing(|| release_read(&heap));
+        assert_eq!(sum(&heap), expected);
+        std::fs::remove_file(&path).unwrap();
+    }
 
     #[test]
     fn a_file_written_while_mapped_is_noticed() {

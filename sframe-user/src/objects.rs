@@ -168,6 +168,16 @@ pub struct ProcessReport {
     pub maps: Vec<Mapping>,
 }
 
+/// Returns the allocator's free pages to the system (glibc keeps freed memory of each
+/// thread's arena resident until trimmed).
+pub fn release_free_heap() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only walks the allocator's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// How `refresh_process` builds objects it has not seen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Build {
@@ -223,7 +233,9 @@ fn derive(
     data: &ObjectBytes,
     options: &ObjTableOptions,
 ) -> Result<crate::objtable::ObjectTable, String> {
-    let derived = table_for_elf(data, options).map_err(|e| e.to_string());
+    let derived = data
+        .releasing(|| table_for_elf(data, options))
+        .map_err(|e| e.to_string());
     // What the derivation touched (unwind sections, code around function ends) leaves
     // the profiler's RSS now, not when the mapping is dropped.
     data.release(0..data.len());
@@ -380,12 +392,18 @@ impl ObjectStore {
             Some(w) => w.done.try_iter().collect(),
             None => return reload,
         };
+        let built = !finished.is_empty();
         for done in finished {
             let info = self.finish_build(&done.key, &done.path, &done.data, Some(done.derived));
             self.objects.insert(done.key.clone(), info);
             if let Some(pids) = self.in_flight.remove(&done.key) {
                 reload.extend(pids);
             }
+        }
+        if built {
+            // A large object's derivation peaks at tens of MB of heap on the worker's
+            // arena; give the freed pages back rather than keep them as resident memory.
+            release_free_heap();
         }
         reload.sort_unstable();
         reload.dedup();

@@ -10,6 +10,9 @@ use crate::table::{Arch, Function, UnwindTable};
 /// what aligns the next function: at most a page).
 const MAX_PADDING: usize = 4096;
 
+/// Scanned code dropped from memory in steps of this many bytes.
+const RELEASE_STEP: u64 = 1 << 20;
+
 /// What [`scan`] measured of an object's executable code.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct ExecCoverage {
@@ -41,6 +44,9 @@ pub(crate) fn scan(table: &mut UnwindTable, exec: &[SectionData<'_>]) -> ExecCov
         };
         let first = table.functions().partition_point(|f| f.end() <= a);
         let mut cursor = a;
+        // Code scanned so far is dropped from memory every `RELEASE_STEP` bytes (when
+        // the bytes are a file mapping being derived; see `mapped::release_read`).
+        let mut released = a;
         let mut prev = None;
         let mut i = first;
         while let Some(&f) = table.functions().get(i).filter(|f| f.start < b) {
@@ -57,8 +63,17 @@ pub(crate) fn scan(table: &mut UnwindTable, exec: &[SectionData<'_>]) -> ExecCov
             prev = Some(i);
             out.with_rule += ruled_bytes(table, &f, a, b);
             i += 1;
+            if cursor - released >= RELEASE_STEP {
+                if let Some(done) = gap(released, cursor) {
+                    crate::mapped::release_read(done);
+                }
+                released = cursor;
+            }
         }
         out.padding += gap(cursor, b).map_or(0, |g| trailing_padding(arch, g) as u64);
+        if let Some(done) = gap(released, b) {
+            crate::mapped::release_read(done);
+        }
     }
     out
 }

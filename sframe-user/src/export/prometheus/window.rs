@@ -15,6 +15,7 @@
 
 use std::{
     collections::{HashMap, HashSet, VecDeque},
+    rc::Rc,
     time::{Duration, Instant},
 };
 
@@ -36,15 +37,16 @@ pub struct Series {
 struct ProcessWindow {
     comm: String,
     group: Option<String>,
-    /// Increments inside the window, oldest first.
-    recent: VecDeque<(Instant, String, u64)>,
+    /// Increments inside the window, oldest first. Each distinct stack's name is
+    /// allocated once per process and shared by every entry that names it.
+    recent: VecDeque<(Instant, Rc<str>, u64)>,
     /// Sum of `recent` per stack.
-    sums: HashMap<String, u64>,
+    sums: HashMap<Rc<str>, u64>,
     /// Values of the stacks currently in the top-K.
-    exported: HashMap<String, u64>,
+    exported: HashMap<Rc<str>, u64>,
     other: u64,
     /// Increments since the last [`StackWindow::update`].
-    pending: Vec<(String, u64)>,
+    pending: Vec<(Rc<str>, u64)>,
     exited_at: Option<Instant>,
 }
 
@@ -122,7 +124,11 @@ impl StackWindow {
         if p.comm != comm {
             p.comm = comm.to_owned();
         }
-        p.pending.push((stack.to_owned(), delta));
+        let stack = p
+            .sums
+            .get_key_value(stack)
+            .map_or_else(|| Rc::from(stack), |(known, _)| Rc::clone(known));
+        p.pending.push((stack, delta));
     }
 
     /// Process `pid` exited: its series go away `grace` after `now`.
@@ -172,9 +178,9 @@ impl StackWindow {
                     }
                 }
             }
-            let mut ranked: Vec<(&String, &u64)> = p.sums.iter().collect();
+            let mut ranked: Vec<(&Rc<str>, &u64)> = p.sums.iter().collect();
             ranked.sort_by(|a, b| b.1.cmp(a.1).then_with(|| a.0.cmp(b.0)));
-            let top: HashSet<&String> = ranked.iter().take(top_k).map(|(s, _)| *s).collect();
+            let top: HashSet<&Rc<str>> = ranked.iter().take(top_k).map(|(s, _)| *s).collect();
             p.exported.retain(|stack, _| top.contains(stack));
             // The increments of this update are the newest entries of `recent`.
             for (t, stack, delta) in p.recent.iter().rev() {
@@ -197,7 +203,7 @@ impl StackWindow {
         let mut out = Vec::new();
         for pid in pids {
             let p = &self.processes[pid];
-            let mut stacks: Vec<(&String, &u64)> = p.exported.iter().collect();
+            let mut stacks: Vec<(&Rc<str>, &u64)> = p.exported.iter().collect();
             stacks.sort();
             let series = |stack: &str, value: u64| Series {
                 pid: *pid,
