@@ -284,13 +284,8 @@ pub fn flatten(table: &UnwindTable, dict: &mut RuleDict) -> Result<FlatObject, F
                 debug_assert_eq!(rep_size, 16);
                 push(&mut events, f.start, id);
             }
-            PcType::Mask { rep_size } => {
-                let rep = u64::from(rep_size);
-                let reps = if rep == 0 {
-                    0
-                } else {
-                    u64::from(f.size).div_ceil(rep)
-                };
+            PcType::Mask { .. } => {
+                let (rep, reps) = f.pc_type.blocks(f.size);
                 if rep == 0 || reps * (rows.len() as u64) > MAX_PCMASK_EXPANSION {
                     unexpanded += 1;
                     push(&mut events, f.start, 0);

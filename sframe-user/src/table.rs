@@ -37,6 +37,46 @@ pub enum PcType {
     Mask { rep_size: u8 },
 }
 
+impl PcType {
+    /// Where a function's rows repeat, for a function of `size` bytes: `(block bytes,
+    /// blocks)`. PCINC: one block, the function. PCMASK: `size.div_ceil(rep_size)`
+    /// blocks of `rep_size` bytes, the last one cut at the function's end (a lookup
+    /// matches `(pc - start) % rep_size` for every PC of the function, a partial last
+    /// entry included, as libsframe's does). A PCMASK of `rep_size` 0 covers nothing.
+    pub fn blocks(self, size: u32) -> (u64, u64) {
+        match self {
+            Self::Inc => (u64::from(size), 1),
+            Self::Mask { rep_size: 0 } => (0, 0),
+            Self::Mask { rep_size } => {
+                let rep = u64::from(rep_size);
+                (rep, u64::from(size).div_ceil(rep))
+            }
+        }
+    }
+}
+
+/// The code where one row holds, as offsets `[lo, hi)` from the function's start, one
+/// range per block (see [`PcType::blocks`]), in order: the row starts at `start` in
+/// each block and ends at `next` (the next row's start) or the block's end, cut at the
+/// function's end. The one definition of row coverage that the flattener, the
+/// statistics, the padding scan and `sframe-user check` share.
+pub fn row_ranges(
+    size: u32,
+    pc_type: PcType,
+    start: u32,
+    next: Option<u32>,
+) -> impl Iterator<Item = (u64, u64)> + Clone {
+    let (block, blocks) = pc_type.blocks(size);
+    let size = u64::from(size);
+    let lo = u64::from(start).min(block);
+    let hi = next.map_or(block, |n| u64::from(n).min(block));
+    (0..blocks).filter_map(move |k| {
+        let base = k * block;
+        let (l, h) = ((base + lo).min(size), (base + hi).min(size));
+        (l < h).then_some((l, h))
+    })
+}
+
 /// One row: from `start_offset` (relative to the function start) to the next row's start
 /// or the function end, the rule holds. `rule: None` is an explicit "no rule here" range
 /// (CFI that no supported rule expresses).
@@ -664,6 +704,50 @@ mod tests {
     use sframe_common::{CfaRule, RegRule, RuleFlags};
 
     use super::*;
+
+    /// Row ranges agree with a lookup of every PC: the row that holds at `pc` is the last
+    /// one starting at or before `(pc - start) % rep` (PCMASK) or `pc - start` (PCINC),
+    /// a partial last PCMASK block included.
+    #[test]
+    fn row_ranges_match_a_lookup_of_every_pc() {
+        for (size, pc_type, starts) in [
+            (40u32, PcType::Mask { rep_size: 16 }, vec![0u32, 6]),
+            (48, PcType::Mask { rep_size: 16 }, vec![0, 6, 11]),
+            (7, PcType::Mask { rep_size: 16 }, vec![0, 6]),
+            (30, PcType::Inc, vec![0, 1, 4, 29]),
+            (30, PcType::Inc, vec![2, 40]),
+            (40, PcType::Mask { rep_size: 0 }, vec![0]),
+        ] {
+            let (_, blocks) = pc_type.blocks(size);
+            let mut owner = vec![None; size as usize];
+            for (i, &s) in starts.iter().enumerate() {
+                let next = starts.get(i + 1).copied();
+                let ranges: Vec<_> = row_ranges(size, pc_type, s, next).collect();
+                assert!(ranges.len() as u64 <= blocks);
+                for (lo, hi) in ranges {
+                    assert!(lo < hi && hi <= u64::from(size));
+                    for pc in lo..hi {
+                        assert_eq!(owner[pc as usize], None, "{size} {pc_type:?} {starts:?}");
+                        owner[pc as usize] = Some(i);
+                    }
+                }
+            }
+            for pc in 0..size {
+                let off = match pc_type {
+                    PcType::Inc => Some(pc),
+                    PcType::Mask { rep_size: 0 } => None,
+                    PcType::Mask { rep_size } => Some(pc % u32::from(rep_size)),
+                };
+                let want = off.and_then(|o| starts.iter().rposition(|&s| s <= o));
+                assert_eq!(
+                    owner[pc as usize], want,
+                    "pc {pc}: {size} {pc_type:?} {starts:?}"
+                );
+            }
+        }
+        assert_eq!(PcType::Mask { rep_size: 16 }.blocks(40), (16, 3));
+        assert_eq!(PcType::Inc.blocks(40), (40, 1));
+    }
 
     fn rule(cfa: i32) -> Option<UnwindRule> {
         Some(UnwindRule {

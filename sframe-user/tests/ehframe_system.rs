@@ -43,9 +43,12 @@ fn exec_coverage(data: &[u8], table: &UnwindTable) -> (u64, u64) {
         let rows: Vec<_> = table.rows(f).collect();
         let (block, blocks) = match f.pc_type {
             PcType::Inc => (u64::from(f.size), 1),
-            PcType::Mask { rep_size } => {
-                (u64::from(rep_size), u64::from(f.size) / u64::from(rep_size))
-            }
+            // Every entry, a partial last one included (lookups match
+            // `(pc - start) % rep_size` anywhere in the function).
+            PcType::Mask { rep_size } => (
+                u64::from(rep_size),
+                u64::from(f.size).div_ceil(u64::from(rep_size)),
+            ),
         };
         for (i, r) in rows.iter().enumerate() {
             if r.rule.is_none() {
@@ -58,7 +61,7 @@ fn exec_coverage(data: &[u8], table: &UnwindTable) -> (u64, u64) {
                 .min(block);
             for k in 0..blocks {
                 let base = f.start + k * block;
-                covered += overlap(base + lo, base + hi);
+                covered += overlap(base + lo, (base + hi).min(f.end()));
             }
         }
     }

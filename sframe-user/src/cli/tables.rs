@@ -470,21 +470,14 @@ fn can_write(arch: Arch, rule: &UnwindRule, version: WriteVersion) -> bool {
 
 /// Code bytes covered by each row of `f` (all repetitions for PCMASK).
 fn row_spans(f: &FunctionRows) -> Vec<u64> {
-    let (block, reps) = match f.pc_type {
-        PcType::Inc => (u64::from(f.size), 1),
-        PcType::Mask { rep_size } => (
-            u64::from(rep_size),
-            u64::from(f.size) / u64::from(rep_size.max(1)),
-        ),
-    };
-    (0..f.rows.len())
-        .map(|i| {
-            let s = u64::from(f.rows[i].start_offset);
-            let e = f
-                .rows
-                .get(i + 1)
-                .map_or(block, |n| u64::from(n.start_offset).min(block));
-            e.saturating_sub(s) * reps
+    f.rows
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let next = f.rows.get(i + 1).map(|n| n.start_offset);
+            sframe_user::table::row_ranges(f.size, f.pc_type, r.start_offset, next)
+                .map(|(lo, hi)| hi - lo)
+                .sum()
         })
         .collect()
 }
@@ -575,45 +568,17 @@ const MAX_BLOCKS: u64 = 1 << 20;
 fn spans(table: &UnwindTable) -> Vec<Span> {
     let mut out = Vec::new();
     for f in table.functions() {
-        let end = f.end();
         let rows = table.rows(f);
-        match f.pc_type {
-            PcType::Inc => {
-                for (i, r) in rows.clone().enumerate() {
-                    let s = f.start.saturating_add(u64::from(r.start_offset));
-                    let e = rows
-                        .get(i + 1)
-                        .map_or(end, |n| f.start.saturating_add(u64::from(n.start_offset)));
-                    if s < e {
-                        out.push(Span {
-                            start: s,
-                            end: e.min(end),
-                            rule: r.rule,
-                        });
-                    }
-                }
-            }
-            PcType::Mask { rep_size } => {
-                let rep = u64::from(rep_size.max(1));
-                let blocks = u64::from(f.size).div_ceil(rep).min(MAX_BLOCKS);
-                for b in 0..blocks {
-                    let base = f.start.saturating_add(b * rep);
-                    for (i, r) in rows.clone().enumerate() {
-                        let s = base.saturating_add(u64::from(r.start_offset));
-                        let e = base.saturating_add(
-                            rows.get(i + 1)
-                                .map_or(rep, |n| u64::from(n.start_offset).min(rep)),
-                        );
-                        let e = e.min(end);
-                        if s < e {
-                            out.push(Span {
-                                start: s,
-                                end: e,
-                                rule: r.rule,
-                            });
-                        }
-                    }
-                }
+        for (i, r) in rows.clone().enumerate() {
+            let next = rows.get(i + 1).map(|n| n.start_offset);
+            for (lo, hi) in sframe_user::table::row_ranges(f.size, f.pc_type, r.start_offset, next)
+                .take(MAX_BLOCKS as usize)
+            {
+                out.push(Span {
+                    start: f.start.saturating_add(lo),
+                    end: f.start.saturating_add(hi),
+                    rule: r.rule,
+                });
             }
         }
     }

@@ -82,22 +82,11 @@ pub(crate) fn scan(table: &mut UnwindTable, exec: &[SectionData<'_>]) -> ExecCov
 fn ruled_bytes(table: &UnwindTable, f: &Function, a: u64, b: u64) -> u64 {
     let clip = |lo: u64, hi: u64| hi.min(b).saturating_sub(lo.max(a));
     row_spans(f, table.rows(f))
-        .filter(|s| s.row.rule.is_some() && s.lo < s.hi)
+        .filter(|s| s.row.rule.is_some())
         .map(|s| {
-            if s.blocks == 1 || (s.lo == 0 && s.hi == s.block) {
-                // One run: the row, or every entry of a PCMASK block whole.
-                let end = if s.blocks == 1 {
-                    s.hi
-                } else {
-                    s.block * s.blocks
-                };
-                clip(f.start + s.lo, f.start + end)
-            } else {
-                (0..s.blocks)
-                    .map(|k| f.start + k * s.block)
-                    .map(|base| clip(base + s.lo, base + s.hi))
-                    .sum()
-            }
+            s.ranges()
+                .map(|(lo, hi)| clip(f.start + lo, f.start + hi))
+                .sum::<u64>()
         })
         .sum()
 }

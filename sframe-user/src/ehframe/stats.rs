@@ -194,40 +194,39 @@ impl DeriveStats {
     }
 }
 
-/// Where one row of a function holds: offsets `[lo, hi)` of each of `blocks` blocks of
-/// `block` bytes from the function's start (PCINC: one block, the function; PCMASK:
-/// each entry).
+/// One row of a function and where it holds ([`crate::table::row_ranges`]).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct RowSpan {
     pub row: Row,
-    pub lo: u64,
-    pub hi: u64,
-    pub block: u64,
-    pub blocks: u64,
+    size: u32,
+    pc_type: PcType,
+    next: Option<u32>,
 }
 
 impl RowSpan {
+    /// The code where the row holds, as offsets from the function's start.
+    pub fn ranges(&self) -> impl Iterator<Item = (u64, u64)> + Clone {
+        crate::table::row_ranges(self.size, self.pc_type, self.row.start_offset, self.next)
+    }
+
     /// Bytes of code the row covers, in all blocks.
     pub fn bytes(&self) -> u64 {
-        self.hi.saturating_sub(self.lo) * self.blocks
+        self.ranges().map(|(lo, hi)| hi - lo).sum()
     }
 }
 
 /// Each row of `f` with where it holds.
 pub(crate) fn row_spans<'a>(f: &Function, rows: Rows<'a>) -> impl Iterator<Item = RowSpan> + 'a {
-    let (block, blocks) = match f.pc_type {
-        PcType::Inc => (u64::from(f.size), 1),
-        PcType::Mask { rep_size } if rep_size > 0 => {
-            (u64::from(rep_size), u64::from(f.size) / u64::from(rep_size))
-        }
-        PcType::Mask { .. } => (0, 0),
-    };
-    let next = rows.clone().skip(1).map(Some).chain([None]);
+    let (size, pc_type) = (f.size, f.pc_type);
+    let next = rows
+        .clone()
+        .skip(1)
+        .map(|r| Some(r.start_offset))
+        .chain([None]);
     rows.zip(next).map(move |(row, next)| RowSpan {
         row,
-        lo: u64::from(row.start_offset).min(block),
-        hi: next.map_or(block, |next| u64::from(next.start_offset).min(block)),
-        block,
-        blocks,
+        size,
+        pc_type,
+        next,
     })
 }
