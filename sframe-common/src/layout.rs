@@ -102,7 +102,7 @@ pub struct PageBlock(pub [u32; PAGE_BLOCK]);
 /// How to find the CFA: `RuleEntry::cfa_base`.
 pub const CFA_BASE_SP: u8 = 0;
 pub const CFA_BASE_FP: u8 = 1;
-/// `0x80 | dwarf_register` (register < 0x7f): top frame only.
+/// `0x80 | dwarf_register` (register < 32, [`crate::step::TOP_REGS`]; the step masks it with `& 0x1f`): top frame only.
 pub const CFA_BASE_REG: u8 = 0x80;
 /// No rule: the rule entry at index 0.
 pub const CFA_BASE_NONE: u8 = 0xff;

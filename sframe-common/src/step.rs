@@ -502,3 +502,7 @@ const _: () = assert!(
     core::mem::size_of::<WalkState>()
         == 24 + 8 * TOP_REGS + 8 + 16 + 48 + core::mem::size_of::<UserStack>()
 );
+
+#[cfg(test)]
+#[path = "step_tests.rs"]
+mod tests;

@@ -22,7 +22,7 @@ use clap::Args;
 use crate::cmd;
 
 /// Every fuzz target of `fuzz/`.
-pub const TARGETS: &[&str] = &["sframe_read", "ehframe_derive", "procfs_maps"];
+pub const TARGETS: &[&str] = &["sframe_read", "ehframe_derive", "procfs_maps", "walk"];
 
 #[derive(Args)]
 pub struct FuzzArgs {

@@ -23,7 +23,7 @@ pub struct TestArgs {
     cargo_test_args: Vec<String>,
 }
 
-/// Per fuzz target; with the two targets at least 60 s of fuzzing in total.
+/// Per fuzz target (four targets: two minutes of fuzzing in all).
 const DEFAULT_FUZZ_SECONDS: u64 = 30;
 
 /// The BPF target and the cfg aya-build passes, so clippy sees the same code.
