@@ -485,8 +485,10 @@ fn walks_of_random_tables_and_stacks_end_and_only_move_up() {
             .collect();
         let mem = Memory::new(&words);
         let mut read = mem.reader();
-        let mut st = WalkState::default();
-        st.top = [SP + 0x40; TOP_REGS];
+        let mut st = WalkState {
+            top: [SP + 0x40; TOP_REGS],
+            ..WalkState::default()
+        };
         st.start(regs(BASE + rng.next() % 0x400, SP, SP + rng.next() % 0x100));
         let mut steps = 0;
         loop {

@@ -226,7 +226,9 @@ pub struct Profiler {
     procs: StdHashMap<u32, Proc>,
     /// Processes seen through misses, waiting for their first load (FIFO).
     pending: std::collections::VecDeque<u32>,
-    pending_set: HashSet<u32>,
+    /// Samples seen of each pending process (misses, deferred samples): the busiest
+    /// process is loaded first.
+    pending_weight: StdHashMap<u32, u32>,
     /// Processes with new mappings whose reload is throttled, and when it is due.
     reload_due: StdHashMap<u32, Instant>,
     /// The last `handle_events` left events in the ring (it handles a bounded number).
@@ -351,7 +353,7 @@ impl Profiler {
             cgroups_v1,
             procs: StdHashMap::new(),
             pending: Default::default(),
-            pending_set: HashSet::new(),
+            pending_weight: StdHashMap::new(),
             reload_due: StdHashMap::new(),
             events_left: false,
             load_retries: StdHashMap::new(),
@@ -526,10 +528,8 @@ impl Profiler {
                         if !self.store.waiting_for_room(pid) {
                             self.load(pid, &mut added, false);
                         }
-                    } else if (self.kernel_filtered || self.is_listed(pid))
-                        && self.pending_set.insert(pid)
-                    {
-                        self.pending.push_back(pid);
+                    } else if self.kernel_filtered || self.is_listed(pid) {
+                        self.queue_first_load(pid);
                     }
                 }
             }
@@ -624,9 +624,8 @@ impl Profiler {
                 // sure it is queued, and try again next round.
                 if (self.kernel_filtered || self.is_listed(rec.pid))
                     && !self.procs.contains_key(&rec.pid)
-                    && self.pending_set.insert(rec.pid)
                 {
-                    self.pending.push_back(rec.pid);
+                    self.queue_first_load(rec.pid);
                 }
                 self.deferred_backlog.push_back((seen, rec));
                 continue;
@@ -689,16 +688,61 @@ impl Profiler {
 
     /// Loads processes first seen through a miss, for at most `PENDING_BUDGET` per call
     /// (a process with a huge object must not hold up exec and exit handling).
+    /// The busiest waiting process (most samples seen) first: on a busy host the queue
+    /// can be long, and a hot process must not wait behind processes sampled once.
+    /// Between loads, the kernel's deferred samples are moved into the backlog, so that
+    /// a long load does not let the kernel's ring overflow.
     fn load_pending(&mut self, added: &mut Vec<u32>) {
         let started = Instant::now();
+        let weight = &self.pending_weight;
+        self.pending
+            .make_contiguous()
+            .sort_by_key(|pid| std::cmp::Reverse(weight.get(pid).copied().unwrap_or(0)));
         while started.elapsed() < PENDING_BUDGET {
             let Some(pid) = self.pending.pop_front() else {
                 break;
             };
-            self.pending_set.remove(&pid);
+            self.pending_weight.remove(&pid);
             if self.procs.get(&pid).is_none_or(|p| p.exited_at.is_some()) && !self.is_own_child(pid)
             {
                 self.load(pid, added, true);
+                self.drain_deferred_ring();
+            }
+        }
+    }
+
+    /// Queues `pid` for its first load, or counts one more sample of it if queued.
+    fn queue_first_load(&mut self, pid: u32) {
+        let w = self.pending_weight.entry(pid).or_insert(0);
+        if *w == 0 {
+            self.pending.push_back(pid);
+        }
+        *w = w.saturating_add(1);
+    }
+
+    /// Moves the deferred samples the kernel handed over into the backlog (up to its
+    /// bound), counting them for their processes' first loads.
+    fn drain_deferred_ring(&mut self) {
+        use sframe_common::sample::DeferredSample;
+        let Some(ring) = self.deferred.as_mut() else {
+            return;
+        };
+        let now = Instant::now();
+        let mut pids = Vec::new();
+        while self.deferred_backlog.len() < MAX_DEFERRED_BACKLOG {
+            let Some(item) = ring.next() else {
+                break;
+            };
+            if item.len() >= size_of::<DeferredSample>() {
+                // SAFETY: the kernel wrote a DeferredSample (integers and bytes only).
+                let rec = unsafe { (item.as_ptr() as *const DeferredSample).read_unaligned() };
+                pids.push(rec.pid);
+                self.deferred_backlog.push_back((now, Box::new(rec)));
+            }
+        }
+        for pid in pids {
+            if let Some(w) = self.pending_weight.get_mut(&pid) {
+                *w = w.saturating_add(1);
             }
         }
     }

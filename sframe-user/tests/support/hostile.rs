@@ -34,6 +34,27 @@ pub fn cpu_seconds(pid: u32) -> f64 {
     (tick(11) + tick(12)) as f64 / 100.0
 }
 
+/// Waits until the profiler process `pid` holds BPF links (its programs are attached:
+/// samples are being taken), for at most 300 s; panics if it exits first.
+pub fn wait_attached(pid: u32) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
+    loop {
+        let attached = std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .expect("the profiler runs")
+            .filter_map(Result::ok)
+            .filter_map(|e| std::fs::read_link(e.path()).ok())
+            .any(|l| l.to_string_lossy().contains("bpf_link"));
+        if attached {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the profiler did not attach in 300 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 /// A field of `/proc/PID/status` in kB (`VmHWM`, `VmRSS`).
 pub fn status_kb(pid: u32, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;

@@ -47,6 +47,36 @@ pub fn pump(profiler: &mut Profiler, d: Duration) {
     profiler.maintain();
 }
 
+/// Handles events until process `pid` has used `cpu` more seconds of CPU: the test is
+/// budgeted in the workload's CPU time, not in wall-clock time (on a busy machine the
+/// workload gets what it gets). Panics when `pid` is gone or after 300 s of wall time
+/// (a workload that cannot get `cpu` seconds in five minutes). Returns the CPU it used.
+pub fn pump_cpu(profiler: &mut Profiler, pid: u32, cpu: f64) -> f64 {
+    let start = super::hostile::cpu_seconds(pid);
+    let end = Instant::now() + Duration::from_secs(300);
+    loop {
+        let used = super::hostile::cpu_seconds(pid) - start;
+        if used >= cpu {
+            return used;
+        }
+        assert!(
+            std::path::Path::new(&format!("/proc/{pid}")).exists(),
+            "process {pid} exited after {used:.2} of {cpu} CPU seconds"
+        );
+        assert!(
+            Instant::now() < end,
+            "process {pid} got {used:.2} of {cpu} CPU seconds in 300 s"
+        );
+        pump(profiler, Duration::from_millis(50));
+    }
+}
+
+/// Samples expected of a process that used `cpu` seconds at `frequency` Hz, with half
+/// as margin (sampling is per CPU clock tick; the first samples may precede the target).
+pub fn samples_floor(cpu: f64, frequency: u64) -> u64 {
+    (cpu * frequency as f64 * 0.5) as u64
+}
+
 /// Pumps events until `done` yields a value.
 pub fn pump_until<T>(profiler: &mut Profiler, done: &mpsc::Receiver<T>, limit: Duration) -> T {
     let end = Instant::now() + limit;
