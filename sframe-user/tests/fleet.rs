@@ -499,27 +499,27 @@ fn without_targets_the_command_line_profiles_the_whole_system() {
     // it may barely run), then stopped as a user stops it.
     let dir = fixture_dir("wholesys-out");
     let (out_path, err_path) = (dir.join("stdout"), dir.join("stderr"));
-    let mut profiler = Command::new(env!("CARGO_BIN_EXE_sframe-user"))
-        .args(["--top", "200"])
-        .stdout(std::fs::File::create(&out_path).expect("stdout file"))
-        .stderr(std::fs::File::create(&err_path).expect("stderr file"))
-        .spawn()
-        .expect("run sframe-user");
-    support::hostile::wait_attached(profiler.id());
+    let mut profiler = KillOnDrop::spawn(
+        Command::new(env!("CARGO_BIN_EXE_sframe-user"))
+            .args(["--top", "200"])
+            .stdout(std::fs::File::create(&out_path).expect("stdout file"))
+            .stderr(std::fs::File::create(&err_path).expect("stderr file")),
+    );
+    support::hostile::wait_attached(profiler.pid());
     let start = support::hostile::cpu_seconds(spinner.pid());
     let deadline = Instant::now() + Duration::from_secs(300);
     while support::hostile::cpu_seconds(spinner.pid()) - start < 1.0 {
         assert!(Instant::now() < deadline, "the spinner got no CPU in 300 s");
         assert!(
-            profiler.try_wait().expect("poll sframe-user").is_none(),
+            profiler.0.try_wait().expect("poll sframe-user").is_none(),
             "sframe-user exited early: {}",
             std::fs::read_to_string(&err_path).unwrap_or_default()
         );
         thread::sleep(Duration::from_millis(100));
     }
     // SAFETY: a signal to our own child.
-    unsafe { libc::kill(profiler.id() as i32, libc::SIGTERM) };
-    let status = profiler.wait().expect("wait for sframe-user");
+    unsafe { libc::kill(profiler.pid() as i32, libc::SIGTERM) };
+    let status = profiler.0.wait().expect("wait for sframe-user");
     let stdout = std::fs::read_to_string(&out_path).unwrap_or_default();
     let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
     assert!(status.success(), "{status}: {stderr}");

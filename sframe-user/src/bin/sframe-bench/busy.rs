@@ -118,26 +118,23 @@ impl Load {
         for i in 0..2 {
             let progress = dir.join(format!("spin{i}.count"));
             load.children.push(
-                Command::new(&spin_exe)
-                    .arg(&progress)
+                dies_with_parent(Command::new(&spin_exe).arg(&progress))
                     .spawn()
                     .context("starting a spinner")?,
             );
             load.spinners.push(progress);
         }
         load.children.push(
-            Command::new("python3")
-                .args([
-                    "-c",
-                    "import time\nwhile True:\n    sum(i * i for i in range(20000)); time.sleep(0.01)",
-                ])
-                .spawn()
-                .context("starting python3")?,
+            dies_with_parent(Command::new("python3").args([
+                "-c",
+                "import time\nwhile True:\n    sum(i * i for i in range(20000)); time.sleep(0.01)",
+            ]))
+            .spawn()
+            .context("starting python3")?,
         );
         for _ in 0..hogs {
             load.children.push(
-                Command::new("sh")
-                    .args(["-c", "while :; do :; done"])
+                dies_with_parent(Command::new("sh").args(["-c", "while :; do :; done"]))
                     .spawn()
                     .context("starting a hog")?,
             );
@@ -617,5 +614,20 @@ fn report(doc: &mut String, windows: &[Window], seconds: f64, compiles: u64) {
     );
     for (what, value, goal) in lines {
         let _ = writeln!(doc, "| {what} | {value} | {goal} |");
+    }
+}
+
+/// `cmd`, killed when this process dies (a stress run stopped with SIGTERM or killed
+/// must not leave its load running).
+fn dies_with_parent(cmd: &mut Command) -> &mut Command {
+    use std::os::unix::process::CommandExt as _;
+    // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        })
     }
 }
