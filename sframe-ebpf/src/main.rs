@@ -55,11 +55,6 @@ static FILTER_FLAGS: u32 = 0;
 /// The profiler's own process, never a target.
 #[unsafe(no_mangle)]
 static SELF_TGID: u32 = 0;
-/// Whether samples record the thread's name (`CountKey::comm`): 1 unless user space
-/// turns it off (the benchmark's A/B of its cost). A frozen global: the verifier knows
-/// its value and explores one branch only.
-#[unsafe(no_mangle)]
-pub(crate) static THREAD_NAMES: u32 = 1;
 /// Entries of `TARGET_CGROUPS` in use.
 #[unsafe(no_mangle)]
 static CGROUP_FILTER_COUNT: u32 = 0;

@@ -192,16 +192,13 @@ pub fn profile(ctx: &PerfEventContext) -> u32 {
     // The interrupted thread's name: threads of a pool told apart at no walk cost. Called
     // without branching on its result (a branch would make the verifier explore the whole
     // walk twice, once per state of these stack bytes); on failure they stay zero.
-    // SAFETY: a read of a global set at load time.
-    if unsafe { core::ptr::read_volatile(&crate::THREAD_NAMES) } != 0 {
-        // SAFETY: the helper writes at most `comm.len()` bytes into `key.comm`.
-        unsafe {
-            aya_ebpf::helpers::generated::bpf_get_current_comm(
-                key.comm.as_mut_ptr().cast(),
-                key.comm.len() as u32,
-            )
-        };
-    }
+    // SAFETY: the helper writes at most `comm.len()` bytes into `key.comm`.
+    unsafe {
+        aya_ebpf::helpers::generated::bpf_get_current_comm(
+            key.comm.as_mut_ptr().cast(),
+            key.comm.len() as u32,
+        )
+    };
     if let Some((_, RegsSource::Task)) = user {
         count(Counter::SamplesInKernel, 1);
     }

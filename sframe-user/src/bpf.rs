@@ -54,9 +54,6 @@ pub struct LoadConfig {
     /// Entries of `TARGET_CGROUPS` user space fills before attaching.
     pub cgroup_filters: u32,
     pub sizes: MapSizes,
-    /// Leave thread names out of the count keys (`THREAD_NAMES = 0`; the benchmark
-    /// measures what recording them costs).
-    pub no_thread_names: bool,
 }
 
 /// Entries of the kernel maps whose need grows with the workload (`None`: the sizes in
@@ -89,12 +86,10 @@ pub fn load_with(config: &LoadConfig) -> Result<Ebpf, LoadError> {
     ensure_tracefs();
     let offsets = TracepointOffsets::read();
     let self_tgid = std::process::id();
-    let thread_names = u32::from(!config.no_thread_names);
     let mut loader = EbpfLoader::new();
     loader
         .override_global("FILTER_FLAGS", &config.filter_flags, true)
         .override_global("SELF_TGID", &self_tgid, true)
-        .override_global("THREAD_NAMES", &thread_names, true)
         .override_global("CGROUP_FILTER_COUNT", &config.cgroup_filters, true)
         .override_global("NEWTASK_PID_OFFSET", &offsets.newtask_pid, true)
         .override_global("NEWTASK_FLAGS_OFFSET", &offsets.newtask_flags, true)

@@ -103,9 +103,6 @@ pub struct ProfilerConfig {
     pub cache_dir: Option<PathBuf>,
     /// Sizes of the kernel maps that grow with the workload.
     pub map_sizes: bpf::MapSizes,
-    /// Record each sample's thread name in the kernel (else names are read from
-    /// `/proc` when a thread is first seen).
-    pub thread_names: bool,
 }
 
 impl ProfilerConfig {
@@ -118,7 +115,6 @@ impl ProfilerConfig {
             max_exited: 10_000,
             cache_dir: None,
             map_sizes: bpf::MapSizes::default(),
-            thread_names: true,
         }
     }
 }
@@ -304,7 +300,6 @@ impl Profiler {
             max_pages,
             cgroup_filters: v2.len() as u32,
             sizes: config.map_sizes,
-            no_thread_names: !config.thread_names,
         })?;
         bpf::spawn_logger(&mut ebpf);
         bpf::load_perf_event(&mut ebpf, PROGRAM)?;
@@ -1051,6 +1046,7 @@ impl Profiler {
         self.store.tables.process_ids()
     }
 
+    /// Moves the kernel's counts into user space and returns everything counted so far.
     /// The name of thread `tid`, if it was read when its samples were collected.
     pub fn thread_name(&self, tid: u32) -> Option<&str> {
         self.thread_names.get(&tid).map(String::as_str)
@@ -1084,7 +1080,6 @@ impl Profiler {
         comm
     }
 
-    /// Moves the kernel's counts into user space and returns everything counted so far.
     pub fn collect(&mut self) -> Snapshot {
         let _cpu = crate::cputime::Timer::start(&crate::cputime::COLLECTION);
         let keys: Vec<CountKey> = self.counts_map.keys().filter_map(Result::ok).collect();

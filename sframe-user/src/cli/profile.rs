@@ -195,7 +195,6 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
             counts: Some(args.max_counts),
             kernel_stacks: None,
         },
-        thread_names: true,
     };
     let whole_system = config.targets.all;
     let mut profiler = Profiler::start_with(config).context("starting the profiler")?;

@@ -20,7 +20,7 @@ use aya::{
     },
 };
 use sframe_common::{Counter, WalkOutcome};
-use sframe_user::profiler::{Profiler, ProfilerConfig};
+use sframe_user::profiler::Profiler;
 
 use crate::{
     Args, progress,
@@ -116,8 +116,6 @@ struct CostRow {
     depth: usize,
     baseline: Result<ProgramRun>,
     profiler: Result<ProgramRun>,
-    /// The profiler with thread names left out of the count keys (`THREAD_NAMES = 0`).
-    no_names: Result<ProgramRun>,
 }
 
 /// C source of a chain of `depth` non-inlined frames, `main` → `f1` → … → `f<depth>`,
@@ -185,12 +183,7 @@ fn bpf_cost(args: &Args) -> Result<(FilterOnly, Vec<CostRow>)> {
         progress(&format!("  chain of {depth} frames, pid {}", fixture.pid()));
         let baseline = measure_baseline(Some(fixture.pid()), args.sample_time());
         let profiler = measure_profiler(Some(fixture.pid()), args.sample_time());
-        let no_names = measure_profiler_with(Some(fixture.pid()), args.sample_time(), false);
-        for (name, run) in [
-            ("baseline", &baseline),
-            ("profile", &profiler),
-            ("profile, no thread names", &no_names),
-        ] {
+        for (name, run) in [("baseline", &baseline), ("profile", &profiler)] {
             match run {
                 Ok(r) => progress(&format!(
                     "    {name}: {} samples, {:.0} ns/sample, {:.1} frames/sample",
@@ -206,7 +199,6 @@ fn bpf_cost(args: &Args) -> Result<(FilterOnly, Vec<CostRow>)> {
             depth,
             baseline,
             profiler,
-            no_names,
         });
     }
     Ok((filter_only.context("no fixture ran")?, rows))
@@ -307,15 +299,7 @@ type VerifierStats = Vec<(String, Option<u32>)>;
 static VERIFIER: std::sync::Mutex<Option<VerifierStats>> = std::sync::Mutex::new(None);
 
 fn measure_profiler(pid: Option<u32>, time: Duration) -> Result<ProgramRun> {
-    measure_profiler_with(pid, time, true)
-}
-
-fn measure_profiler_with(pid: Option<u32>, time: Duration, names: bool) -> Result<ProgramRun> {
-    let mut profiler = Profiler::start_with(ProfilerConfig {
-        thread_names: names,
-        ..ProfilerConfig::explicit(FREQUENCY)
-    })
-    .context("starting the profiler")?;
+    let mut profiler = Profiler::start(FREQUENCY).context("starting the profiler")?;
     if let Ok(mut v) = VERIFIER.lock() {
         v.get_or_insert_with(|| profiler.verifier_stats());
     }
@@ -357,9 +341,7 @@ fn cost_section(doc: &mut String, filter_only: &FilterOnly, rows: &[CostRow], ar
          before and after the window. Nothing is subtracted. Both programs run on every\n\
          CPU for every task, so their runs include other tasks' samples, which they only\n\
          filter out; a first window with the fixture running but no target measures that\n\
-         filtering cost alone. A third window runs the profiler with thread names left\n\
-         out of the count keys (`THREAD_NAMES = 0`: no `bpf_get_current_comm`; the key\n\
-         keeps its size): what recording each sample's thread costs.\n\n{}\n\n\
+         filtering cost alone.\n\n{}\n\n\
          Goals (issue 8): per frame ≤ 1.5× the kernel's frame-pointer walker; per sample at\n\
          32 frames ≤ 3 µs.\n",
         args.sample_time().as_secs(),
@@ -407,7 +389,6 @@ fn cost_section(doc: &mut String, filter_only: &FilterOnly, rows: &[CostRow], ar
         for (name, run) in [
             ("`fp_baseline` (kernel FP walker)", &row.baseline),
             ("`profile` (this profiler)", &row.profiler),
-            ("`profile`, no thread names", &row.no_names),
         ] {
             match run {
                 Ok(r) => {
@@ -450,26 +431,6 @@ fn cost_section(doc: &mut String, filter_only: &FilterOnly, rows: &[CostRow], ar
             doc,
             "\nAt 32 frames the profiler costs {:.2} µs per sample (goal ≤ 3 µs).",
             ns / 1000.0
-        );
-    }
-    let names: Vec<String> = rows
-        .iter()
-        .filter_map(|row| {
-            let with = row.profiler.as_ref().ok()?.per_sample_ns()?;
-            let without = row.no_names.as_ref().ok()?.per_sample_ns()?;
-            Some(format!(
-                "{} frames {:+.0} ns ({:+.1} %)",
-                row.depth,
-                with - without,
-                (with / without - 1.0) * 100.0
-            ))
-        })
-        .collect();
-    if !names.is_empty() {
-        let _ = writeln!(
-            doc,
-            "\nRecording each sample's thread name (per sample, names on − off, same run): {}.",
-            names.join(", ")
         );
     }
 }
