@@ -783,8 +783,6 @@ impl Profiler {
             return;
         }
         let new = self.procs.get(&pid).is_none_or(|p| p.exited_at.is_some());
-        // A retry after maps read empty mid-exec reads the new image's name and cgroup.
-        let renamed = renamed || self.load_retries.contains_key(&pid);
         let started = Instant::now();
         let refreshed = self.store.refresh_process(pid, Build::Background);
         let load_cost = started.elapsed();
@@ -834,6 +832,8 @@ impl Profiler {
             Ok(_) | Err(_) => {
                 self.lifecycle.load_failures += 1;
                 self.load_retries.remove(&pid);
+                // Its deferred samples are walked while its tables are still there.
+                self.unwind_deferred();
                 self.store.forget_process(pid);
                 if !procfs::exists(pid) || self.procs.contains_key(&pid) {
                     self.exited(pid);
@@ -844,6 +844,9 @@ impl Profiler {
 
     /// `pid` exited: release its tables, keep its mappings for symbolization.
     fn exited(&mut self, pid: u32) {
+        // Samples it left in the kernel's deferred ring are walked with its tables
+        // before they go (a short process can exit while its first load runs).
+        self.unwind_deferred();
         self.store.forget_process(pid);
         self.reload_due.remove(&pid);
         self.load_retries.remove(&pid);
