@@ -474,6 +474,10 @@ fn clients_that_do_not_read_are_dropped_and_never_block_updates() {
     // Each is dropped mid-response, within the head timeout (plus the reaper's second)
     // of hyper taking the response, or the response timeout, whichever comes first.
     let bound = limits.header_timeout.min(limits.response_timeout) + Duration::from_secs(1);
+    // The clients read nothing until the server must have dropped them (reading at once
+    // would drain the response as fast as it is written, and a fast machine could then
+    // deliver all of it before the timeout).
+    thread::sleep(bound.saturating_sub(start.elapsed()));
     for s in &mut stuck {
         let (_, got) = wait_closed(s);
         assert!(got.len() < big.len(), "a whole response was written");
