@@ -506,17 +506,13 @@ fn without_targets_the_command_line_profiles_the_whole_system() {
             .stderr(std::fs::File::create(&err_path).expect("stderr file")),
     );
     support::hostile::wait_attached(profiler.pid());
-    let start = support::hostile::cpu_seconds(spinner.pid());
-    let deadline = Instant::now() + Duration::from_secs(300);
-    while support::hostile::cpu_seconds(spinner.pid()) - start < 1.0 {
-        assert!(Instant::now() < deadline, "the spinner got no CPU in 300 s");
+    support::hostile::wait_cpu(spinner.pid(), 1.0, || {
         assert!(
             profiler.0.try_wait().expect("poll sframe-user").is_none(),
             "sframe-user exited early: {}",
             std::fs::read_to_string(&err_path).unwrap_or_default()
         );
-        thread::sleep(Duration::from_millis(100));
-    }
+    });
     // SAFETY: a signal to our own child.
     unsafe { libc::kill(profiler.pid() as i32, libc::SIGTERM) };
     let status = profiler.0.wait().expect("wait for sframe-user");
@@ -606,12 +602,7 @@ fn sigterm_writes_the_profile_and_exits_cleanly() {
     );
     // Attached, then 0.3 s of the spinner's CPU (not a wall-clock window).
     support::hostile::wait_attached(profiler.pid());
-    let start = support::hostile::cpu_seconds(spinner.pid());
-    let deadline = Instant::now() + Duration::from_secs(300);
-    while support::hostile::cpu_seconds(spinner.pid()) - start < 0.3 {
-        assert!(Instant::now() < deadline, "the spinner got no CPU in 300 s");
-        thread::sleep(Duration::from_millis(50));
-    }
+    support::hostile::wait_cpu(spinner.pid(), 0.3, || {});
     // SAFETY: kill on a child we own.
     assert_eq!(
         unsafe { libc::kill(profiler.pid() as i32, libc::SIGTERM) },
@@ -923,13 +914,7 @@ fn drop_privileges_keeps_only_what_profiling_needs() {
     assert_eq!(field("NoNewPrivs:"), "1", "{status}");
     assert_eq!(field("Threads:"), "1", "{status}");
     // Then 0.6 s of the spinner's CPU (not a wall-clock window), and a stop as a user's.
-    let start = support::hostile::cpu_seconds(spinner.pid());
-    let deadline = Instant::now() + Duration::from_secs(300);
-    while support::hostile::cpu_seconds(spinner.pid()) - start < 0.6 {
-        assert!(Instant::now() < deadline, "the spinner got no CPU in 300 s");
-        thread::sleep(Duration::from_millis(100));
-    }
-    let cpu = support::hostile::cpu_seconds(spinner.pid()) - start;
+    let cpu = support::hostile::wait_cpu(spinner.pid(), 0.6, || {});
     // SAFETY: a signal to our own child.
     unsafe { libc::kill(profiler.pid() as i32, libc::SIGTERM) };
     let done = profiler.0.wait().expect("wait");

@@ -55,6 +55,26 @@ pub fn wait_attached(pid: u32) {
     }
 }
 
+/// Waits until process `pid` has used `secs` more seconds of CPU (a test budgeted in its
+/// workload's CPU time, not a wall-clock window), at most 300 s of wall time; `alive`
+/// is checked between polls (e.g. the profiler has not exited). Returns the CPU used.
+pub fn wait_cpu(pid: u32, secs: f64, mut alive: impl FnMut()) -> f64 {
+    let start = cpu_seconds(pid);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
+    loop {
+        let used = cpu_seconds(pid) - start;
+        if used >= secs {
+            return used;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "process {pid} got {used:.2} of {secs} CPU seconds in 300 s"
+        );
+        alive();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 /// A field of `/proc/PID/status` in kB (`VmHWM`, `VmRSS`).
 pub fn status_kb(pid: u32, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
