@@ -26,7 +26,17 @@ use crate::regs::RegsSource;
 /// Walks and counts the user stack of each sample of a target (see `unwind`).
 #[perf_event]
 pub fn profile(ctx: PerfEventContext) -> u32 {
-    unwind::profile(&ctx)
+    unwind::profile::<true>(&ctx)
+}
+
+/// The same program without the thread name in the count keys (no
+/// `bpf_get_current_comm`; the key keeps its size, the name stays zero). Never attached by
+/// the profiler: `cargo xtask bench` runs it beside `profile` to measure what recording
+/// each sample's thread costs. A second instance of the same generic code, so `profile`
+/// itself is the code the profiler ships, with no branch added for the measurement.
+#[perf_event]
+pub fn profile_no_thread_names(ctx: PerfEventContext) -> u32 {
+    unwind::profile::<false>(&ctx)
 }
 
 /// The baseline of `cargo xtask bench`: the kernel's frame-pointer walker

@@ -165,7 +165,10 @@ unsafe extern "C" fn walk_callback(_index: u32, ctx: *mut c_void) -> i64 {
     }
 }
 
-pub fn profile(ctx: &PerfEventContext) -> u32 {
+/// `THREAD_NAMES`: whether the count key carries the thread's name (false only in the
+/// benchmark's `profile_no_thread_names`).
+#[inline(always)]
+pub fn profile<const THREAD_NAMES: bool>(ctx: &PerfEventContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     if !is_target(tgid) {
@@ -192,13 +195,15 @@ pub fn profile(ctx: &PerfEventContext) -> u32 {
     // The interrupted thread's name: threads of a pool told apart at no walk cost. Called
     // without branching on its result (a branch would make the verifier explore the whole
     // walk twice, once per state of these stack bytes); on failure they stay zero.
-    // SAFETY: the helper writes at most `comm.len()` bytes into `key.comm`.
-    unsafe {
-        aya_ebpf::helpers::generated::bpf_get_current_comm(
-            key.comm.as_mut_ptr().cast(),
-            key.comm.len() as u32,
-        )
-    };
+    if THREAD_NAMES {
+        // SAFETY: the helper writes at most `comm.len()` bytes into `key.comm`.
+        unsafe {
+            aya_ebpf::helpers::generated::bpf_get_current_comm(
+                key.comm.as_mut_ptr().cast(),
+                key.comm.len() as u32,
+            )
+        };
+    }
     if let Some((_, RegsSource::Task)) = user {
         count(Counter::SamplesInKernel, 1);
     }

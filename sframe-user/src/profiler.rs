@@ -28,7 +28,27 @@ use crate::{
     procfs,
 };
 
-const PROGRAM: &str = "profile";
+/// The perf-event program that walks and counts the samples.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SampleProgram {
+    /// `profile`: what the profiler ships and the CLI runs.
+    #[default]
+    Profile,
+    /// `profile_no_thread_names`: the same walker without the thread name in the count
+    /// keys (names then come only from `/proc`); for the benchmark's A/B of what
+    /// recording each sample's thread costs.
+    WithoutThreadNames,
+}
+
+impl SampleProgram {
+    /// The program's name in the BPF object.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Profile => "profile",
+            Self::WithoutThreadNames => "profile_no_thread_names",
+        }
+    }
+}
 
 /// One distinct sample key with its count, and its user stack.
 #[derive(Clone, Debug)]
@@ -103,6 +123,8 @@ pub struct ProfilerConfig {
     pub cache_dir: Option<PathBuf>,
     /// Sizes of the kernel maps that grow with the workload.
     pub map_sizes: bpf::MapSizes,
+    /// The program attached to the perf events.
+    pub program: SampleProgram,
 }
 
 impl ProfilerConfig {
@@ -115,6 +137,7 @@ impl ProfilerConfig {
             max_exited: 10_000,
             cache_dir: None,
             map_sizes: bpf::MapSizes::default(),
+            program: SampleProgram::Profile,
         }
     }
 }
@@ -184,6 +207,8 @@ const MAX_EVENTS_PER_CALL: usize = 8192;
 
 pub struct Profiler {
     ebpf: Ebpf,
+    /// The perf-event program attached (`profile` but in the benchmark).
+    program: SampleProgram,
     pub store: ObjectStore,
     targets: HashMap<MapData, u32, u8>,
     counts_map: HashMap<MapData, CountKey, u64>,
@@ -302,7 +327,7 @@ impl Profiler {
             sizes: config.map_sizes,
         })?;
         bpf::spawn_logger(&mut ebpf);
-        bpf::load_perf_event(&mut ebpf, PROGRAM)?;
+        bpf::load_perf_event(&mut ebpf, config.program.name())?;
         if !v2.is_empty() {
             let mut map: Array<MapData, CgroupFilter> = take(&mut ebpf, "TARGET_CGROUPS")?;
             for (i, f) in v2.iter().enumerate() {
@@ -321,6 +346,7 @@ impl Profiler {
             }
         }
         let mut profiler = Self {
+            program: config.program,
             store,
             targets: take(&mut ebpf, "TARGET_TGIDS")?,
             counts_map: take(&mut ebpf, "COUNTS")?,
@@ -369,8 +395,11 @@ impl Profiler {
                 .map_err(|e| LoadError::Target(format!("pid {pid}: {e}")))?;
         }
         profiler.scan_named_targets();
-        profiler.links =
-            bpf::attach_cpu_clock_all_cpus(&mut profiler.ebpf, PROGRAM, config.frequency)?;
+        profiler.links = bpf::attach_cpu_clock_all_cpus(
+            &mut profiler.ebpf,
+            profiler.program.name(),
+            config.frequency,
+        )?;
         Ok(profiler)
     }
 
@@ -429,11 +458,12 @@ impl Profiler {
         if frequency == self.frequency {
             return Ok(());
         }
-        let program = bpf::perf_event(&mut self.ebpf, PROGRAM)?;
+        let program = bpf::perf_event(&mut self.ebpf, self.program.name())?;
         for link in self.links.drain(..) {
             let _ = program.detach(link);
         }
-        self.links = bpf::attach_cpu_clock_all_cpus(&mut self.ebpf, PROGRAM, frequency)?;
+        self.links =
+            bpf::attach_cpu_clock_all_cpus(&mut self.ebpf, self.program.name(), frequency)?;
         self.frequency = frequency;
         Ok(())
     }
@@ -1202,7 +1232,7 @@ impl Profiler {
     }
 
     pub fn program_stats(&self) -> Option<(u64, u64)> {
-        let info = self.ebpf.program(PROGRAM)?.info().ok()?;
+        let info = self.ebpf.program(self.program.name())?.info().ok()?;
         Some((info.run_time().as_nanos() as u64, info.run_count()))
     }
 }

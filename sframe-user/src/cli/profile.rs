@@ -195,6 +195,7 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
             counts: Some(args.max_counts),
             kernel_stacks: None,
         },
+        program: sframe_user::profiler::SampleProgram::Profile,
     };
     let whole_system = config.targets.all;
     let mut profiler = Profiler::start_with(config).context("starting the profiler")?;

@@ -20,7 +20,7 @@ use aya::{
     },
 };
 use sframe_common::{Counter, WalkOutcome};
-use sframe_user::profiler::Profiler;
+use sframe_user::profiler::{Profiler, ProfilerConfig, SampleProgram};
 
 use crate::{
     Args, progress,
@@ -90,6 +90,19 @@ struct ProgramRun {
 }
 
 impl ProgramRun {
+    /// Two windows of the same program as one.
+    fn plus(&self, other: &ProgramRun) -> ProgramRun {
+        ProgramRun {
+            run_time_ns: self.run_time_ns + other.run_time_ns,
+            run_count: self.run_count + other.run_count,
+            samples: self.samples + other.samples,
+            frames: self.frames + other.frames,
+            complete: match (self.complete, other.complete) {
+                (None, c) | (c, None) => c,
+                (Some(a), Some(b)) => Some(a + b),
+            },
+        }
+    }
     fn per_run_ns(&self) -> Option<f64> {
         ratio(self.run_time_ns as f64, self.run_count as f64)
     }
@@ -116,6 +129,10 @@ struct CostRow {
     depth: usize,
     baseline: Result<ProgramRun>,
     profiler: Result<ProgramRun>,
+    /// The profiler's program without thread names (`profile_no_thread_names`).
+    no_names: Result<ProgramRun>,
+    /// ns/sample of each A/B window: (with thread names, ns).
+    name_windows: Vec<(bool, f64)>,
 }
 
 /// C source of a chain of `depth` non-inlined frames, `main` → `f1` → … → `f<depth>`,
@@ -158,6 +175,11 @@ fn build_fixture(dir: &Path, depth: usize) -> Result<PathBuf> {
     Ok(bin)
 }
 
+/// Windows of each side of the thread-name A/B per depth.
+fn name_pairs(args: &Args) -> usize {
+    if args.quick { 1 } else { 3 }
+}
+
 fn bpf_cost(args: &Args) -> Result<(FilterOnly, Vec<CostRow>)> {
     let _stats = BpfStats::enable()?;
     let dir = TempDir::new()?;
@@ -182,8 +204,41 @@ fn bpf_cost(args: &Args) -> Result<(FilterOnly, Vec<CostRow>)> {
         }
         progress(&format!("  chain of {depth} frames, pid {}", fixture.pid()));
         let baseline = measure_baseline(Some(fixture.pid()), args.sample_time());
-        let profiler = measure_profiler(Some(fixture.pid()), args.sample_time());
-        for (name, run) in [("baseline", &baseline), ("profile", &profiler)] {
+        // The thread-name A/B alternates its two programs (ABBA…) so that a drift of the
+        // host's speed during the run falls on both alike; each side sums its windows.
+        let pairs = name_pairs(args);
+        let mut profiler: Result<ProgramRun> = Ok(ProgramRun::default());
+        let mut no_names: Result<ProgramRun> = Ok(ProgramRun::default());
+        let mut name_windows = Vec::new();
+        for window in 0..2 * pairs {
+            let names_first = (window / 2) % 2 == 0;
+            let with_names = (window % 2 == 0) == names_first;
+            let (program, total) = if with_names {
+                (SampleProgram::Profile, &mut profiler)
+            } else {
+                (SampleProgram::WithoutThreadNames, &mut no_names)
+            };
+            let run = measure_profiler_with(Some(fixture.pid()), args.sample_time(), program);
+            if let Ok(r) = &run {
+                if let Some(ns) = r.per_sample_ns() {
+                    name_windows.push((with_names, ns));
+                }
+                progress(&format!(
+                    "    window {window}, {}: {:.0} ns/sample",
+                    program.name(),
+                    r.per_sample_ns().unwrap_or(f64::NAN)
+                ));
+            }
+            *total = match (std::mem::replace(total, Ok(ProgramRun::default())), run) {
+                (Ok(sum), Ok(run)) => Ok(sum.plus(&run)),
+                (Err(err), _) | (_, Err(err)) => Err(err),
+            };
+        }
+        for (name, run) in [
+            ("baseline", &baseline),
+            ("profile", &profiler),
+            ("profile, no thread names", &no_names),
+        ] {
             match run {
                 Ok(r) => progress(&format!(
                     "    {name}: {} samples, {:.0} ns/sample, {:.1} frames/sample",
@@ -199,6 +254,8 @@ fn bpf_cost(args: &Args) -> Result<(FilterOnly, Vec<CostRow>)> {
             depth,
             baseline,
             profiler,
+            no_names,
+            name_windows,
         });
     }
     Ok((filter_only.context("no fixture ran")?, rows))
@@ -299,7 +356,19 @@ type VerifierStats = Vec<(String, Option<u32>)>;
 static VERIFIER: std::sync::Mutex<Option<VerifierStats>> = std::sync::Mutex::new(None);
 
 fn measure_profiler(pid: Option<u32>, time: Duration) -> Result<ProgramRun> {
-    let mut profiler = Profiler::start(FREQUENCY).context("starting the profiler")?;
+    measure_profiler_with(pid, time, SampleProgram::Profile)
+}
+
+fn measure_profiler_with(
+    pid: Option<u32>,
+    time: Duration,
+    program: SampleProgram,
+) -> Result<ProgramRun> {
+    let mut profiler = Profiler::start_with(ProfilerConfig {
+        program,
+        ..ProfilerConfig::explicit(FREQUENCY)
+    })
+    .context("starting the profiler")?;
     if let Ok(mut v) = VERIFIER.lock() {
         v.get_or_insert_with(|| profiler.verifier_stats());
     }
@@ -341,10 +410,15 @@ fn cost_section(doc: &mut String, filter_only: &FilterOnly, rows: &[CostRow], ar
          before and after the window. Nothing is subtracted. Both programs run on every\n\
          CPU for every task, so their runs include other tasks' samples, which they only\n\
          filter out; a first window with the fixture running but no target measures that\n\
-         filtering cost alone.\n\n{}\n\n\
+         filtering cost alone. The profiler's windows alternate with windows of the same\n\
+         walker without the thread name in the count keys (`profile_no_thread_names`, a\n\
+         second instance of the same generic code without `bpf_get_current_comm`; the key\n\
+         keeps its size), {} of each in the order ABBA…, each side's runs summed: what\n\
+         recording each sample's thread costs.\n\n{}\n\n\
          Goals (issue 8): per frame ≤ 1.5× the kernel's frame-pointer walker; per sample at\n\
          32 frames ≤ 3 µs.\n",
         args.sample_time().as_secs(),
+        name_pairs(args),
         [
             "- *ns/run*: `run_time_ns / run_cnt` over all runs, filtered-out ones included (a",
             "  lower bound of the cost of one walk).",
@@ -389,6 +463,7 @@ fn cost_section(doc: &mut String, filter_only: &FilterOnly, rows: &[CostRow], ar
         for (name, run) in [
             ("`fp_baseline` (kernel FP walker)", &row.baseline),
             ("`profile` (this profiler)", &row.profiler),
+            ("`profile`, no thread names", &row.no_names),
         ] {
             match run {
                 Ok(r) => {
@@ -431,6 +506,38 @@ fn cost_section(doc: &mut String, filter_only: &FilterOnly, rows: &[CostRow], ar
             doc,
             "\nAt 32 frames the profiler costs {:.2} µs per sample (goal ≤ 3 µs).",
             ns / 1000.0
+        );
+    }
+    let names: Vec<String> = rows
+        .iter()
+        .filter_map(|row| {
+            let with = row.profiler.as_ref().ok()?.per_sample_ns()?;
+            let without = row.no_names.as_ref().ok()?.per_sample_ns()?;
+            let range = |names: bool| {
+                let (lo, hi) = row
+                    .name_windows
+                    .iter()
+                    .filter(|(n, _)| *n == names)
+                    .fold((f64::INFINITY, 0.0f64), |(lo, hi), (_, ns)| {
+                        (lo.min(*ns), hi.max(*ns))
+                    });
+                format!("{lo:.0}–{hi:.0}")
+            };
+            Some(format!(
+                "{} frames {:+.0} ns ({:+.1} %; windows with names {} ns, without {} ns)",
+                row.depth,
+                with - without,
+                (with / without - 1.0) * 100.0,
+                range(true),
+                range(false),
+            ))
+        })
+        .collect();
+    if !names.is_empty() {
+        let _ = writeln!(
+            doc,
+            "\nRecording each sample's thread name (per sample, names on − off, same run): {}.",
+            names.join(", ")
         );
     }
 }
