@@ -338,6 +338,8 @@ pub struct ObjectStore {
     worker: Option<Worker>,
     /// Objects on the worker, and the processes to reload when they are done.
     in_flight: HashMap<ObjectKey, std::collections::HashSet<u32>>,
+    /// Finished builds are left on the worker's channel (tests: a build that takes long).
+    builds_held: bool,
     /// Objects whose table could not be built or loaded.
     pub failed_objects: u64,
     pub stats: StoreStats,
@@ -366,6 +368,7 @@ impl ObjectStore {
             cache: None,
             worker: None,
             in_flight: HashMap::new(),
+            builds_held: false,
             failed_objects: 0,
             stats: StoreStats::default(),
             no_room: HashMap::new(),
@@ -389,8 +392,8 @@ impl ObjectStore {
         let _timer = load_timer();
         let mut reload = Vec::new();
         let finished: Vec<BuildDone> = match &self.worker {
-            Some(w) => w.done.try_iter().collect(),
-            None => return reload,
+            Some(w) if !self.builds_held => w.done.try_iter().collect(),
+            _ => return reload,
         };
         let built = !finished.is_empty();
         for done in finished {
@@ -410,9 +413,65 @@ impl ObjectStore {
         reload
     }
 
+    /// While `held`, builds the worker finished are not taken in: to tests, a build
+    /// still running (what a large object on a busy host is).
+    #[doc(hidden)]
+    pub fn hold_builds(&mut self, held: bool) {
+        self.builds_held = held;
+    }
+
     /// Objects being built on the worker.
     pub fn builds_in_flight(&self) -> usize {
         self.in_flight.len()
+    }
+
+    /// Whether an object `pid` maps is being built on the worker (its table is coming).
+    pub fn awaits_build(&self, pid: u32) -> bool {
+        self.in_flight.values().any(|pids| pids.contains(&pid))
+    }
+
+    /// The mapping table of a process that exited, rebuilt from the executable mappings
+    /// it had: for walking, in user space, the samples it left while the tables of its
+    /// objects were being built. Nothing is read from `/proc` (the process is gone) or
+    /// installed in the kernel: each mapping resolves through the file identity seen
+    /// while the process lived, and only to a table loaded now.
+    pub fn exited_entries(&self, maps: &[Mapping]) -> Vec<MappingEntry> {
+        let mut entries: Vec<MappingEntry> = maps
+            .iter()
+            .filter(|m| m.executable)
+            .take(sframe_common::budget::MAX_MAPPINGS)
+            .map(|m| {
+                let vdso = m.path == "[vdso]";
+                let file_id = if vdso {
+                    (0, 0, m.end.saturating_sub(m.start), m.path.clone())
+                } else {
+                    (m.dev_major, m.dev_minor, m.inode, m.path.clone())
+                };
+                let resolved = self
+                    .files
+                    .get(&file_id)
+                    .and_then(|(key, _)| self.objects.get(key))
+                    .and_then(|info| {
+                        let bias = if vdso {
+                            let vaddr0 = info.segments.iter().find(|s| s.offset == 0)?.vaddr;
+                            m.start.wrapping_sub(vaddr0)
+                        } else {
+                            info.bias(m)?
+                        };
+                        Some((info.placement?.object, bias))
+                    });
+                let (object, bias) = resolved.unwrap_or((NO_OBJECT, 0));
+                MappingEntry {
+                    start: m.start,
+                    end: m.end,
+                    bias,
+                    object,
+                    flags: if vdso { MAPPING_FLAG_VDSO } else { 0 },
+                }
+            })
+            .collect();
+        entries.sort_by_key(|e| e.start);
+        entries
     }
 
     /// Processes with a mapping table installed by this store.
@@ -738,8 +797,12 @@ impl ObjectStore {
             Some((key, _)) => key.clone(),
             None => {
                 let mut data = vec![0u8; len as usize];
-                let mem = fs::File::open(format!("/proc/{pid}/mem")).ok()?;
-                std::os::unix::fs::FileExt::read_exact_at(&mem, &mut data, m.start).ok()?;
+                let mem = fs::File::open(format!("/proc/{pid}/mem"))
+                    .map_err(|e| log::debug!("pid {pid}: cannot open its memory for the vDSO: {e}"))
+                    .ok()?;
+                std::os::unix::fs::FileExt::read_exact_at(&mem, &mut data, m.start)
+                    .map_err(|e| log::debug!("pid {pid}: cannot read its vDSO: {e}"))
+                    .ok()?;
                 let key = ObjectKey::Content(digest_bytes(&data));
                 let data = ObjectBytes::Heap(data);
                 if !self.usable(&key) {
@@ -752,6 +815,12 @@ impl ObjectStore {
             }
         };
         let info = self.objects.get(&key)?;
+        if info.placement.is_none() {
+            log::debug!(
+                "pid {pid}: the vDSO has no table in the kernel ({:?})",
+                info.error
+            );
+        }
         // The vDSO image is mapped from its start: file offset 0 is at m.start.
         let vaddr0 = info
             .segments

@@ -15,7 +15,7 @@ use aya::{
 use sframe_common::{
     Counter, WalkOutcome,
     event::{CgroupFilter, MAX_CGROUP_FILTERS, ProcEvent, ProcEventKind, filter},
-    layout::{PageBlock, RowBlock},
+    layout::{MappingEntry, PageBlock, RowBlock},
     stack::{CountKey, UserStack},
 };
 
@@ -561,12 +561,12 @@ impl Profiler {
         }
         self.load_pending(&mut added);
         self.run_due_reloads(&mut added);
-        self.unwind_deferred();
         for pid in self.store.poll_builds() {
             if self.procs.get(&pid).is_some_and(|p| p.exited_at.is_none()) {
                 self.load(pid, &mut added, true);
             }
         }
+        self.unwind_deferred();
         added
     }
 
@@ -623,6 +623,29 @@ impl Profiler {
     /// same tables (read from the maps) and the stack bytes the sample carries, and counts
     /// them like the kernel side would have.
     fn unwind_deferred(&mut self) {
+        self.unwind_deferred_rounds(false);
+    }
+
+    /// Waits (at most `timeout`) for the tables the deferred samples still wait for to be
+    /// built, then walks every deferred sample with what there is (the profile ends).
+    pub fn flush_deferred(&mut self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        self.unwind_deferred();
+        while Instant::now() < deadline
+            && self
+                .deferred_backlog
+                .iter()
+                .any(|(_, rec)| self.store.awaits_build(rec.pid))
+        {
+            std::thread::sleep(Duration::from_millis(10));
+            self.store.poll_builds();
+            self.unwind_deferred();
+        }
+        self.unwind_deferred_rounds(true);
+    }
+
+    /// `unwind_deferred`; `last`: walk every record now, waiting for nothing.
+    fn unwind_deferred_rounds(&mut self, last: bool) {
         let _cpu = crate::cputime::Timer::start(&crate::cputime::COLLECTION);
         use sframe_common::sample::{DEFERRED_STACK_BYTES, DeferredSample};
         let Some(ring) = self.deferred.as_mut() else {
@@ -639,11 +662,18 @@ impl Profiler {
                 records.push((now, Box::new(rec)));
             }
         }
+        // Tables of exited processes, rebuilt from the mappings they had (once per call).
+        let mut exited_entries: StdHashMap<u32, Vec<MappingEntry>> = StdHashMap::new();
         for (seen, rec) in records {
-            let waiting = self.store.process_entries(rec.pid).is_none()
-                && procfs::exists(rec.pid)
+            let patient = !last
                 && now.duration_since(seen) < DEFERRED_PATIENCE
                 && self.deferred_backlog.len() < MAX_DEFERRED_BACKLOG;
+            // Its first load has not run yet; or an object it maps is being built on the
+            // worker (walked now, the sample would stop there; a short process can have
+            // exited meanwhile: its mappings are kept, the walk waits for the table).
+            let waiting = patient
+                && ((self.store.process_entries(rec.pid).is_none() && procfs::exists(rec.pid))
+                    || self.store.awaits_build(rec.pid));
             if waiting {
                 // Its tables are not loaded yet (queued behind other first loads): make
                 // sure it is queued, and try again next round.
@@ -668,7 +698,20 @@ impl Profiler {
                 let bytes: [u8; 8] = rec.stack[o..o + 8].try_into().ok()?;
                 Some(u64::from_le_bytes(bytes))
             };
-            let outcome = match self.store.process_entries(rec.pid) {
+            let exited = match self.procs.get(&rec.pid) {
+                Some(p)
+                    if p.exited_at.is_some() && self.store.process_entries(rec.pid).is_none() =>
+                {
+                    Some(
+                        exited_entries
+                            .entry(rec.pid)
+                            .or_insert_with(|| self.store.exited_entries(&p.info.maps))
+                            .as_slice(),
+                    )
+                }
+                _ => None,
+            };
+            let outcome = match self.store.process_entries(rec.pid).or(exited) {
                 Some(entries) => {
                     let mut view = self.store.tables.view(entries);
                     sframe_common::step::walk(&mut st, rec.regs, &mut view, &mut read)
@@ -685,8 +728,7 @@ impl Profiler {
             // mmap event reloads the process; wait for that as for a first load.
             let retry = outcome == WalkOutcome::NoMapping
                 && st.frames_from_fp == 0
-                && now.duration_since(seen) < DEFERRED_PATIENCE
-                && self.deferred_backlog.len() < MAX_DEFERRED_BACKLOG
+                && patient
                 && procfs::exists(rec.pid);
             if retry {
                 self.deferred_backlog.push_back((seen, rec));
@@ -915,10 +957,15 @@ impl Profiler {
     /// liveness check that catches exits whose events were lost.
     pub fn maintain(&mut self) -> Vec<u32> {
         let mut added = Vec::new();
-        for pid in self.store.poll_builds() {
+        let built = self.store.poll_builds();
+        for &pid in &built {
             if self.procs.get(&pid).is_some_and(|p| p.exited_at.is_none()) {
                 self.load(pid, &mut added, true);
             }
+        }
+        if !built.is_empty() {
+            // Deferred samples that waited for these tables (exited processes' too).
+            self.unwind_deferred();
         }
         if !self.cgroups_v1.is_empty() {
             let before: HashSet<u32> = self.procs.keys().copied().collect();

@@ -864,6 +864,104 @@ fn large_objects_are_built_off_the_event_loop_and_then_used() {
     );
 }
 
+/// A large executable (over `SYNC_BUILD_BYTES`) that spins `short_work` for 0.3 s of CPU,
+/// then waits for its stdin to close and exits.
+const SHORT_LARGE_SOURCE: &str = r#"
+#include <time.h>
+#include <unistd.h>
+volatile unsigned long sink;
+const unsigned char ballast[12 << 20] = {1};
+static double cpu_seconds(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
+__attribute__((noinline)) void short_inner(void) { for (int i = 0; i < 1000; i++) sink += i; }
+__attribute__((noinline)) void short_work(double secs) {
+    double start = cpu_seconds();
+    while (cpu_seconds() - start < secs) { short_inner(); sink++; }
+}
+int main(int argc, char **argv) {
+    char c;
+    short_work(0.3);
+    sink += ballast[argc];
+    while (read(0, &c, 1) > 0) {}
+    return 0;
+}
+"#;
+
+#[test]
+fn a_process_that_exits_while_its_table_is_built_keeps_its_stacks() {
+    if !bpf_or_skip("a_process_that_exits_while_its_table_is_built_keeps_its_stacks") {
+        return;
+    }
+    let _serial = serial();
+    let exe = compile_c(
+        "short_large",
+        SHORT_LARGE_SOURCE,
+        &["-O2", "-fomit-frame-pointer"],
+    );
+    let spec = TargetSpec {
+        all: true,
+        ..TargetSpec::default()
+    };
+    let mut profiler = Profiler::start_with(config(499, spec)).expect("start");
+    // The build "takes" until the process has exited: its result is left on the
+    // worker's channel until then (otherwise how long it takes is a race).
+    profiler.store.hold_builds(true);
+    let mut child = KillOnDrop::spawn(Command::new(&exe).stdin(Stdio::piped()));
+    let pid = child.pid();
+    // Its samples find no table (the loop is not run meanwhile): all deferred.
+    // (Bounded by its CPU: it spins 0.3 s in all, some before this call.)
+    let cpu = support::hostile::wait_cpu(pid, 0.25, || {});
+    // Its first load sends the executable to the worker; samples taken before wait for
+    // that table rather than be walked without it (by frame pointers it does not keep).
+    let started = Instant::now();
+    while !profiler
+        .targets()
+        .iter()
+        .any(|t| t.pid == pid && !t.maps.is_empty())
+    {
+        profiler.handle_events();
+        thread::sleep(Duration::from_millis(10));
+        assert!(started.elapsed() < Duration::from_secs(120), "never loaded");
+    }
+    assert_eq!(
+        profiler.store.builds_in_flight(),
+        1,
+        "its executable is built on the worker"
+    );
+    // It exits before the build is done: its tables go with it.
+    drop(child.0.stdin.take());
+    let _ = child.0.wait();
+    while profiler.alive_targets() > 0 || profiler.targets().iter().all(|t| t.pid != pid) {
+        profiler.handle_events();
+        profiler.maintain();
+        thread::sleep(Duration::from_millis(10));
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "exit not seen"
+        );
+    }
+    let waiting = profiler.deferred_waiting();
+    assert!(waiting > 0, "its samples wait for the table");
+    profiler.store.hold_builds(false);
+    profiler.flush_deferred(Duration::from_secs(120));
+    let snap = profiler.collect();
+    let deferred = snap.counters[sframe_common::Counter::Deferred as usize];
+    let stacks = stacks_of(&profiler, &snap, &profiler.targets(), &[pid].into());
+    let (good, total, bad) = complete_through(&stacks, &["main", "short_work"]);
+    eprintln!("{deferred} deferred, {waiting} waited past the exit; {good} of {total} complete");
+    assert!(
+        total >= samples_floor(cpu, 499),
+        "too few samples: {total} in {cpu:.2} s of CPU"
+    );
+    assert!(
+        good as f64 >= 0.95 * total as f64,
+        "{good} of {total}:\n{bad}"
+    );
+}
+
 #[test]
 fn drop_privileges_keeps_only_what_profiling_needs() {
     if !bpf_or_skip("drop_privileges_keeps_only_what_profiling_needs") {

@@ -20,6 +20,9 @@ use sframe_user::{
 };
 use tokio::io::{Interest, unix::AsyncFd};
 
+/// How long the end of a profile waits for tables its deferred samples need.
+const DEFERRED_FLUSH: Duration = Duration::from_secs(10);
+
 #[derive(Args, Debug)]
 pub struct ProfileArgs {
     /// Process to profile, all its threads and its children (repeatable). Without
@@ -394,6 +397,9 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
         }
     }
     profiler.handle_events();
+    // Samples of short processes may still wait for a table being built (a large
+    // library seen first on a cold cache): their stacks are what the profile is for.
+    profiler.flush_deferred(DEFERRED_FLUSH);
     let snap = profiler.collect();
     let targets = profiler.targets();
     if let Some((ns, runs)) = profiler.program_stats()
