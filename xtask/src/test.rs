@@ -1,5 +1,5 @@
-//! `cargo xtask test`: everything CI checks, in order of cost, then the VM kernel matrix
-//! (`vm-test`), then `bench --quick`
+//! `cargo xtask test`: everything CI checks, in order of cost, then the VM kernel matrices
+//! (`vm-test`, x86-64 and arm64), then `bench --quick`
 //! (the benchmark harness must run; its numbers are not asserted), then every fuzz target
 //! for a bounded time (a crash fails the run).
 
@@ -72,14 +72,19 @@ pub fn test(args: TestArgs) -> Result<()> {
     if args.skip_vm {
         eprintln!("xtask: SKIPPED the VM kernel matrix (--skip-vm)");
     } else {
-        // The arm64 matrix (`vm-test --arch aarch64`) is not run here yet: its lifecycle
-        // test is not reliable under emulation (see the README, Kernels).
-        let started = std::time::Instant::now();
-        crate::vm::vm_test(crate::vm::VmTestArgs::for_arch(crate::vm::Arch::X86_64))?;
-        eprintln!(
-            "xtask: the x86-64 VM kernel matrix took {:.0} s",
-            started.elapsed().as_secs_f64()
-        );
+        // Both architectures: x86-64 (Debian's 6.1 and 6.12, then this machine's kernel)
+        // and arm64 (Debian's arm64 6.1 and 6.12 under TCG, the profiler cross-built).
+        for (arch, name) in [
+            (crate::vm::Arch::X86_64, "x86-64"),
+            (crate::vm::Arch::Aarch64, "arm64"),
+        ] {
+            let started = std::time::Instant::now();
+            crate::vm::vm_test(crate::vm::VmTestArgs::for_arch(arch))?;
+            eprintln!(
+                "xtask: the {name} VM kernel matrix took {:.0} s",
+                started.elapsed().as_secs_f64()
+            );
+        }
     }
     let started = std::time::Instant::now();
     crate::bench::quick_check()?;

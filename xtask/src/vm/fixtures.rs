@@ -150,6 +150,8 @@ impl Fixtures {
 pub const NAMES: &[&str] = &[
     "chain_sframe",
     "chain_eh",
+    "chain_fp",
+    "chain_fp_only",
     "deep",
     "sysloop",
     "cpp_worker",
@@ -185,8 +187,8 @@ fn compile(
     cmd::run(&mut c, &format!("compile fixture {out}"))
 }
 
-/// Compiles every fixture for `arch` into `dir`. No frame pointers anywhere: the
-/// stacks can only be complete if the tables are right.
+/// Compiles every fixture for `arch` into `dir`. No frame pointers but in `chain_fp*`:
+/// the stacks can only be complete if the tables are right.
 pub fn build(arch: Arch, dir: &Path) -> Result<Fixtures> {
     std::fs::create_dir_all(dir)?;
     let base = ["-O2", "-g", "-fomit-frame-pointer"];
@@ -203,6 +205,30 @@ pub fn build(arch: Arch, dir: &Path) -> Result<Fixtures> {
         false,
     )?;
     compile(arch, dir, "chain_eh", "chain_eh.c", CHAIN_C, &base, false)?;
+    // Frame pointers in every function, leaves too (what distributions that keep frame
+    // pointers build with): with `.eh_frame` (its rules base the CFA on the frame
+    // pointer), and with no unwind tables at all (only the frame-pointer fallback).
+    let fp = [
+        "-O2",
+        "-g",
+        "-fno-omit-frame-pointer",
+        "-mno-omit-leaf-frame-pointer",
+    ];
+    compile(arch, dir, "chain_fp", "chain_fp.c", CHAIN_C, &fp, false)?;
+    let fp_only: Vec<&str> = fp
+        .iter()
+        .copied()
+        .chain(["-fno-asynchronous-unwind-tables", "-fno-unwind-tables"])
+        .collect();
+    compile(
+        arch,
+        dir,
+        "chain_fp_only",
+        "chain_fp_only.c",
+        CHAIN_C,
+        &fp_only,
+        false,
+    )?;
     compile(arch, dir, "deep", "deep.c", DEEP_C, &base, false)?;
     compile(arch, dir, "sysloop", "sysloop.c", SYSCALL_C, &base, false)?;
     compile(arch, dir, "cpp_worker", "cpp_worker.cc", CPP, &base, true)?;

@@ -80,6 +80,7 @@ fn run_tests(ctx: &Ctx, only: Option<&str>) -> Result<()> {
         ("programs_load", programs_load),
         ("c_sframe", c_sframe),
         ("c_eh_frame", c_eh_frame),
+        ("c_frame_pointers", c_frame_pointers),
         ("cpp", cpp),
         ("python3", python3),
         ("deep_recursion", deep_recursion),
@@ -698,6 +699,29 @@ fn c_eh_frame(ctx: &Ctx) -> Result<String> {
     chain_test(ctx, "chain_eh", "eh_frame")
 }
 
+/// Code built with frame pointers: unwound by its `.eh_frame` (CFA from the frame
+/// pointer), and, in a copy without any unwind table, by the frame-pointer fallback.
+fn c_frame_pointers(ctx: &Ctx) -> Result<String> {
+    let with_tables = chain_test(ctx, "chain_fp", "eh_frame")?;
+    let (pid, report, _) = profile_pid(ctx, &mut Command::new(ctx.fixture("chain_fp_only")), &[])?;
+    let fallback = check(
+        &report,
+        &|s| s.pid == pid,
+        &Expect {
+            chain: CHAIN,
+            leaf: Some("leaf_spin"),
+            // A sample in a prologue, before its frame record exists, skips the caller:
+            // complete but one frame short, which only the floor below allows for.
+            exact_from_main: false,
+            min_complete: 0.95,
+            min_chain: 0.80,
+        },
+    )?;
+    Ok(format!(
+        "with .eh_frame: {with_tables}; frame pointers only: {fallback}"
+    ))
+}
+
 fn cpp(ctx: &Ctx) -> Result<String> {
     let (pid, report, _) = profile_pid(ctx, &mut Command::new(ctx.fixture("cpp_worker")), &[])?;
     check(
@@ -853,6 +877,13 @@ fn lifecycle(ctx: &Ctx) -> Result<String> {
             min_chain: ctx.lifecycle_min_complete - 0.3,
         },
     )?;
+    // What the incomplete ones were (the console keeps it for a passing run too).
+    let incomplete = report.summary(&|s| {
+        s.comm == "dl_child" && !(s.complete() && s.user().first() == Some(&"_start"))
+    });
+    if !incomplete.is_empty() {
+        println!("SFRAME-VM: lifecycle, hottest incomplete or not from _start:\n{incomplete}");
+    }
     let mut events = Vec::new();
     for event in ["fork", "exec", "exit", "mmap"] {
         let n = metric(
