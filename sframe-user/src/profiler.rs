@@ -860,6 +860,7 @@ impl Profiler {
         let load_cost = started.elapsed();
         match refreshed {
             Ok(report) if !report.maps.is_empty() => {
+                let build_time = report.build_time;
                 self.lifecycle.process_loads += 1;
                 self.load_retries.remove(&pid);
                 let info = match self.procs.remove(&pid) {
@@ -876,7 +877,11 @@ impl Profiler {
                         info,
                         exited_at: None,
                         loaded_at: Instant::now(),
-                        load_cost,
+                        // What reloading it costs: building the tables of objects seen
+                        // for the first time is paid once, not at every reload (a new
+                        // process on a cold cache would otherwise wait seconds for the
+                        // reload after its first dlopen, and exit first).
+                        load_cost: load_cost.saturating_sub(build_time),
                     },
                 );
                 if new {

@@ -864,6 +864,35 @@ fn large_objects_are_built_off_the_event_loop_and_then_used() {
     );
 }
 
+#[test]
+fn a_reload_is_charged_only_what_reloading_costs() {
+    if !bpf_or_skip("a_reload_is_charged_only_what_reloading_costs") {
+        return;
+    }
+    let _serial = serial();
+    let exe = compile_c(
+        "reload_cost",
+        &spinner_source("reload_work", 30.0),
+        &["-O2", "-fomit-frame-pointer"],
+    );
+    let mut profiler = Profiler::start(99).expect("start");
+    let spinner = KillOnDrop::spawn(&mut Command::new(&exe));
+    thread::sleep(Duration::from_millis(50));
+    // The first load builds the tables of the executable, libc, ld.so and the vDSO:
+    // paid once. A reload finds them built: the throttle between reloads (a share of
+    // their cost) must not count the builds, or a new process waits for its first
+    // dlopen's reload long after its library runs.
+    let first = profiler.add_target(spinner.pid()).expect("tables");
+    let again = profiler.refresh(spinner.pid()).expect("tables");
+    assert!(
+        first.build_time > Duration::ZERO,
+        "first load: {:?}",
+        first.build_time
+    );
+    assert_eq!(again.build_time, Duration::ZERO, "nothing new to build");
+    assert_eq!(again.with_table, first.with_table);
+}
+
 /// A large executable (over `SYNC_BUILD_BYTES`) that spins `short_work` for 0.3 s of CPU,
 /// then waits for its stdin to close and exits.
 const SHORT_LARGE_SOURCE: &str = r#"
