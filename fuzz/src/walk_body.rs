@@ -52,6 +52,10 @@ struct FuzzTables {
 }
 
 impl Tables for FuzzTables {
+    fn return_address_mask(&mut self) -> u64 {
+        // AArch64's default: the fuzzed rules include signed return addresses.
+        sframe_common::layout::addr_mask(48)
+    }
     fn mapping_count(&mut self) -> u32 {
         1
     }

@@ -47,15 +47,42 @@ pub const MAPPING_FLAG_VDSO: u32 = 1 << 0;
 #[derive(Clone, Copy, Debug)]
 pub struct ProcessEntry {
     pub count: u32,
-    pub _pad: u32,
+    /// The process's user virtual-address bits ([`addr_bits`]): every return address
+    /// the walk recovers is cut to them, which strips AArch64's pointer-authentication
+    /// codes whichever key signed them. 0: no cut (x86-64).
+    pub addr_bits: u32,
     pub mappings: [MappingEntry; MAX_MAPPINGS],
+}
+
+/// `ProcessEntry::addr_bits` for a process whose highest executable mapping ends at
+/// `max_end`, on AArch64 (`aarch64`) or not. On AArch64 a return address signed with
+/// pointer authentication carries its code above the virtual-address bits: those are
+/// 48 (every Linux configuration's default) unless the process has code above 2^48
+/// (a 52-bit kernel, and only for a process that asked for such addresses); the bits
+/// of a real return address never go past its executable mappings. Elsewhere 0.
+pub fn addr_bits(aarch64: bool, max_end: u64) -> u32 {
+    match (aarch64, max_end > 1 << 48) {
+        (false, _) => 0,
+        (true, false) => 48,
+        (true, true) => 52,
+    }
+}
+
+/// The mask [`ProcessEntry::addr_bits`] stands for.
+#[inline(always)]
+pub fn addr_mask(bits: u32) -> u64 {
+    if bits == 0 || bits >= 64 {
+        u64::MAX
+    } else {
+        (1u64 << (bits & 63)) - 1
+    }
 }
 
 impl Default for ProcessEntry {
     fn default() -> Self {
         Self {
             count: 0,
-            _pad: 0,
+            addr_bits: 0,
             mappings: [MappingEntry::default(); MAX_MAPPINGS],
         }
     }

@@ -36,6 +36,9 @@ pub trait Tables {
     /// ROWS entry by absolute index.
     fn row(&mut self, index: u32) -> Option<RowEntry>;
     fn rule(&mut self, index: u16) -> Option<RuleEntry>;
+    /// The process's [`crate::layout::addr_mask`]: every recovered return address is cut
+    /// to it (AArch64 pointer authentication).
+    fn return_address_mask(&mut self) -> u64;
 }
 
 /// Index of the last element of `[start, start + n)` whose key is ≤ `x`, in exactly
@@ -315,11 +318,10 @@ pub fn step_rule(
         None if rule.ra_kind == REG_UNCHANGED => return Err(WalkOutcome::TopFrameOnlyRule),
         None => 0,
     };
-    let mut ra = recover(rule.ra_kind, rule.ra_offset, lr, cfa, regs, top, read)?;
-    if rule.flags & RULE_FLAG_MANGLED_RA != 0 {
-        // Strip the pointer-authentication code (48-bit user address space).
-        ra &= (1u64 << 48) - 1;
-    }
+    // A signed RA (`RULE_FLAG_MANGLED_RA`) keeps its authentication code here: the walk
+    // cuts every return address to the process's address bits (`walk_step`), frame-
+    // pointer steps' too (their frame records hold signed RAs as well).
+    let ra = recover(rule.ra_kind, rule.ra_offset, lr, cfa, regs, top, read)?;
     let fp = recover(rule.fp_kind, rule.fp_offset, regs.fp, cfa, regs, top, read)?;
     Ok(Step::Caller {
         regs: Regs {
@@ -455,7 +457,8 @@ pub fn walk_step<T: Tables>(
         Lookup::NoMapping => Err(WalkOutcome::NoMapping),
     };
     match result {
-        Ok(Step::Caller { regs, exact_pc }) => {
+        Ok(Step::Caller { mut regs, exact_pc }) => {
+            regs.pc &= t.return_address_mask();
             if regs.pc == 0 {
                 st.outcome = WalkOutcome::ZeroReturnAddress as u32;
                 return false;

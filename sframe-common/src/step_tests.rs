@@ -194,7 +194,8 @@ fn aarch64_leaf_return_address_in_the_link_register() {
 }
 
 #[test]
-fn a_signed_return_address_is_stripped_to_48_bits() {
+fn a_signed_return_address_is_kept_by_the_step() {
+    // The step returns what it read; the walk cuts it to the process's address bits.
     let mem = Memory::new(&[(SP + 8, 0x002a_0000_1234_5678)]);
     let r = rule(
         CFA_BASE_SP,
@@ -205,8 +206,59 @@ fn a_signed_return_address_is_stripped_to_48_bits() {
     );
     assert_eq!(
         step_rule(&r, &regs(1, SP, 0), None, &mut mem.reader()),
-        caller(regs(0x1234_5678, SP + 16, 0), false)
+        caller(regs(0x002a_0000_1234_5678, SP + 16, 0), false)
     );
+}
+
+#[test]
+fn signed_return_addresses_are_cut_to_the_process_address_bits() {
+    // AArch64 pointer authentication: the code sits above the address bits, whichever
+    // key signed it and whether a table or a frame record gave the address.
+    let mut t = chain_tables();
+    t.rules[2].flags |= RULE_FLAG_MANGLED_RA;
+    let signed = |addr: u64, pac: u64| addr | (pac << 48);
+    let mem = Memory::new(&[
+        (SP + 8, signed(BASE + 0x150, 0x2a)),
+        (SP + 24, signed(BASE + 0x50, 0x7f13)),
+    ]);
+    let mut st = WalkState::default();
+    let start = regs(BASE + 0x210, SP, 0);
+    t.addr_bits = addr_bits(true, BASE + 0x1000);
+    assert_eq!(t.addr_bits, 48);
+    assert_eq!(
+        walk(&mut st, start, &mut t, &mut mem.reader()),
+        WalkOutcome::Complete
+    );
+    assert_eq!(
+        &st.stack.frames[..st.stack.len as usize],
+        &[BASE + 0x210, BASE + 0x150, BASE + 0x50]
+    );
+    // x86-64 (no cut): the signed address is in no mapping.
+    t.addr_bits = addr_bits(false, BASE + 0x1000);
+    assert_eq!(
+        walk(&mut st, start, &mut t, &mut mem.reader()),
+        WalkOutcome::NoMapping
+    );
+    // Frame records hold signed addresses too (the frame-pointer fallback).
+    t.addr_bits = 48;
+    let fp = SP + 0x40;
+    let mem = Memory::new(&[(fp, 0), (fp + 8, signed(BASE + 0x50, 0x55))]);
+    assert_eq!(
+        walk(
+            &mut st,
+            regs(BASE + 0x310, SP, fp),
+            &mut t,
+            &mut mem.reader()
+        ),
+        WalkOutcome::Complete
+    );
+    assert_eq!(st.stack.frames[1], BASE + 0x50);
+    // A process with code above 2^48 (52-bit kernel): its bits are 52, and an address
+    // above 2^48 survives the cut while its code in bits 52.. goes.
+    const HIGH: u64 = 0x0003_0000_0000_0000;
+    assert_eq!(addr_bits(true, HIGH + 0x1000), 52);
+    assert_eq!(addr_mask(52) & (HIGH | 0x5 << 52 | 0x1234), HIGH | 0x1234);
+    assert_eq!(addr_mask(0), u64::MAX);
 }
 
 #[test]
@@ -296,9 +348,13 @@ struct HostTables {
     pages: Vec<u32>,
     rows: Vec<RowEntry>,
     rules: Vec<RuleEntry>,
+    addr_bits: u32,
 }
 
 impl Tables for HostTables {
+    fn return_address_mask(&mut self) -> u64 {
+        crate::layout::addr_mask(self.addr_bits)
+    }
     fn mapping_count(&mut self) -> u32 {
         self.mappings.len() as u32
     }
@@ -361,6 +417,7 @@ fn chain_tables() -> HostTables {
             },
         ],
         rules: vec![RuleEntry::NONE, outermost, frame],
+        addr_bits: 0,
     }
 }
 

@@ -87,6 +87,11 @@ struct BpfTables {
 
 impl Tables for BpfTables {
     #[inline(always)]
+    fn return_address_mask(&mut self) -> u64 {
+        // SAFETY: `process` points to a PROCESSES value for the whole program run.
+        sframe_common::layout::addr_mask(unsafe { (*self.process).addr_bits })
+    }
+    #[inline(always)]
     fn mapping_count(&mut self) -> u32 {
         // SAFETY: `process` points to a PROCESSES value for the whole program run.
         unsafe { (*self.process).count }

@@ -395,6 +395,9 @@ impl HostTables {
 }
 
 impl Tables for HostTables {
+    fn return_address_mask(&mut self) -> u64 {
+        u64::MAX
+    }
     fn mapping_count(&mut self) -> u32 {
         self.mappings.len() as u32
     }

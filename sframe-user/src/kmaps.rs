@@ -389,6 +389,7 @@ impl KernelTables {
         let n = mappings.len().min(MAX_MAPPINGS);
         entry.mappings[..n].copy_from_slice(&mappings[..n]);
         entry.count = n as u32;
+        entry.addr_bits = process_addr_bits(mappings);
         self.processes
             .insert(pid, *entry, 0)
             .map_err(|source| TablesError::Map {
@@ -431,7 +432,17 @@ impl KernelTables {
     }
 }
 
+/// `ProcessEntry::addr_bits` of a process with these executable mappings, on the
+/// architecture the profiler runs on.
+pub fn process_addr_bits(mappings: &[MappingEntry]) -> u32 {
+    let max_end = mappings.iter().map(|m| m.end).max().unwrap_or(0);
+    sframe_common::layout::addr_bits(cfg!(target_arch = "aarch64"), max_end)
+}
+
 impl sframe_common::step::Tables for KernelView<'_> {
+    fn return_address_mask(&mut self) -> u64 {
+        sframe_common::layout::addr_mask(process_addr_bits(self.mappings))
+    }
     fn mapping_count(&mut self) -> u32 {
         self.mappings.len().min(MAX_MAPPINGS) as u32
     }
