@@ -630,6 +630,25 @@ impl Profiler {
     /// built, then walks every deferred sample with what there is (the profile ends).
     pub fn flush_deferred(&mut self, timeout: Duration) {
         let deadline = Instant::now() + timeout;
+        // Processes whose samples wait for their first load (queued behind others'):
+        // load them now, while they are there to be read.
+        let mut unloaded: Vec<u32> = self
+            .deferred_backlog
+            .iter()
+            .map(|(_, rec)| rec.pid)
+            .filter(|&pid| self.store.process_entries(pid).is_none())
+            .collect();
+        unloaded.sort_unstable();
+        unloaded.dedup();
+        let mut added = Vec::new();
+        for pid in unloaded {
+            if Instant::now() >= deadline {
+                break;
+            }
+            if !self.procs.contains_key(&pid) && procfs::exists(pid) {
+                self.load(pid, &mut added, true);
+            }
+        }
         self.unwind_deferred();
         while Instant::now() < deadline
             && self
@@ -665,8 +684,14 @@ impl Profiler {
         // Tables of exited processes, rebuilt from the mappings they had (once per call).
         let mut exited_entries: StdHashMap<u32, Vec<MappingEntry>> = StdHashMap::new();
         for (seen, rec) in records {
+            // A sample waits at most DEFERRED_PATIENCE, or for as long as its process is
+            // queued for its first load or one of its objects is being built: both end
+            // (a busy or emulated host can take longer than the patience to get there;
+            // the backlog's bound caps the memory either way).
+            let held =
+                self.pending_weight.contains_key(&rec.pid) || self.store.awaits_build(rec.pid);
             let patient = !last
-                && now.duration_since(seen) < DEFERRED_PATIENCE
+                && (held || now.duration_since(seen) < DEFERRED_PATIENCE)
                 && self.deferred_backlog.len() < MAX_DEFERRED_BACKLOG;
             // Its first load has not run yet; or an object it maps is being built on the
             // worker (walked now, the sample would stop there; a short process can have
