@@ -18,6 +18,10 @@ pub struct TestArgs {
     /// Leave out the VM kernel matrix (`cargo xtask vm-test`); refused under CI.
     #[arg(long)]
     skip_vm: bool,
+    /// Only this architecture's VM kernel matrix (default: x86-64 and arm64); refused
+    /// under CI.
+    #[arg(long, value_enum)]
+    arch: Option<crate::vm::Arch>,
     /// Extra arguments for `cargo test` (e.g. a test name filter).
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     cargo_test_args: Vec<String>,
@@ -30,9 +34,11 @@ const DEFAULT_FUZZ_SECONDS: u64 = 30;
 const BPF_TARGET: &str = "bpfel-unknown-none";
 
 pub fn test(args: TestArgs) -> Result<()> {
-    if args.skip_vm && std::env::var_os("CI").is_some_and(|v| v == "true") {
+    if (args.skip_vm || args.arch.is_some()) && std::env::var_os("CI").is_some_and(|v| v == "true")
+    {
         anyhow::bail!(
-            "--skip-vm is refused under CI=true: the kernel matrix is part of the checks"
+            "--skip-vm and --arch are refused under CI=true: both kernel matrices are part of \
+             the checks"
         );
     }
     setup::setup()?;
@@ -77,7 +83,10 @@ pub fn test(args: TestArgs) -> Result<()> {
         for (arch, name) in [
             (crate::vm::Arch::X86_64, "x86-64"),
             (crate::vm::Arch::Aarch64, "arm64"),
-        ] {
+        ]
+        .into_iter()
+        .filter(|(a, _)| args.arch.is_none_or(|only| only == *a))
+        {
             let started = std::time::Instant::now();
             crate::vm::vm_test(crate::vm::VmTestArgs::for_arch(arch))?;
             eprintln!(
