@@ -179,11 +179,14 @@ pub fn vm_test(args: VmTestArgs) -> Result<()> {
 /// The section `cargo xtask bench` adds to BENCHMARKS.md: the whole matrix, with its
 /// method. A failing kernel is reported in the table, not an error here.
 pub fn bench_section() -> Result<String> {
-    let (report, failed) = run_matrix(VmTestArgs::default())?;
     let mut s = String::from(BENCH_METHOD);
-    s.push_str(&report);
-    if !failed.is_empty() {
-        let _ = writeln!(s, "\n**Failed on: {}**", failed.join(", "));
+    for arch in [Arch::X86_64, Arch::Aarch64] {
+        let (report, failed) = run_matrix(VmTestArgs::for_arch(arch))?;
+        s.push_str(&report);
+        if !failed.is_empty() {
+            let _ = writeln!(s, "\n**Failed on: {}**", failed.join(", "));
+        }
+        s.push('\n');
     }
     Ok(s)
 }
