@@ -415,8 +415,6 @@ impl KernelTables {
 pub struct KernelView<'a> {
     tables: &'a KernelTables,
     mappings: &'a [MappingEntry],
-    /// `addr_mask` of the process's address bits, as its `ProcessEntry` has them.
-    ra_mask: u64,
 }
 
 impl KernelTables {
@@ -424,7 +422,6 @@ impl KernelTables {
         KernelView {
             tables: self,
             mappings,
-            ra_mask: sframe_common::layout::addr_mask(process_addr_bits(mappings)),
         }
     }
 
@@ -444,7 +441,7 @@ pub fn process_addr_bits(mappings: &[MappingEntry]) -> u32 {
 
 impl sframe_common::step::Tables for KernelView<'_> {
     fn return_address_mask(&mut self) -> u64 {
-        self.ra_mask
+        sframe_common::layout::addr_mask(process_addr_bits(self.mappings))
     }
     fn mapping_count(&mut self) -> u32 {
         self.mappings.len().min(MAX_MAPPINGS) as u32

@@ -121,13 +121,6 @@ pub struct ObjectInfo {
 
 impl ObjectInfo {
     /// `pc - bias = object virtual address` for a mapping of this object.
-    /// Bias of the vDSO image mapped at `m` (mapped from its start: file offset 0 is at
-    /// `m.start`).
-    fn vdso_bias(&self, m: &Mapping) -> Option<u64> {
-        let vaddr0 = self.segments.iter().find(|s| s.offset == 0)?.vaddr;
-        Some(m.start.wrapping_sub(vaddr0))
-    }
-
     fn bias(&self, m: &Mapping) -> Option<u64> {
         // Segments are mapped from their page-aligned file offset. Two segments can share
         // a file page (the end of the read-only one and the start of the text, e.g. in
@@ -209,16 +202,6 @@ struct Installed {
 
 /// A mapped file as `/proc/PID/maps` names it: device (major, minor), inode, path.
 type FileId = (u32, u32, u64, String);
-
-/// The file identity of a mapping: device, inode and path; for the vDSO, which has no
-/// file, its size (one image per size: 64-bit, x32, 32-bit).
-fn file_id(m: &Mapping) -> FileId {
-    if m.path == "[vdso]" {
-        (0, 0, m.end.saturating_sub(m.start), m.path.clone())
-    } else {
-        (m.dev_major, m.dev_minor, m.inode, m.path.clone())
-    }
-}
 
 /// What identifies a mapping across reloads of its process.
 type MappingId = (u64, u64, u64, u32, u32, u64);
@@ -465,13 +448,19 @@ impl ObjectStore {
             .take(sframe_common::budget::MAX_MAPPINGS)
             .map(|m| {
                 let vdso = m.path == "[vdso]";
+                let file_id = if vdso {
+                    (0, 0, m.end.saturating_sub(m.start), m.path.clone())
+                } else {
+                    (m.dev_major, m.dev_minor, m.inode, m.path.clone())
+                };
                 let resolved = self
                     .files
-                    .get(&file_id(m))
+                    .get(&file_id)
                     .and_then(|(key, _)| self.objects.get(key))
                     .and_then(|info| {
                         let bias = if vdso {
-                            info.vdso_bias(m)?
+                            let vaddr0 = info.segments.iter().find(|s| s.offset == 0)?.vaddr;
+                            m.start.wrapping_sub(vaddr0)
                         } else {
                             info.bias(m)?
                         };
@@ -579,7 +568,11 @@ impl ObjectStore {
         let pinned: Vec<ObjectKey> = maps
             .iter()
             .filter(|m| m.executable)
-            .filter_map(|m| self.files.get(&file_id(m)).map(|(k, _)| k.clone()))
+            .filter_map(|m| {
+                self.files
+                    .get(&(m.dev_major, m.dev_minor, m.inode, m.path.clone()))
+                    .map(|(k, _)| k.clone())
+            })
             .filter(|k| self.objects.contains_key(k))
             .collect();
         for k in &pinned {
@@ -678,7 +671,7 @@ impl ObjectStore {
         if !m.is_file() {
             return None; // anonymous executable memory (JIT code)
         }
-        let file_id = file_id(m);
+        let file_id = (m.dev_major, m.dev_minor, m.inode, m.path.clone());
         // A file rewritten in place keeps its inode: the key is reused only while the
         // file's size and times are those it had when it was read.
         let known = match self.files.get(&file_id) {
@@ -807,7 +800,7 @@ impl ObjectStore {
         }
         // Every process of a boot maps the same vDSO image (one per size: 64-bit, x32,
         // 32-bit): read it from process memory once per size.
-        let vdso_file = file_id(m);
+        let vdso_file = (0, 0, len, "[vdso]".to_owned());
         let key = match self.files.get(&vdso_file).filter(|(k, _)| self.usable(k)) {
             Some((key, _)) => key.clone(),
             None => {
@@ -836,9 +829,14 @@ impl ObjectStore {
                 info.error
             );
         }
-        let bias = info.vdso_bias(m)?;
+        // The vDSO image is mapped from its start: file offset 0 is at m.start.
+        let vaddr0 = info
+            .segments
+            .iter()
+            .find(|s| s.offset == 0)
+            .map(|s| s.vaddr)?;
         let id = info.placement?.object;
-        Some((key, id, bias))
+        Some((key, id, m.start.wrapping_sub(vaddr0)))
     }
 
     /// Whether the disk cache holds this object's table (then loading it is quick).

@@ -561,7 +561,11 @@ impl Profiler {
         }
         self.load_pending(&mut added);
         self.run_due_reloads(&mut added);
-        self.reload_built(&mut added);
+        for pid in self.store.poll_builds() {
+            if self.procs.get(&pid).is_some_and(|p| p.exited_at.is_none()) {
+                self.load(pid, &mut added, true);
+            }
+        }
         self.unwind_deferred();
         added
     }
@@ -653,7 +657,7 @@ impl Profiler {
                 .any(|(_, rec)| self.store.awaits_build(rec.pid))
         {
             std::thread::sleep(Duration::from_millis(10));
-            self.reload_built(&mut added);
+            self.store.poll_builds();
             self.unwind_deferred();
         }
         self.unwind_deferred_rounds(true);
@@ -684,8 +688,8 @@ impl Profiler {
             // queued for its first load or one of its objects is being built: both end
             // (a busy or emulated host can take longer than the patience to get there;
             // the backlog's bound caps the memory either way).
-            let building = self.store.awaits_build(rec.pid);
-            let held = building || self.pending_weight.contains_key(&rec.pid);
+            let held =
+                self.pending_weight.contains_key(&rec.pid) || self.store.awaits_build(rec.pid);
             let patient = !last
                 && (held || now.duration_since(seen) < DEFERRED_PATIENCE)
                 && self.deferred_backlog.len() < MAX_DEFERRED_BACKLOG;
@@ -693,8 +697,8 @@ impl Profiler {
             // worker (walked now, the sample would stop there; a short process can have
             // exited meanwhile: its mappings are kept, the walk waits for the table).
             let waiting = patient
-                && (building
-                    || (self.store.process_entries(rec.pid).is_none() && procfs::exists(rec.pid)));
+                && ((self.store.process_entries(rec.pid).is_none() && procfs::exists(rec.pid))
+                    || self.store.awaits_build(rec.pid));
             if waiting {
                 // Its tables are not loaded yet (queued behind other first loads): make
                 // sure it is queued, and try again next round.
@@ -797,18 +801,6 @@ impl Profiler {
                 self.drain_deferred_ring();
             }
         }
-    }
-
-    /// Takes in the tables the worker finished and reloads the live processes that map
-    /// them (an exited one is walked with `exited_entries`); whether any finished.
-    fn reload_built(&mut self, added: &mut Vec<u32>) -> bool {
-        let built = self.store.poll_builds();
-        for &pid in &built {
-            if self.procs.get(&pid).is_some_and(|p| p.exited_at.is_none()) {
-                self.load(pid, added, true);
-            }
-        }
-        !built.is_empty()
     }
 
     /// Queues `pid` for its first load, or counts one more sample of it if queued.
@@ -942,6 +934,8 @@ impl Profiler {
             Ok(_) | Err(_) => {
                 self.lifecycle.load_failures += 1;
                 self.load_retries.remove(&pid);
+                // Its deferred samples are walked while its tables are still there.
+                self.unwind_deferred();
                 self.store.forget_process(pid);
                 if !procfs::exists(pid) || self.procs.contains_key(&pid) {
                     self.exited(pid);
@@ -952,8 +946,9 @@ impl Profiler {
 
     /// `pid` exited: release its tables, keep its mappings for symbolization.
     fn exited(&mut self, pid: u32) {
-        // Samples it left deferred are walked later with the mappings it had
-        // (`exited_entries`): nothing to walk here, once per exit.
+        // Samples it left in the kernel's deferred ring are walked with its tables
+        // before they go (a short process can exit while its first load runs).
+        self.unwind_deferred();
         self.store.forget_process(pid);
         self.reload_due.remove(&pid);
         self.load_retries.remove(&pid);
@@ -992,7 +987,13 @@ impl Profiler {
     /// liveness check that catches exits whose events were lost.
     pub fn maintain(&mut self) -> Vec<u32> {
         let mut added = Vec::new();
-        if self.reload_built(&mut added) {
+        let built = self.store.poll_builds();
+        for &pid in &built {
+            if self.procs.get(&pid).is_some_and(|p| p.exited_at.is_none()) {
+                self.load(pid, &mut added, true);
+            }
+        }
+        if !built.is_empty() {
             // Deferred samples that waited for these tables (exited processes' too).
             self.unwind_deferred();
         }

@@ -77,26 +77,6 @@ pub fn samples_floor(cpu: f64, frequency: u64) -> u64 {
     (cpu * frequency as f64 * 0.5) as u64
 }
 
-/// The verdict of the fleet tests on one workload: at least `samples_floor(cpu,
-/// frequency)` samples, and `share` of them `good` (complete through the expected chain);
-/// `what` names the case in the messages, `bad` shows the other stacks.
-pub fn assert_complete(
-    what: &str,
-    (good, total, bad): (u64, u64, String),
-    cpu: f64,
-    frequency: u64,
-    share: f64,
-) {
-    assert!(
-        total >= samples_floor(cpu, frequency),
-        "{what}: too few samples: {total} in {cpu:.2} s of CPU"
-    );
-    assert!(
-        good as f64 >= share * total as f64,
-        "{what}: {good} of {total} complete:\n{bad}"
-    );
-}
-
 /// Pumps events until `done` yields a value.
 pub fn pump_until<T>(profiler: &mut Profiler, done: &mpsc::Receiver<T>, limit: Duration) -> T {
     let end = Instant::now() + limit;

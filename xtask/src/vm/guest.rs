@@ -596,21 +596,19 @@ fn scrape_until(ctx: &Ctx, p: &Profiler, also: &[(&str, &str)]) -> Result<String
 
 const CHAIN: &[&str] = &["main", "level1", "level2", "level3", "leaf_spin"];
 
-/// What the `CHAIN_C` fixtures' stacks must be: 95 % complete, 80 % through the whole
-/// chain to `leaf_spin`; `exact_from_main`: no complete stack may differ from it.
-fn chain_expect(exact_from_main: bool) -> Expect<'static> {
-    Expect {
-        chain: CHAIN,
-        leaf: Some("leaf_spin"),
-        exact_from_main,
-        min_complete: 0.95,
-        min_chain: 0.80,
-    }
-}
-
 fn chain_test(ctx: &Ctx, exe: &str, source: &str) -> Result<String> {
     let (pid, report, metrics) = profile_pid(ctx, &mut Command::new(ctx.fixture(exe)), &[])?;
-    let detail = check(&report, &|s| s.pid == pid, &chain_expect(true))?;
+    let detail = check(
+        &report,
+        &|s| s.pid == pid,
+        &Expect {
+            chain: CHAIN,
+            leaf: Some("leaf_spin"),
+            exact_from_main: true,
+            min_complete: 0.95,
+            min_chain: 0.80,
+        },
+    )?;
     let source_label = format!("source=\"{source}\"");
     let from_source = metric(&metrics, "sframe_objects_by_source", &[&source_label]);
     if from_source < 1.0 {
@@ -709,9 +707,15 @@ fn c_frame_pointers(ctx: &Ctx) -> Result<String> {
     let fallback = check(
         &report,
         &|s| s.pid == pid,
-        // A sample in a prologue, before its frame record exists, skips the caller:
-        // complete but one frame short, which only the chain floor allows for.
-        &chain_expect(false),
+        &Expect {
+            chain: CHAIN,
+            leaf: Some("leaf_spin"),
+            // A sample in a prologue, before its frame record exists, skips the caller:
+            // complete but one frame short, which only the floor below allows for.
+            exact_from_main: false,
+            min_complete: 0.95,
+            min_chain: 0.80,
+        },
     )?;
     Ok(format!(
         "with .eh_frame: {with_tables}; frame pointers only: {fallback}"
@@ -904,7 +908,17 @@ fn deferred(ctx: &Ctx) -> Result<String> {
     // space and must come out complete all the same.
     let w = spawn(&mut Command::new(ctx.fixture("chain_eh")))?;
     let (pid, report, metrics) = profile_run(ctx, w, &["--all"], ctx.cpu, &[], |_| Ok(()))?;
-    let detail = check(&report, &|s| s.pid == pid, &chain_expect(true))?;
+    let detail = check(
+        &report,
+        &|s| s.pid == pid,
+        &Expect {
+            chain: CHAIN,
+            leaf: Some("leaf_spin"),
+            exact_from_main: true,
+            min_complete: 0.95,
+            min_chain: 0.80,
+        },
+    )?;
     let deferred = metric(&metrics, "sframe_events_total", &["event=\"deferred\""]);
     if deferred < 1.0 {
         bail!(
@@ -938,5 +952,15 @@ fn pac(ctx: &Ctx) -> Result<String> {
         return Ok("SKIP: pointer authentication is AArch64's".into());
     }
     let (pid, report, _) = profile_pid(ctx, &mut Command::new(exe), &[])?;
-    check(&report, &|s| s.pid == pid, &chain_expect(true))
+    check(
+        &report,
+        &|s| s.pid == pid,
+        &Expect {
+            chain: CHAIN,
+            leaf: Some("leaf_spin"),
+            exact_from_main: true,
+            min_complete: 0.95,
+            min_chain: 0.80,
+        },
+    )
 }
