@@ -645,7 +645,7 @@ impl Profiler {
             if Instant::now() >= deadline {
                 break;
             }
-            if !self.procs.contains_key(&pid) && procfs::exists(pid) {
+            if !self.procs.contains_key(&pid) && procfs::alive_not_zombie(pid) {
                 self.load(pid, &mut added, true);
             }
         }
@@ -683,13 +683,23 @@ impl Profiler {
         }
         // Tables of exited processes, rebuilt from the mappings they had (once per call).
         let mut exited_entries: StdHashMap<u32, Vec<MappingEntry>> = StdHashMap::new();
+        // Whether a process can still be loaded: alive and not a zombie (a zombie has
+        // `/proc/PID` but no mappings: waiting for its load would retry it every round
+        // until the patience ran out, and any user can leave zombies). Read once per
+        // process per call, not once per sample.
+        let mut loadable: StdHashMap<u32, bool> = StdHashMap::new();
+        let mut can_load = |pid: u32| {
+            *loadable
+                .entry(pid)
+                .or_insert_with(|| procfs::alive_not_zombie(pid))
+        };
         for (seen, rec) in records {
             // A sample waits at most DEFERRED_PATIENCE, or for as long as its process is
             // queued for its first load or one of its objects is being built: both end
             // (a busy or emulated host can take longer than the patience to get there;
             // the backlog's bound caps the memory either way).
-            let held =
-                self.pending_weight.contains_key(&rec.pid) || self.store.awaits_build(rec.pid);
+            let building = self.store.awaits_build(rec.pid);
+            let held = building || self.pending_weight.contains_key(&rec.pid);
             let patient = !last
                 && (held || now.duration_since(seen) < DEFERRED_PATIENCE)
                 && self.deferred_backlog.len() < MAX_DEFERRED_BACKLOG;
@@ -697,8 +707,8 @@ impl Profiler {
             // worker (walked now, the sample would stop there; a short process can have
             // exited meanwhile: its mappings are kept, the walk waits for the table).
             let waiting = patient
-                && ((self.store.process_entries(rec.pid).is_none() && procfs::exists(rec.pid))
-                    || self.store.awaits_build(rec.pid));
+                && (building
+                    || (self.store.process_entries(rec.pid).is_none() && can_load(rec.pid)));
             if waiting {
                 // Its tables are not loaded yet (queued behind other first loads): make
                 // sure it is queued, and try again next round.
@@ -754,7 +764,7 @@ impl Profiler {
             let retry = outcome == WalkOutcome::NoMapping
                 && st.frames_from_fp == 0
                 && patient
-                && procfs::exists(rec.pid);
+                && can_load(rec.pid);
             if retry {
                 self.deferred_backlog.push_back((seen, rec));
                 continue;

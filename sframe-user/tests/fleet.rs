@@ -1182,3 +1182,112 @@ fn cgroup_targets_v2_and_v1() {
     }
     assert!(v2.is_some() || v1.is_some(), "no cgroup hierarchy at all");
 }
+
+const ZOMBIES_SOURCE: &str = r#"
+#define _GNU_SOURCE
+#include <signal.h>
+#include <stdio.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+volatile unsigned long sink;
+static double cpu_seconds(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
+__attribute__((noinline)) void zombie_work(double secs) {
+    double start = cpu_seconds();
+    while (cpu_seconds() - start < secs)
+        for (int i = 0; i < 2000; i++) sink += i;
+}
+int main(void) {
+    pid_t kids[2];
+    for (int i = 0; i < 2; i++) {
+        kids[i] = fork();
+        if (kids[i] == 0) {
+            zombie_work(0.1);
+            _exit(0);
+        }
+    }
+    /* Wait for their exits without reaping them: they stay zombies. */
+    for (int i = 0; i < 2; i++) {
+        siginfo_t si;
+        waitid(P_PID, kids[i], &si, WEXITED | WNOWAIT);
+        printf("%d\n", kids[i]);
+    }
+    fflush(stdout);
+    pause();
+    return 0;
+}
+"#;
+
+/// A user can leave zombies behind: processes that exited (so their maps read empty)
+/// but keep `/proc/PID` until their parent reaps them. Samples of such a process taken
+/// before its first load must be walked with what there is, once, not held and retried
+/// at every round of the loop (that spun the loop, one failed load per round, for as
+/// long as the samples' patience lasted, renewed by every new zombie).
+#[test]
+fn samples_of_a_zombie_are_walked_once_not_retried_every_round() {
+    if !bpf_or_skip("samples_of_a_zombie_are_walked_once_not_retried_every_round") {
+        return;
+    }
+    let _serial = serial();
+    let exe = compile_c("zombies", ZOMBIES_SOURCE, &["-O2", "-fomit-frame-pointer"]);
+    let spec = TargetSpec {
+        all: true,
+        ..TargetSpec::default()
+    };
+    let mut profiler = Profiler::start_with(config(499, spec)).expect("start");
+    let mut parent = KillOnDrop::spawn(
+        support::hostile::as_nobody(&exe)
+            .stdout(Stdio::piped())
+            .stdin(Stdio::null()),
+    );
+    // The loop does not run until both children have exited: none of them was loaded,
+    // their samples all wait in the kernel's deferred ring.
+    let mut out = BufReader::new(parent.0.stdout.take().expect("stdout"));
+    let mut zombies = HashSet::new();
+    for _ in 0..2 {
+        let mut line = String::new();
+        out.read_line(&mut line).expect("a zombie's pid");
+        zombies.insert(line.trim().parse::<u32>().expect("a pid"));
+    }
+    for &z in &zombies {
+        assert!(
+            procfs::exists(z) && !procfs::alive_not_zombie(z),
+            "{z} is a zombie"
+        );
+    }
+    let failures_before = profiler.lifecycle.load_failures;
+    const ROUNDS: u64 = 100;
+    for _ in 0..ROUNDS {
+        profiler.handle_events();
+        thread::sleep(Duration::from_millis(5));
+    }
+    let failures = profiler.lifecycle.load_failures - failures_before;
+    let waiting = profiler.deferred_waiting();
+    let snap = profiler.collect();
+    let deferred = snap.counters[sframe_common::Counter::Deferred as usize];
+    // (Whole-system: other processes' samples may wait too.)
+    let counted: u64 = snap
+        .counts
+        .iter()
+        .filter(|c| zombies.contains(&c.key.pid))
+        .map(|c| c.count)
+        .sum();
+    eprintln!(
+        "{deferred} deferred, {counted} of the zombies' samples counted, {failures} failed loads in {ROUNDS} rounds, {waiting} still waiting"
+    );
+    // Walked within those rounds (held, they would wait out the 10 s patience).
+    let floor = samples_floor(0.1 * zombies.len() as f64, 499);
+    assert!(
+        counted >= floor,
+        "{counted} of the zombies' samples counted, want at least {floor}"
+    );
+    // Their fork, miss and exit events may each try a load once; not every round.
+    assert!(
+        failures <= 4 * zombies.len() as u64,
+        "{failures} failed loads of zombies in {ROUNDS} rounds"
+    );
+}

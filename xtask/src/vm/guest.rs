@@ -918,7 +918,14 @@ fn deferred(ctx: &Ctx) -> Result<String> {
             min_complete: 0.95,
             min_chain: 0.80,
         },
-    )?;
+    )
+    .map_err(|e| {
+        anyhow::anyhow!(
+            "{e:#}\nevents:\n{}\nprofiler log:\n{}",
+            metrics_lines(&metrics, "sframe_events_total"),
+            report.log.join("\n")
+        )
+    })?;
     let deferred = metric(&metrics, "sframe_events_total", &["event=\"deferred\""]);
     if deferred < 1.0 {
         bail!(
@@ -926,7 +933,18 @@ fn deferred(ctx: &Ctx) -> Result<String> {
             metrics_lines(&metrics, "sframe_events_total")
         );
     }
-    Ok(format!("{detail}; {deferred} deferred"))
+    // What the incomplete ones were (the console keeps it for a passing run too).
+    let incomplete =
+        report.summary(&|s| s.pid == pid && !(s.complete() && s.user().first() == Some(&"_start")));
+    if !incomplete.is_empty() {
+        println!("{TAG} deferred, hottest incomplete:\n{incomplete}");
+    }
+    let lost = metric(
+        &metrics,
+        "sframe_events_total",
+        &["event=\"deferred_lost\""],
+    );
+    Ok(format!("{detail}; {deferred} deferred, {lost} lost"))
 }
 
 fn plt_call(ctx: &Ctx) -> Result<String> {

@@ -155,6 +155,8 @@ struct KernelResult {
     verifier: BTreeMap<String, String>,
     /// workload → the `profile` program's mean run time (ns, bpf_stats)
     cost: BTreeMap<String, String>,
+    /// test → the lines of its failure message
+    details: BTreeMap<String, Vec<String>>,
     /// Set when the kernel could not be run at all.
     error: Option<String>,
     seconds: f64,
@@ -333,6 +335,7 @@ fn result_of(name: &str, lines: Result<Vec<String>>, started: Instant) -> Kernel
             tests: BTreeMap::new(),
             verifier: BTreeMap::new(),
             cost: BTreeMap::new(),
+            details: BTreeMap::new(),
             error: Some(format!("{err:#}")),
             seconds: 0.0,
         },
@@ -348,6 +351,7 @@ fn parse(name: &str, lines: &[String]) -> KernelResult {
         tests: BTreeMap::new(),
         verifier: BTreeMap::new(),
         cost: BTreeMap::new(),
+        details: BTreeMap::new(),
         error: None,
         seconds: 0.0,
     };
@@ -374,6 +378,14 @@ fn parse(name: &str, lines: &[String]) -> KernelResult {
                         detail.first().copied().unwrap_or("").to_owned(),
                     ),
                 );
+            }
+            ["detail", test, ..] => {
+                // A failing test's whole message (its first line is in the test line).
+                let text = rest.split_once(": ").map_or("", |x| x.1);
+                r.details
+                    .entry(test.trim_end_matches(':').to_owned())
+                    .or_default()
+                    .push(text.to_owned());
             }
             ["tests", "done,", ..] => done = true,
             _ => {}
@@ -446,6 +458,11 @@ fn render(arch: Arch, results: &[KernelResult], took: Duration) -> String {
         }
         for (t, (st, secs, detail)) in &r.tests {
             let _ = writeln!(s, "- {} {t}: {st} ({secs}) {detail}", r.name);
+            if st == "fail" {
+                for l in r.details.get(t).into_iter().flatten().skip(1).take(40) {
+                    let _ = writeln!(s, "  {l}");
+                }
+            }
         }
     }
     s
