@@ -1086,6 +1086,11 @@ impl Profiler {
         std::mem::take(&mut self.newly_exited)
     }
 
+    /// Whether `pid` is profiled and has not exited (as far as the profiler has seen).
+    pub fn is_alive(&self, pid: u32) -> bool {
+        self.procs.get(&pid).is_some_and(|p| p.exited_at.is_none())
+    }
+
     /// Processes alive now.
     pub fn alive_targets(&self) -> usize {
         self.procs

@@ -963,7 +963,7 @@ fn a_process_that_exits_while_its_table_is_built_keeps_its_stacks() {
     // It exits before the build is done: its tables go with it.
     drop(child.0.stdin.take());
     let _ = child.0.wait();
-    while profiler.alive_targets() > 0 || profiler.targets().iter().all(|t| t.pid != pid) {
+    while profiler.is_alive(pid) || profiler.targets().iter().all(|t| t.pid != pid) {
         profiler.handle_events();
         profiler.maintain();
         thread::sleep(Duration::from_millis(10));
