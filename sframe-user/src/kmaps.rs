@@ -415,6 +415,8 @@ impl KernelTables {
 pub struct KernelView<'a> {
     tables: &'a KernelTables,
     mappings: &'a [MappingEntry],
+    /// `return_address_mask`, computed once per view (it is asked at every step).
+    ra_mask: u64,
 }
 
 impl KernelTables {
@@ -422,6 +424,7 @@ impl KernelTables {
         KernelView {
             tables: self,
             mappings,
+            ra_mask: sframe_common::layout::addr_mask(process_addr_bits(mappings)),
         }
     }
 
@@ -441,7 +444,7 @@ pub fn process_addr_bits(mappings: &[MappingEntry]) -> u32 {
 
 impl sframe_common::step::Tables for KernelView<'_> {
     fn return_address_mask(&mut self) -> u64 {
-        sframe_common::layout::addr_mask(process_addr_bits(self.mappings))
+        self.ra_mask
     }
     fn mapping_count(&mut self) -> u32 {
         self.mappings.len().min(MAX_MAPPINGS) as u32

@@ -120,6 +120,13 @@ pub struct ObjectInfo {
 }
 
 impl ObjectInfo {
+    /// `bias` for the vDSO: its image is mapped from its start (file offset 0 is at
+    /// `m.start`), read from process memory rather than from a file.
+    fn vdso_bias(&self, m: &Mapping) -> Option<u64> {
+        let vaddr0 = self.segments.iter().find(|s| s.offset == 0)?.vaddr;
+        Some(m.start.wrapping_sub(vaddr0))
+    }
+
     /// `pc - bias = object virtual address` for a mapping of this object.
     fn bias(&self, m: &Mapping) -> Option<u64> {
         // Segments are mapped from their page-aligned file offset. Two segments can share
@@ -208,6 +215,16 @@ type MappingId = (u64, u64, u64, u32, u32, u64);
 
 fn mapping_id(m: &Mapping) -> MappingId {
     (m.start, m.end, m.offset, m.dev_major, m.dev_minor, m.inode)
+}
+
+/// The `FileId` a mapping's object is known by; the vDSO (no file) by its size, one
+/// image per size for the whole boot.
+fn file_id(m: &Mapping) -> FileId {
+    if m.path == "[vdso]" {
+        (0, 0, m.end.saturating_sub(m.start), m.path.clone())
+    } else {
+        (m.dev_major, m.dev_minor, m.inode, m.path.clone())
+    }
 }
 
 /// How long a file that could not be opened or mapped is not tried again.
@@ -448,19 +465,13 @@ impl ObjectStore {
             .take(sframe_common::budget::MAX_MAPPINGS)
             .map(|m| {
                 let vdso = m.path == "[vdso]";
-                let file_id = if vdso {
-                    (0, 0, m.end.saturating_sub(m.start), m.path.clone())
-                } else {
-                    (m.dev_major, m.dev_minor, m.inode, m.path.clone())
-                };
                 let resolved = self
                     .files
-                    .get(&file_id)
+                    .get(&file_id(m))
                     .and_then(|(key, _)| self.objects.get(key))
                     .and_then(|info| {
                         let bias = if vdso {
-                            let vaddr0 = info.segments.iter().find(|s| s.offset == 0)?.vaddr;
-                            m.start.wrapping_sub(vaddr0)
+                            info.vdso_bias(m)?
                         } else {
                             info.bias(m)?
                         };
@@ -568,11 +579,7 @@ impl ObjectStore {
         let pinned: Vec<ObjectKey> = maps
             .iter()
             .filter(|m| m.executable)
-            .filter_map(|m| {
-                self.files
-                    .get(&(m.dev_major, m.dev_minor, m.inode, m.path.clone()))
-                    .map(|(k, _)| k.clone())
-            })
+            .filter_map(|m| self.files.get(&file_id(m)).map(|(k, _)| k.clone()))
             .filter(|k| self.objects.contains_key(k))
             .collect();
         for k in &pinned {
@@ -671,7 +678,7 @@ impl ObjectStore {
         if !m.is_file() {
             return None; // anonymous executable memory (JIT code)
         }
-        let file_id = (m.dev_major, m.dev_minor, m.inode, m.path.clone());
+        let file_id = file_id(m);
         // A file rewritten in place keeps its inode: the key is reused only while the
         // file's size and times are those it had when it was read.
         let known = match self.files.get(&file_id) {
@@ -800,7 +807,7 @@ impl ObjectStore {
         }
         // Every process of a boot maps the same vDSO image (one per size: 64-bit, x32,
         // 32-bit): read it from process memory once per size.
-        let vdso_file = (0, 0, len, "[vdso]".to_owned());
+        let vdso_file = file_id(m);
         let key = match self.files.get(&vdso_file).filter(|(k, _)| self.usable(k)) {
             Some((key, _)) => key.clone(),
             None => {
@@ -829,14 +836,9 @@ impl ObjectStore {
                 info.error
             );
         }
-        // The vDSO image is mapped from its start: file offset 0 is at m.start.
-        let vaddr0 = info
-            .segments
-            .iter()
-            .find(|s| s.offset == 0)
-            .map(|s| s.vaddr)?;
+        let bias = info.vdso_bias(m)?;
         let id = info.placement?.object;
-        Some((key, id, m.start.wrapping_sub(vaddr0)))
+        Some((key, id, bias))
     }
 
     /// Whether the disk cache holds this object's table (then loading it is quick).

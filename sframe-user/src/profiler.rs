@@ -179,6 +179,23 @@ struct Proc {
     /// What its last (re)load took: its next reload for new mappings waits in
     /// proportion ([`RELOAD_SHARE`]).
     load_cost: Duration,
+    /// Reloads since its exec (or since it was first seen).
+    reloads: u32,
+}
+
+/// How long after its last load a process's reload for new mappings waits: the first
+/// reload after its exec not at all (the dynamic loader has just mapped its libraries,
+/// which its code is about to run: a short process on a cold machine, whose first load
+/// read cold files, otherwise exited before the reload was due and lost every frame in
+/// its libraries); later ones `RELOAD_INTERVAL`, or longer in proportion to what
+/// reloading it costs (`RELOAD_SHARE`), so that a process mapping code in a loop gets a
+/// bounded share.
+fn reload_wait(load_cost: Duration, reloads: u32) -> Duration {
+    if reloads == 0 {
+        return Duration::ZERO;
+    }
+    let cost = load_cost.as_secs_f64();
+    RELOAD_INTERVAL.max(Duration::from_secs_f64(cost / RELOAD_SHARE - cost))
 }
 
 /// Reloads of one process for misses are at least this far apart (a miss that persists
@@ -561,13 +578,22 @@ impl Profiler {
         }
         self.load_pending(&mut added);
         self.run_due_reloads(&mut added);
-        for pid in self.store.poll_builds() {
-            if self.procs.get(&pid).is_some_and(|p| p.exited_at.is_none()) {
-                self.load(pid, &mut added, true);
-            }
-        }
+        self.reload_built(&mut added);
         self.unwind_deferred();
         added
+    }
+
+    /// Takes in the tables the worker finished and reloads the live processes that map
+    /// them (their mapping tables point at the new objects then); returns whether any
+    /// build finished.
+    fn reload_built(&mut self, added: &mut Vec<u32>) -> bool {
+        let built = self.store.poll_builds();
+        for &pid in &built {
+            if self.is_alive(pid) {
+                self.load(pid, added, true);
+            }
+        }
+        !built.is_empty()
     }
 
     /// Reloads `pid` for new mappings now if its throttle allows, else once when it does.
@@ -578,9 +604,7 @@ impl Profiler {
         let Some(p) = self.procs.get(&pid) else {
             return self.load(pid, added, true);
         };
-        let cost = p.load_cost.as_secs_f64();
-        let wait = RELOAD_INTERVAL.max(Duration::from_secs_f64(cost / RELOAD_SHARE - cost));
-        let due = p.loaded_at + wait;
+        let due = p.loaded_at + reload_wait(p.load_cost, p.reloads);
         if due <= Instant::now() {
             self.load(pid, added, true);
         } else {
@@ -657,7 +681,9 @@ impl Profiler {
                 .any(|(_, rec)| self.store.awaits_build(rec.pid))
         {
             std::thread::sleep(Duration::from_millis(10));
-            self.store.poll_builds();
+            // A live process's samples are walked with its reloaded table, not the one
+            // from before the build.
+            self.reload_built(&mut added);
             self.unwind_deferred();
         }
         self.unwind_deferred_rounds(true);
@@ -898,6 +924,10 @@ impl Profiler {
                 let build_time = report.build_time;
                 self.lifecycle.process_loads += 1;
                 self.load_retries.remove(&pid);
+                let reloads = match self.procs.get(&pid) {
+                    Some(p) if !new && !renamed => p.reloads.saturating_add(1),
+                    _ => 0,
+                };
                 let info = match self.procs.remove(&pid) {
                     // A reload without exec: same command and namespace.
                     Some(p) if !new && !renamed => TargetInfo {
@@ -917,6 +947,7 @@ impl Profiler {
                         // process on a cold cache would otherwise wait seconds for the
                         // reload after its first dlopen, and exit first).
                         load_cost: load_cost.saturating_sub(build_time),
+                        reloads,
                     },
                 );
                 if new {
@@ -997,13 +1028,7 @@ impl Profiler {
     /// liveness check that catches exits whose events were lost.
     pub fn maintain(&mut self) -> Vec<u32> {
         let mut added = Vec::new();
-        let built = self.store.poll_builds();
-        for &pid in &built {
-            if self.procs.get(&pid).is_some_and(|p| p.exited_at.is_none()) {
-                self.load(pid, &mut added, true);
-            }
-        }
-        if !built.is_empty() {
+        if self.reload_built(&mut added) {
             // Deferred samples that waited for these tables (exited processes' too).
             self.unwind_deferred();
         }
@@ -1119,6 +1144,7 @@ impl Profiler {
                 exited_at: None,
                 loaded_at: Instant::now(),
                 load_cost: Duration::ZERO,
+                reloads: 0,
             },
         );
     }
@@ -1137,6 +1163,7 @@ impl Profiler {
                 exited_at: None,
                 loaded_at: Instant::now(),
                 load_cost: Duration::ZERO,
+                reloads: 0,
             },
         );
         Ok(report)
@@ -1326,5 +1353,21 @@ impl Profiler {
     pub fn program_stats(&self) -> Option<(u64, u64)> {
         let info = self.ebpf.program(self.program.name())?.info().ok()?;
         Some((info.run_time().as_nanos() as u64, info.run_count()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_reload_after_an_exec_waits_for_nothing_later_ones_pay_their_cost() {
+        let slow = Duration::from_millis(100);
+        assert_eq!(reload_wait(slow, 0), Duration::ZERO);
+        assert_eq!(reload_wait(Duration::ZERO, 1), RELOAD_INTERVAL);
+        // Nine times the cost: reloading takes at most a tenth of the time.
+        let w = reload_wait(slow, 1);
+        assert!((w.as_secs_f64() - 0.9).abs() < 1e-6, "{w:?}");
+        assert_eq!(reload_wait(slow, 7), w);
     }
 }

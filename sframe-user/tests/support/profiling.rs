@@ -151,6 +151,28 @@ pub fn complete_through(stacks: &[(Vec<String>, bool, u64)], chain: &[&str]) -> 
     (good, total, bad.join("\n"))
 }
 
+/// Asserts a workload's samples, `(good, total, bad)` as `complete_through` gives them:
+/// at least the floor its `cpu` seconds give at `frequency`, and at least `share` of
+/// them complete; `what` names the case.
+pub fn assert_complete(
+    what: &str,
+    (good, total, bad): (u64, u64, &str),
+    cpu: f64,
+    frequency: u64,
+    share: f64,
+) {
+    let floor = samples_floor(cpu, frequency);
+    assert!(
+        total >= floor,
+        "{what}: too few samples: {total} in {cpu:.2} s of CPU (want {floor})"
+    );
+    assert!(
+        good as f64 >= share * total as f64,
+        "{what}: {good} of {total} complete (want {:.0} %):\n{bad}",
+        100.0 * share
+    );
+}
+
 /// Asserts that `pid` has at least `min_total` samples in `snap` and that at least 95 %
 /// of them are complete stacks through `chain` (outermost first); `what` names the case.
 pub fn assert_complete_through(

@@ -596,19 +596,21 @@ fn scrape_until(ctx: &Ctx, p: &Profiler, also: &[(&str, &str)]) -> Result<String
 
 const CHAIN: &[&str] = &["main", "level1", "level2", "level3", "leaf_spin"];
 
+/// What the chain fixtures must give: 95 % complete, 80 % through `CHAIN` ending in
+/// `leaf_spin`; `exact_from_main`: nothing else below `main`.
+fn chain_expect(exact_from_main: bool) -> Expect<'static> {
+    Expect {
+        chain: CHAIN,
+        leaf: Some("leaf_spin"),
+        exact_from_main,
+        min_complete: 0.95,
+        min_chain: 0.80,
+    }
+}
+
 fn chain_test(ctx: &Ctx, exe: &str, source: &str) -> Result<String> {
     let (pid, report, metrics) = profile_pid(ctx, &mut Command::new(ctx.fixture(exe)), &[])?;
-    let detail = check(
-        &report,
-        &|s| s.pid == pid,
-        &Expect {
-            chain: CHAIN,
-            leaf: Some("leaf_spin"),
-            exact_from_main: true,
-            min_complete: 0.95,
-            min_chain: 0.80,
-        },
-    )?;
+    let detail = check(&report, &|s| s.pid == pid, &chain_expect(true))?;
     let source_label = format!("source=\"{source}\"");
     let from_source = metric(&metrics, "sframe_objects_by_source", &[&source_label]);
     if from_source < 1.0 {
@@ -707,15 +709,11 @@ fn c_frame_pointers(ctx: &Ctx) -> Result<String> {
     let fallback = check(
         &report,
         &|s| s.pid == pid,
-        &Expect {
-            chain: CHAIN,
-            leaf: Some("leaf_spin"),
+        &chain_expect(
             // A sample in a prologue, before its frame record exists, skips the caller:
             // complete but one frame short, which only the floor below allows for.
-            exact_from_main: false,
-            min_complete: 0.95,
-            min_chain: 0.80,
-        },
+            false,
+        ),
     )?;
     Ok(format!(
         "with .eh_frame: {with_tables}; frame pointers only: {fallback}"
@@ -908,18 +906,7 @@ fn deferred(ctx: &Ctx) -> Result<String> {
     // space and must come out complete all the same.
     let w = spawn(&mut Command::new(ctx.fixture("chain_eh")))?;
     let (pid, report, metrics) = profile_run(ctx, w, &["--all"], ctx.cpu, &[], |_| Ok(()))?;
-    let detail = check(
-        &report,
-        &|s| s.pid == pid,
-        &Expect {
-            chain: CHAIN,
-            leaf: Some("leaf_spin"),
-            exact_from_main: true,
-            min_complete: 0.95,
-            min_chain: 0.80,
-        },
-    )
-    .map_err(|e| {
+    let detail = check(&report, &|s| s.pid == pid, &chain_expect(true)).map_err(|e| {
         anyhow::anyhow!(
             "{e:#}\nevents:\n{}\nprofiler log:\n{}",
             metrics_lines(&metrics, "sframe_events_total"),
@@ -970,15 +957,5 @@ fn pac(ctx: &Ctx) -> Result<String> {
         return Ok("SKIP: pointer authentication is AArch64's".into());
     }
     let (pid, report, _) = profile_pid(ctx, &mut Command::new(exe), &[])?;
-    check(
-        &report,
-        &|s| s.pid == pid,
-        &Expect {
-            chain: CHAIN,
-            leaf: Some("leaf_spin"),
-            exact_from_main: true,
-            min_complete: 0.95,
-            min_chain: 0.80,
-        },
-    )
+    check(&report, &|s| s.pid == pid, &chain_expect(true))
 }
