@@ -711,13 +711,16 @@ impl Profiler {
         let mut exited_entries: StdHashMap<u32, Vec<MappingEntry>> = StdHashMap::new();
         // Whether a process can still be loaded: alive and not a zombie (a zombie has
         // `/proc/PID` but no mappings: waiting for its load would retry it every round
-        // until the patience ran out, and any user can leave zombies). Read once per
+        // until the patience ran out, and any user can leave zombies); and whether it
+        // is still there at all (a zombie whose exit has not been handled yet: its
+        // samples wait for that, then go with the mappings it had). Read once per
         // process per call, not once per sample.
-        let mut loadable: StdHashMap<u32, bool> = StdHashMap::new();
-        let mut can_load = |pid: u32| {
-            *loadable
-                .entry(pid)
-                .or_insert_with(|| procfs::alive_not_zombie(pid))
+        let mut liveness: StdHashMap<u32, (bool, bool)> = StdHashMap::new();
+        let mut live = |pid: u32| {
+            *liveness.entry(pid).or_insert_with(|| {
+                let loadable = procfs::alive_not_zombie(pid);
+                (loadable, loadable || procfs::exists(pid))
+            })
         };
         for (seen, rec) in records {
             // A sample waits at most DEFERRED_PATIENCE, or for as long as its process is
@@ -734,12 +737,16 @@ impl Profiler {
             // exited meanwhile: its mappings are kept, the walk waits for the table).
             let waiting = patient
                 && (building
-                    || (self.store.process_entries(rec.pid).is_none() && can_load(rec.pid)));
+                    || (self.store.process_entries(rec.pid).is_none() && {
+                        let (loadable, present) = live(rec.pid);
+                        loadable || (present && self.is_alive(rec.pid))
+                    }));
             if waiting {
                 // Its tables are not loaded yet (queued behind other first loads): make
                 // sure it is queued, and try again next round.
                 if (self.kernel_filtered || self.is_listed(rec.pid))
                     && !self.procs.contains_key(&rec.pid)
+                    && live(rec.pid).0
                 {
                     self.queue_first_load(rec.pid);
                 }
@@ -790,7 +797,7 @@ impl Profiler {
             let retry = outcome == WalkOutcome::NoMapping
                 && st.frames_from_fp == 0
                 && patient
-                && can_load(rec.pid);
+                && live(rec.pid).1;
             if retry {
                 self.deferred_backlog.push_back((seen, rec));
                 continue;
