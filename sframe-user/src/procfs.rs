@@ -264,17 +264,35 @@ pub fn all_pids() -> Vec<u32> {
         .collect()
 }
 
+/// The state letter of `/proc/PID/stat` (`R`, `S`, `D`, `Z`, …), `None` when the
+/// process is gone. It follows the command name, which ends at the last `)`.
+pub fn state(pid: u32) -> Option<u8> {
+    let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+    let close = stat.iter().rposition(|&b| b == b')')?;
+    stat.get(close + 2).copied()
+}
+
+/// What one read of `/proc/PID/stat` says of a process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Liveness {
+    Gone,
+    /// Exited, not reaped yet (`Z` or `X`): `/proc/PID` is there, its mappings are not.
+    Zombie,
+    Alive,
+}
+
+pub fn liveness(pid: u32) -> Liveness {
+    match state(pid) {
+        None => Liveness::Gone,
+        Some(b'Z' | b'X') => Liveness::Zombie,
+        Some(_) => Liveness::Alive,
+    }
+}
+
 /// Whether process `pid` exists and is not a zombie (`/proc/PID/stat` state `Z` or
 /// `X`): a live process whose maps read empty is in the middle of an exec.
 pub fn alive_not_zombie(pid: u32) -> bool {
-    let Ok(stat) = std::fs::read(format!("/proc/{pid}/stat")) else {
-        return false;
-    };
-    // The state follows the command name, which ends at the last `)`.
-    let Some(close) = stat.iter().rposition(|&b| b == b')') else {
-        return false;
-    };
-    !matches!(stat.get(close + 2), Some(b'Z' | b'X') | None)
+    liveness(pid) == Liveness::Alive
 }
 
 /// Whether `/proc/PID` exists (a zombie still has it, with no mappings).

@@ -709,19 +709,13 @@ impl Profiler {
         }
         // Tables of exited processes, rebuilt from the mappings they had (once per call).
         let mut exited_entries: StdHashMap<u32, Vec<MappingEntry>> = StdHashMap::new();
-        // Whether a process can still be loaded: alive and not a zombie (a zombie has
-        // `/proc/PID` but no mappings: waiting for its load would retry it every round
-        // until the patience ran out, and any user can leave zombies); and whether it
-        // is still there at all (a zombie whose exit has not been handled yet: its
-        // samples wait for that, then go with the mappings it had). Read once per
-        // process per call, not once per sample.
-        let mut liveness: StdHashMap<u32, (bool, bool)> = StdHashMap::new();
-        let mut live = |pid: u32| {
-            *liveness.entry(pid).or_insert_with(|| {
-                let loadable = procfs::alive_not_zombie(pid);
-                (loadable, loadable || procfs::exists(pid))
-            })
-        };
+        // Whether a process can still be loaded (alive, not a zombie: a zombie has
+        // `/proc/PID` but no mappings, and waiting for its load would retry it every
+        // round until the patience ran out; any user can leave zombies), or is still
+        // there at all (a zombie whose exit has not been handled yet: its samples wait
+        // for that, then go with the mappings it had). Read once per process per call.
+        let mut liveness: StdHashMap<u32, procfs::Liveness> = StdHashMap::new();
+        let mut live = |pid: u32| *liveness.entry(pid).or_insert_with(|| procfs::liveness(pid));
         for (seen, rec) in records {
             // A sample waits at most DEFERRED_PATIENCE, or for as long as its process is
             // queued for its first load or one of its objects is being built: both end
@@ -737,16 +731,18 @@ impl Profiler {
             // exited meanwhile: its mappings are kept, the walk waits for the table).
             let waiting = patient
                 && (building
-                    || (self.store.process_entries(rec.pid).is_none() && {
-                        let (loadable, present) = live(rec.pid);
-                        loadable || (present && self.is_alive(rec.pid))
-                    }));
+                    || (self.store.process_entries(rec.pid).is_none()
+                        && match live(rec.pid) {
+                            procfs::Liveness::Alive => true,
+                            procfs::Liveness::Zombie => self.is_alive(rec.pid),
+                            procfs::Liveness::Gone => false,
+                        }));
             if waiting {
                 // Its tables are not loaded yet (queued behind other first loads): make
                 // sure it is queued, and try again next round.
                 if (self.kernel_filtered || self.is_listed(rec.pid))
                     && !self.procs.contains_key(&rec.pid)
-                    && live(rec.pid).0
+                    && live(rec.pid) == procfs::Liveness::Alive
                 {
                     self.queue_first_load(rec.pid);
                 }
@@ -797,7 +793,7 @@ impl Profiler {
             let retry = outcome == WalkOutcome::NoMapping
                 && st.frames_from_fp == 0
                 && patient
-                && live(rec.pid).1;
+                && live(rec.pid) != procfs::Liveness::Gone;
             if retry {
                 self.deferred_backlog.push_back((seen, rec));
                 continue;
@@ -931,17 +927,16 @@ impl Profiler {
                 let build_time = report.build_time;
                 self.lifecycle.process_loads += 1;
                 self.load_retries.remove(&pid);
-                let reloads = match self.procs.get(&pid) {
-                    Some(p) if !new && !renamed => p.reloads.saturating_add(1),
-                    _ => 0,
-                };
-                let info = match self.procs.remove(&pid) {
+                let (info, reloads) = match self.procs.remove(&pid) {
                     // A reload without exec: same command and namespace.
-                    Some(p) if !new && !renamed => TargetInfo {
-                        maps: report.maps,
-                        ..p.info
-                    },
-                    _ => target_info(pid, report.maps),
+                    Some(p) if !new && !renamed => (
+                        TargetInfo {
+                            maps: report.maps,
+                            ..p.info
+                        },
+                        p.reloads.saturating_add(1),
+                    ),
+                    _ => (target_info(pid, report.maps), 0),
                 };
                 self.procs.insert(
                     pid,

@@ -989,7 +989,7 @@ fn samples_waiting_at_the_end_are_walked_with_the_table_built_meanwhile() {
     // does not run meanwhile: every sample is deferred.
     let cpu = support::hostile::wait_cpu(pid, 0.25, || {});
     let started = Instant::now();
-    while procfs_state(pid) != Some(b'S') {
+    while procfs::state(pid) != Some(b'S') {
         thread::sleep(Duration::from_millis(5));
         assert!(
             started.elapsed() < Duration::from_secs(120),
@@ -1028,13 +1028,6 @@ fn samples_waiting_at_the_end_are_walked_with_the_table_built_meanwhile() {
         "{good} complete, {waiting} waited for the build:\n{bad}"
     );
     drop(child);
-}
-
-/// The state letter of `/proc/PID/stat` (after the command name's last `)`).
-fn procfs_state(pid: u32) -> Option<u8> {
-    let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
-    let close = stat.iter().rposition(|&b| b == b')')?;
-    stat.get(close + 2).copied()
 }
 
 #[test]
@@ -1294,7 +1287,7 @@ fn samples_of_a_zombie_are_walked_once_not_retried_every_round() {
     }
     for &z in &zombies {
         assert!(
-            procfs::exists(z) && !procfs::alive_not_zombie(z),
+            procfs::liveness(z) == procfs::Liveness::Zombie,
             "{z} is a zombie"
         );
     }
