@@ -32,6 +32,25 @@ pub const MAX_COUNTS: u32 = 32768;
 /// Kernel stacks (`bpf_get_stackid`).
 pub const MAX_KERNEL_STACKS: u32 = 8192;
 
+/// Profiled processes named by pid (`TARGET_TGIDS`).
+pub const MAX_TARGET_TGIDS: u32 = 4096;
+/// Cgroup filters the kernel side checks (`TARGET_CGROUPS`).
+pub const MAX_CGROUP_FILTERS: u32 = 8;
+/// Threads inside an executable `mmap` at once (`MMAP_PENDING`, least recently used
+/// dropped).
+pub const MAX_MMAP_PENDING: u32 = 1024;
+/// Processes whose last "unknown process" event time is kept (`MISS_SENT`, LRU).
+pub const MAX_MISS_SENT: u32 = 4096;
+
+/// Bytes of the lifecycle event ring (`EVENTS`).
+pub const EVENTS_RING_BYTES: u32 = 256 * 1024;
+/// Bytes of the ring of samples waiting for their tables (`DEFERRED`).
+pub const DEFERRED_RING_BYTES: u32 = 4 << 20;
+/// Bytes of the raw-sample ring (`RAW_SAMPLES`).
+pub const RAW_SAMPLES_RING_BYTES: u32 = 256 * 1024;
+/// Bytes of the frame-pointer recorder's ring (`FP_BASELINE_RING`, benchmarks).
+pub const BASELINE_RING_BYTES: u32 = 256 * 1024;
+
 /// The per-CPU scratch record may not exceed this (keep it cache- and map-friendly).
 pub const MAX_SCRATCH_BYTES: usize = 32 * 1024;
 
@@ -41,3 +60,11 @@ const _: () = assert!(1u64 << ROW_SEARCH_STEPS > 1u64 << PAGE_SHIFT);
 const _: () = assert!(MAX_RULES <= 1 << 16, "row rule index is a u16");
 const _: () = assert!(PAGE_SHIFT <= 16, "row address is a u16");
 const _: () = assert!(MAX_FRAMES <= 1 << 16);
+const _: () = assert!(MAX_CGROUP_FILTERS.is_power_of_two());
+const _: () = assert!(
+    EVENTS_RING_BYTES.is_power_of_two()
+        && DEFERRED_RING_BYTES.is_power_of_two()
+        && RAW_SAMPLES_RING_BYTES.is_power_of_two()
+        && BASELINE_RING_BYTES.is_power_of_two(),
+    "ring buffer sizes are powers of two (of pages)"
+);

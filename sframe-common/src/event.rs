@@ -56,9 +56,6 @@ pub struct CgroupFilter {
     pub _pad: u32,
 }
 
-/// Cgroup filters the kernel side checks (`TARGET_CGROUPS`).
-pub const MAX_CGROUP_FILTERS: u32 = 8;
-
 /// Bits of the `FILTER_FLAGS` global.
 pub mod filter {
     /// Every process is a target (except the profiler itself).

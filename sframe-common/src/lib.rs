@@ -9,8 +9,11 @@
 #![no_std]
 
 pub mod budget;
+pub mod codec;
+pub mod dwarf;
 pub mod event;
 pub mod layout;
+pub mod names;
 pub mod outcome;
 pub mod rule;
 pub mod sample;

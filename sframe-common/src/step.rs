@@ -314,7 +314,7 @@ pub fn step_rule(
     }
     // An unchanged RA is still in the link register (AArch64, DWARF 30): top frame only.
     let lr = match top {
-        Some(top) => top[30],
+        Some(top) => top[usize::from(crate::dwarf::AARCH64.ra)],
         None if rule.ra_kind == REG_UNCHANGED => return Err(WalkOutcome::TopFrameOnlyRule),
         None => 0,
     };

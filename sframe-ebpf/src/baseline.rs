@@ -16,7 +16,10 @@ use aya_ebpf::{
     programs::PerfEventContext,
 };
 
-use sframe_common::stack::{BASELINE_FRAMES, BaselineSample};
+use sframe_common::{
+    budget::BASELINE_RING_BYTES,
+    stack::{BASELINE_FRAMES, BaselineSample},
+};
 
 use crate::is_target;
 
@@ -72,7 +75,7 @@ pub fn fp_baseline(ctx: &PerfEventContext) -> u32 {
 static FP_RECORD_BUF: PerCpuArray<BaselineSample> = PerCpuArray::with_max_entries(1, 0);
 /// `BaselineSample`s of target processes, for user space (about 1 KiB each).
 #[map]
-static FP_BASELINE_RING: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
+static FP_BASELINE_RING: RingBuf = RingBuf::with_byte_size(BASELINE_RING_BYTES, 0);
 
 pub fn fp_baseline_record(ctx: &PerfEventContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();

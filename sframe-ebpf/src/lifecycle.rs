@@ -22,6 +22,7 @@ use aya_ebpf::{
 };
 use sframe_common::{
     Counter,
+    budget::{EVENTS_RING_BYTES, MAX_MISS_SENT, MAX_MMAP_PENDING},
     event::{MISS_INTERVAL_NS, ProcEvent, ProcEventKind, filter},
 };
 
@@ -50,15 +51,15 @@ const PROT_EXEC: u64 = 4;
 
 /// Events for user space.
 #[map]
-pub(crate) static EVENTS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
+pub(crate) static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_RING_BYTES, 0);
 
 /// Threads inside an executable file mmap (between syscall entry and exit).
 #[map]
-static MMAP_PENDING: LruHashMap<u32, u8> = LruHashMap::with_max_entries(1024, 0);
+static MMAP_PENDING: LruHashMap<u32, u8> = LruHashMap::with_max_entries(MAX_MMAP_PENDING, 0);
 
 /// When the last `Miss` event of a process was sent (ns, boot clock).
 #[map]
-static MISS_SENT: LruHashMap<u32, u64> = LruHashMap::with_max_entries(4096, 0);
+static MISS_SENT: LruHashMap<u32, u64> = LruHashMap::with_max_entries(MAX_MISS_SENT, 0);
 
 #[inline(always)]
 fn global(g: &u32) -> u32 {

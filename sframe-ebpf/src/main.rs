@@ -16,9 +16,12 @@ use aya_ebpf::{
     programs::PerfEventContext,
 };
 use aya_log_ebpf::warn;
-use sframe_common::event::{CgroupFilter, MAX_CGROUP_FILTERS, filter};
 use sframe_common::sample::{
     RawSample, SAMPLE_FLAG_FROM_KERNEL, SAMPLE_FLAG_NO_USER_REGS, SAMPLE_FLAG_STACK_WORD_OK,
+};
+use sframe_common::{
+    budget::{MAX_CGROUP_FILTERS, MAX_TARGET_TGIDS, RAW_SAMPLES_RING_BYTES},
+    event::{CgroupFilter, filter},
 };
 
 use crate::regs::RegsSource;
@@ -57,7 +60,7 @@ pub fn fp_baseline_record(ctx: PerfEventContext) -> u32 {
 /// perf events it is attached to; this map, `FILTER_FLAGS` and `TARGET_CGROUPS` keep
 /// only the targets.
 #[map]
-pub(crate) static TARGET_TGIDS: HashMap<u32, u8> = HashMap::with_max_entries(4096, 0);
+pub(crate) static TARGET_TGIDS: HashMap<u32, u8> = HashMap::with_max_entries(MAX_TARGET_TGIDS, 0);
 
 /// `sframe_common::event::filter` bits, set by user space at load time.
 #[unsafe(no_mangle)]
@@ -119,7 +122,7 @@ pub(crate) fn is_target(tgid: u32) -> bool {
 
 /// Raw samples for user space (the diagnostic path; counting happens in the kernel).
 #[map]
-static RAW_SAMPLES: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
+static RAW_SAMPLES: RingBuf = RingBuf::with_byte_size(RAW_SAMPLES_RING_BYTES, 0);
 
 /// Records the sampled task's user registers and the word at its user stack pointer.
 #[perf_event]

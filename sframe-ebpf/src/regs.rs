@@ -38,7 +38,8 @@ pub fn walk_regs(regs: &pt_regs) -> Regs {
 pub fn dwarf_regs(r: &pt_regs, out: &mut [u64; TOP_REGS]) {
     // Word stores: a plain `[0; TOP_REGS]` becomes a call to `memset`, a byte loop on
     // the BPF target.
-    let mut i = 17;
+    use sframe_common::dwarf::AMD64;
+    let mut i = usize::from(AMD64.count);
     while i < TOP_REGS {
         // SAFETY: `i` < TOP_REGS; volatile only keeps LLVM from forming a memset.
         unsafe { core::ptr::write_volatile(&mut out[i], 0) };
@@ -50,8 +51,8 @@ pub fn dwarf_regs(r: &pt_regs, out: &mut [u64; TOP_REGS]) {
     out[3] = r.rbx;
     out[4] = r.rsi;
     out[5] = r.rdi;
-    out[6] = r.rbp;
-    out[7] = r.rsp;
+    out[usize::from(AMD64.fp)] = r.rbp;
+    out[usize::from(AMD64.sp)] = r.rsp;
     out[8] = r.r8;
     out[9] = r.r9;
     out[10] = r.r10;
@@ -60,7 +61,7 @@ pub fn dwarf_regs(r: &pt_regs, out: &mut [u64; TOP_REGS]) {
     out[13] = r.r13;
     out[14] = r.r14;
     out[15] = r.r15;
-    out[16] = r.rip;
+    out[usize::from(AMD64.ra)] = r.rip;
 }
 
 #[cfg(bpf_target_arch = "aarch64")]
@@ -74,7 +75,7 @@ pub fn walk_regs(regs: &pt_regs) -> Regs {
     Regs {
         pc: regs.pc,
         sp: regs.sp,
-        fp: regs.regs[29],
+        fp: regs.regs[usize::from(sframe_common::dwarf::AARCH64.fp)],
     }
 }
 
@@ -82,12 +83,13 @@ pub fn walk_regs(regs: &pt_regs) -> Regs {
 #[cfg(bpf_target_arch = "aarch64")]
 #[inline(always)]
 pub fn dwarf_regs(r: &pt_regs, out: &mut [u64; TOP_REGS]) {
+    use sframe_common::dwarf::AARCH64;
     let mut i = 0;
-    while i < 31 {
+    while i < usize::from(AARCH64.sp) {
         out[i] = r.regs[i];
         i += 1;
     }
-    out[31] = r.sp;
+    out[usize::from(AARCH64.sp)] = r.sp;
 }
 
 /// Where the registers came from.

@@ -16,8 +16,8 @@ use aya_ebpf::{
 use sframe_common::{
     bounded,
     budget::{
-        MAX_COUNTS, MAX_FRAMES, MAX_KERNEL_STACKS, MAX_MAPPINGS, MAX_OBJECTS, MAX_PAGES,
-        MAX_PROCESSES, MAX_ROWS, MAX_RULES, MAX_STACKS,
+        DEFERRED_RING_BYTES, MAX_COUNTS, MAX_FRAMES, MAX_KERNEL_STACKS, MAX_MAPPINGS, MAX_OBJECTS,
+        MAX_PAGES, MAX_PROCESSES, MAX_ROWS, MAX_RULES, MAX_STACKS,
     },
     layout::{
         MappingEntry, ObjectEntry, PAGE_BLOCK, PageBlock, ProcessEntry, ROW_BLOCK, RowBlock,
@@ -34,6 +34,9 @@ use crate::{
     is_target, lifecycle,
     regs::{self, RegsSource},
 };
+
+/// `errno` of a `BPF_NOEXIST` insert whose key exists (Linux, every architecture).
+const EEXIST: i32 = 17;
 
 #[map]
 pub(crate) static PROCESSES: HashMap<u32, ProcessEntry> =
@@ -254,7 +257,7 @@ fn needs_tables(outcome: u32) -> bool {
 
 /// Samples waiting in user space for their tables.
 #[map]
-static DEFERRED: RingBuf = RingBuf::with_byte_size(4 << 20, 0);
+static DEFERRED: RingBuf = RingBuf::with_byte_size(DEFERRED_RING_BYTES, 0);
 
 /// Sends the sample's registers and the top of its stack to user space (`DEFERRED`);
 /// false when the ring buffer is full.
@@ -349,8 +352,9 @@ fn walk(tgid: u32, pt: &pt_regs, stack_key: &mut u64) -> u32 {
     )]
     let inserted = STACKS.insert(k, &st.stack, u64::from(BPF_NOEXIST));
     match inserted {
-        // EEXIST: the same stack is stored already.
-        Ok(()) | Err(-17) => *stack_key = k,
+        // The same stack is stored already.
+        Ok(()) => *stack_key = k,
+        Err(e) if e == -EEXIST => *stack_key = k,
         Err(_) => count(Counter::StackMapFull, 1),
     }
     st.outcome

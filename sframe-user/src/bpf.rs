@@ -2,6 +2,7 @@
 
 use aya::{Ebpf, EbpfLoader};
 use log::warn;
+use sframe_common::names::{globals, maps};
 
 /// The BPF object built by `build.rs` (aya-build) from `sframe-ebpf`.
 pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sframe"));
@@ -88,26 +89,30 @@ pub fn load_with(config: &LoadConfig) -> Result<Ebpf, LoadError> {
     let self_tgid = std::process::id();
     let mut loader = EbpfLoader::new();
     loader
-        .override_global("FILTER_FLAGS", &config.filter_flags, true)
-        .override_global("SELF_TGID", &self_tgid, true)
-        .override_global("CGROUP_FILTER_COUNT", &config.cgroup_filters, true)
-        .override_global("NEWTASK_PID_OFFSET", &offsets.newtask_pid, true)
-        .override_global("NEWTASK_FLAGS_OFFSET", &offsets.newtask_flags, true)
-        .override_global("EXIT_GROUP_DEAD_OFFSET", &offsets.exit_group_dead, true)
-        .override_global("MMAP_PROT_OFFSET", &offsets.mmap_prot, true)
-        .override_global("MMAP_FD_OFFSET", &offsets.mmap_fd, true)
-        .override_global("MMAP_RET_OFFSET", &offsets.mmap_ret, true);
+        .override_global(globals::FILTER_FLAGS, &config.filter_flags, true)
+        .override_global(globals::SELF_TGID, &self_tgid, true)
+        .override_global(globals::CGROUP_FILTER_COUNT, &config.cgroup_filters, true)
+        .override_global(globals::NEWTASK_PID_OFFSET, &offsets.newtask_pid, true)
+        .override_global(globals::NEWTASK_FLAGS_OFFSET, &offsets.newtask_flags, true)
+        .override_global(
+            globals::EXIT_GROUP_DEAD_OFFSET,
+            &offsets.exit_group_dead,
+            true,
+        )
+        .override_global(globals::MMAP_PROT_OFFSET, &offsets.mmap_prot, true)
+        .override_global(globals::MMAP_FD_OFFSET, &offsets.mmap_fd, true)
+        .override_global(globals::MMAP_RET_OFFSET, &offsets.mmap_ret, true);
     if let Some(rows) = config.max_rows {
-        loader.map_max_entries("ROWS", rows.div_ceil(ROW_BLOCK as u32).max(1));
+        loader.map_max_entries(maps::ROWS, rows.div_ceil(ROW_BLOCK as u32).max(1));
     }
     if let Some(pages) = config.max_pages {
-        loader.map_max_entries("PAGES", pages.div_ceil(PAGE_BLOCK as u32).max(1));
+        loader.map_max_entries(maps::PAGES, pages.div_ceil(PAGE_BLOCK as u32).max(1));
     }
     let sized = [
-        ("PROCESSES", config.sizes.processes),
-        ("STACKS", config.sizes.stacks),
-        ("COUNTS", config.sizes.counts),
-        ("KERNEL_STACKS", config.sizes.kernel_stacks),
+        (maps::PROCESSES, config.sizes.processes),
+        (maps::STACKS, config.sizes.stacks),
+        (maps::COUNTS, config.sizes.counts),
+        (maps::KERNEL_STACKS, config.sizes.kernel_stacks),
     ];
     for (map, size) in sized {
         if let Some(n) = size {
@@ -355,6 +360,43 @@ mod tests {
             Some(8)
         );
         assert_eq!(super::tracepoint_field_offset(format, "nope"), None);
+    }
+
+    /// The names user space looks things up by (`sframe_common::names`) are exactly the
+    /// maps, load-time globals and programs of the embedded object: a rename on either
+    /// side fails here, not at load time.
+    #[test]
+    fn the_object_has_exactly_the_maps_globals_and_programs_of_the_contract() {
+        use object::{Object, ObjectSection, ObjectSymbol, SymbolKind};
+        use sframe_common::names::{globals, maps, programs};
+        use std::collections::BTreeSet;
+
+        let file = object::File::parse(super::EBPF_OBJECT).expect("the embedded object parses");
+        let (mut found_maps, mut found_globals, mut found_programs) =
+            (BTreeSet::new(), BTreeSet::new(), BTreeSet::new());
+        for sym in file.symbols() {
+            let (Ok(name), Some(index)) = (sym.name(), sym.section_index()) else {
+                continue;
+            };
+            let section = file.section_by_index(index).expect("symbol's section");
+            let section = section.name().expect("section name");
+            match (section, sym.kind()) {
+                // aya-log's ring is aya-log's business (read by `EbpfLogger`).
+                ("maps" | ".maps", _) if name == "AYA_LOGS" => false,
+                ("maps" | ".maps", _) => found_maps.insert(name),
+                // Besides ours: aya-log's level and the compiler's anonymous constants.
+                (".rodata", _) if name == "AYA_LOG_LEVEL" || name.starts_with("anon.") => false,
+                (".rodata", SymbolKind::Data) => found_globals.insert(name),
+                (s, SymbolKind::Text) if s != ".text" && sym.is_global() => {
+                    found_programs.insert(name)
+                }
+                _ => false,
+            };
+        }
+        let want = |names: &[&'static str]| names.iter().copied().collect::<BTreeSet<_>>();
+        assert_eq!(found_maps, want(maps::ALL), "maps");
+        assert_eq!(found_globals, want(globals::ALL), "load-time globals");
+        assert_eq!(found_programs, want(programs::ALL), "programs");
     }
 }
 

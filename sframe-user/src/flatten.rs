@@ -77,67 +77,10 @@ impl RuleDict {
     }
 }
 
-/// DWARF numbers of SP and FP for an architecture.
-fn sp_fp(arch: Arch) -> (u16, u16) {
-    match arch {
-        Arch::Amd64 => (7, 6),
-        Arch::Aarch64 { .. } => (31, 29),
-        Arch::S390x => (15, 11),
-    }
-}
-
-/// Encodes a normalized rule for the kernel, or `None` when the kernel walker cannot
-/// apply it (the row then becomes "no rule", and the walker falls back to frame
-/// pointers there).
+/// Encodes a normalized rule for the kernel ([`sframe_common::codec::encode`] with the
+/// architecture's registers), or `None` when the kernel walker cannot apply it.
 pub fn encode_rule(rule: &UnwindRule, arch: Arch) -> Option<RuleEntry> {
-    let (sp, fp) = sp_fp(arch);
-    let cfa_base = match rule.cfa.base {
-        CfaBase::Sp => CFA_BASE_SP,
-        CfaBase::Fp => CFA_BASE_FP,
-        CfaBase::Reg(r) if r == sp => CFA_BASE_SP,
-        CfaBase::Reg(r) if r == fp => CFA_BASE_FP,
-        CfaBase::Reg(r) if r < 32 => CFA_BASE_REG | r as u8,
-        CfaBase::Reg(_) => return None,
-    };
-    let reg = |r: RegRule| -> Option<(u8, i16)> {
-        Some(match r {
-            RegRule::Unchanged => (REG_UNCHANGED, 0),
-            RegRule::AtCfa(o) => (REG_AT_CFA, i16::try_from(o).ok()?),
-            RegRule::ValCfa(o) => (REG_VAL_CFA, i16::try_from(o).ok()?),
-            RegRule::InReg(r) if r < 32 => (REG_IN_REG, r as i16),
-            RegRule::InReg(_) => return None,
-            RegRule::AtReg { reg, offset } if reg == sp => (REG_AT_SP, i16::try_from(offset).ok()?),
-            RegRule::AtReg { reg, offset } if reg == fp => (REG_AT_FP, i16::try_from(offset).ok()?),
-            RegRule::AtReg { .. } => return None,
-            RegRule::Undefined => (REG_UNDEFINED, 0),
-        })
-    };
-    let (ra_kind, ra_offset) = reg(rule.ra)?;
-    let (fp_kind, fp_offset) = match rule.fp {
-        // An undefined FP is as good as unknown: keep the value (it is only used by a
-        // frame-pointer fallback further up).
-        RegRule::Undefined => (REG_UNCHANGED, 0),
-        r => reg(r)?,
-    };
-    let mut flags = 0;
-    if rule.cfa.deref {
-        flags |= RULE_FLAG_CFA_DEREF;
-    }
-    if rule.flags.contains(RuleFlags::SIGNAL) {
-        flags |= RULE_FLAG_SIGNAL;
-    }
-    if rule.flags.contains(RuleFlags::MANGLED_RA) {
-        flags |= RULE_FLAG_MANGLED_RA;
-    }
-    Some(RuleEntry {
-        cfa_offset: rule.cfa.offset,
-        ra_offset,
-        fp_offset,
-        cfa_base,
-        ra_kind,
-        fp_kind,
-        flags,
-    })
+    sframe_common::codec::encode(rule, arch.dwarf_regs())
 }
 
 /// The rule of an AMD64 PLT block that one [`RULE_FLAG_PLT16`] row expresses: 16-byte

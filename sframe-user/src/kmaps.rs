@@ -5,6 +5,7 @@
 //! object is a memory copy, not a syscall per row. OBJECTS, RULES and PROCESSES are
 //! updated with one syscall per entry (objects, new rules, processes).
 
+use sframe_common::names::maps;
 use std::{
     os::fd::{AsFd as _, AsRawFd as _},
     ptr::NonNull,
@@ -205,15 +206,15 @@ fn take<T: TryFrom<Map, Error = aya::maps::MapError>>(
 
 impl KernelTables {
     pub fn new(ebpf: &mut Ebpf) -> Result<Self, LoadError> {
-        let objects: Array<MapData, ObjectEntry> = take(ebpf, "OBJECTS")?;
+        let objects: Array<MapData, ObjectEntry> = take(ebpf, maps::OBJECTS)?;
         let object_capacity = objects.len();
-        let rows: MmapArray<RowBlock> = MmapArray::new(ebpf, "ROWS")?;
-        let pages: MmapArray<PageBlock> = MmapArray::new(ebpf, "PAGES")?;
+        let rows: MmapArray<RowBlock> = MmapArray::new(ebpf, maps::ROWS)?;
+        let pages: MmapArray<PageBlock> = MmapArray::new(ebpf, maps::PAGES)?;
         Ok(Self {
-            processes: take(ebpf, "PROCESSES")?,
+            processes: take(ebpf, maps::PROCESSES)?,
             objects,
             object_entries: Vec::new(),
-            rules: take(ebpf, "RULES")?,
+            rules: take(ebpf, maps::RULES)?,
             row_alloc: RangeAlloc::new(rows.len as u32),
             page_alloc: RangeAlloc::new(pages.len as u32),
             rows,
@@ -262,7 +263,7 @@ impl KernelTables {
         self.objects
             .set(p.object, ObjectEntry::default(), 0)
             .map_err(|source| TablesError::Map {
-                map: "OBJECTS",
+                map: maps::OBJECTS,
                 source,
             })?;
         if let Some(e) = self.object_entries.get_mut(p.object as usize) {
@@ -336,7 +337,7 @@ impl KernelTables {
             self.row_alloc.free(row_block, row_blocks);
             self.page_alloc.free(page_block, page_blocks);
             return Err(TablesError::Map {
-                map: "OBJECTS",
+                map: maps::OBJECTS,
                 source,
             });
         }
@@ -370,7 +371,7 @@ impl KernelTables {
             self.rules
                 .set(i as u32, rules[i], 0)
                 .map_err(|source| TablesError::Map {
-                    map: "RULES",
+                    map: maps::RULES,
                     source,
                 })?;
             self.uploaded_rules += 1;
@@ -393,7 +394,7 @@ impl KernelTables {
         self.processes
             .insert(pid, *entry, 0)
             .map_err(|source| TablesError::Map {
-                map: "PROCESSES",
+                map: maps::PROCESSES,
                 source,
             })?;
         Ok(mappings.len() - n)

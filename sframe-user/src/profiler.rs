@@ -1,6 +1,7 @@
 //! The profiler: the `profile` perf-event program attached on every CPU, the targets,
 //! their tables, and reading the stack counts the kernel side accumulated.
 
+use sframe_common::names::{maps, programs};
 use std::{
     collections::{HashMap as StdHashMap, HashSet},
     path::PathBuf,
@@ -14,7 +15,8 @@ use aya::{
 };
 use sframe_common::{
     Counter, WalkOutcome,
-    event::{CgroupFilter, MAX_CGROUP_FILTERS, ProcEvent, ProcEventKind, filter},
+    budget::MAX_CGROUP_FILTERS,
+    event::{CgroupFilter, ProcEvent, ProcEventKind, filter},
     layout::{MappingEntry, PageBlock, RowBlock},
     stack::{CountKey, UserStack},
 };
@@ -44,8 +46,8 @@ impl SampleProgram {
     /// The program's name in the BPF object.
     pub fn name(self) -> &'static str {
         match self {
-            Self::Profile => "profile",
-            Self::WithoutThreadNames => "profile_no_thread_names",
+            Self::Profile => programs::PROFILE,
+            Self::WithoutThreadNames => programs::PROFILE_NO_THREAD_NAMES,
         }
     }
 }
@@ -346,10 +348,10 @@ impl Profiler {
         bpf::spawn_logger(&mut ebpf);
         bpf::load_perf_event(&mut ebpf, config.program.name())?;
         if !v2.is_empty() {
-            let mut map: Array<MapData, CgroupFilter> = take(&mut ebpf, "TARGET_CGROUPS")?;
+            let mut map: Array<MapData, CgroupFilter> = take(&mut ebpf, maps::TARGET_CGROUPS)?;
             for (i, f) in v2.iter().enumerate() {
                 map.set(i as u32, *f, 0).map_err(|source| LoadError::Map {
-                    name: "TARGET_CGROUPS",
+                    name: maps::TARGET_CGROUPS,
                     source,
                 })?;
             }
@@ -365,12 +367,12 @@ impl Profiler {
         let mut profiler = Self {
             program: config.program,
             store,
-            targets: take(&mut ebpf, "TARGET_TGIDS")?,
-            counts_map: take(&mut ebpf, "COUNTS")?,
-            stacks_map: take(&mut ebpf, "STACKS")?,
-            outcomes_map: take(&mut ebpf, "OUTCOMES")?,
-            counters_map: take(&mut ebpf, "COUNTERS")?,
-            kernel_stacks_map: take(&mut ebpf, "KERNEL_STACKS")?,
+            targets: take(&mut ebpf, maps::TARGET_TGIDS)?,
+            counts_map: take(&mut ebpf, maps::COUNTS)?,
+            stacks_map: take(&mut ebpf, maps::STACKS)?,
+            outcomes_map: take(&mut ebpf, maps::OUTCOMES)?,
+            counters_map: take(&mut ebpf, maps::COUNTERS)?,
+            kernel_stacks_map: take(&mut ebpf, maps::KERNEL_STACKS)?,
             kernel_stacks: StdHashMap::new(),
             kernel_stack_ids: StdHashMap::new(),
             kernel_ids_read: HashSet::new(),
@@ -380,7 +382,7 @@ impl Profiler {
                 .unwrap_or(sframe_common::budget::MAX_KERNEL_STACKS),
             kernel_stack_failures: 0,
             events: None,
-            deferred: take(&mut ebpf, "DEFERRED").ok(),
+            deferred: take(&mut ebpf, maps::DEFERRED).ok(),
             deferred_outcomes: [0; WalkOutcome::COUNT],
             deferred_backlog: Default::default(),
             ebpf,
@@ -425,17 +427,17 @@ impl Profiler {
     /// the periodic checks (logged).
     fn follow_lifecycle(&mut self) {
         for (program, category, event) in [
-            ("on_fork", "task", "task_newtask"),
-            ("on_exec", "sched", "sched_process_exec"),
-            ("on_exit", "sched", "sched_process_exit"),
-            ("on_mmap_enter", "syscalls", "sys_enter_mmap"),
-            ("on_mmap_exit", "syscalls", "sys_exit_mmap"),
+            (programs::ON_FORK, "task", "task_newtask"),
+            (programs::ON_EXEC, "sched", "sched_process_exec"),
+            (programs::ON_EXIT, "sched", "sched_process_exit"),
+            (programs::ON_MMAP_ENTER, "syscalls", "sys_enter_mmap"),
+            (programs::ON_MMAP_EXIT, "syscalls", "sys_exit_mmap"),
         ] {
             if let Err(err) = bpf::attach_tracepoint(&mut self.ebpf, program, category, event) {
                 log::warn!("{category}:{event} not followed: {err}");
             }
         }
-        self.events = take(&mut self.ebpf, "EVENTS").ok();
+        self.events = take(&mut self.ebpf, maps::EVENTS).ok();
     }
 
     /// Adds processes named by `--comm` and members of v1 cgroups.

@@ -10,10 +10,11 @@ use aya::{
     programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
 };
 use sframe_common::RawSample;
+use sframe_common::names::{maps, programs};
 
 use crate::bpf::{self, LoadError};
 
-const PROGRAM: &str = "sample_raw";
+const PROGRAM: &str = programs::SAMPLE_RAW;
 
 /// A loaded raw-sample program.
 pub struct RawSampler {
@@ -36,7 +37,7 @@ impl RawSampler {
         let mut ebpf = bpf::load()?;
         bpf::spawn_logger(&mut ebpf);
         bpf::load_perf_event(&mut ebpf, PROGRAM)?;
-        let ring = bpf::take_map(&mut ebpf, "RAW_SAMPLES")?;
+        let ring = bpf::take_map(&mut ebpf, maps::RAW_SAMPLES)?;
         Ok(Self { ebpf, ring })
     }
 
@@ -44,17 +45,17 @@ impl RawSampler {
     pub fn add_target(&mut self, pid: u32) -> Result<(), LoadError> {
         let map = self
             .ebpf
-            .map_mut("TARGET_TGIDS")
+            .map_mut(maps::TARGET_TGIDS)
             .ok_or(LoadError::MissingMap {
-                name: "TARGET_TGIDS",
+                name: maps::TARGET_TGIDS,
             })?;
         let mut targets: HashMap<_, u32, u8> =
             HashMap::try_from(map).map_err(|source| LoadError::Map {
-                name: "TARGET_TGIDS",
+                name: maps::TARGET_TGIDS,
                 source,
             })?;
         targets.insert(pid, 1, 0).map_err(|source| LoadError::Map {
-            name: "TARGET_TGIDS",
+            name: maps::TARGET_TGIDS,
             source,
         })
     }

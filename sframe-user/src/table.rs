@@ -6,10 +6,10 @@
 //! rows encoded as SFrame, about 7.5 bytes per row): a function is a 24-byte record
 //! pointing into one array of 6-byte rows (start offset, 16-bit rule index), and the
 //! rules are kept once per table (an object has a few hundred distinct rules for tens
-//! of thousands of rows; a table holds at most [`MAX_RULES`], as many as the kernel's
-//! rule dictionary). A row that held its [`UnwindRule`] would take 36 bytes, plus a
-//! vector per function. [`Row`] and [`FunctionRows`] are the owned value forms, for
-//! building and comparing tables.
+//! of thousands of rows; a table holds at most [`MAX_TABLE_RULES`], one fewer than the
+//! kernel's rule dictionary, whose index 0 is "no rule"). A row that held its
+//! [`UnwindRule`] would take 36 bytes, plus a vector per function. [`Row`] and
+//! [`FunctionRows`] are the owned value forms, for building and comparing tables.
 
 use sframe_common::UnwindRule;
 
@@ -17,7 +17,7 @@ use sframe_common::UnwindRule;
 /// objects have hundreds; the kernel's rule dictionary, shared by all objects, holds
 /// 65,536. Rows of rules past the limit are stored without a rule and counted
 /// ([`TableBuilder::rows_over_rule_limit`]).
-pub const MAX_RULES: usize = u16::MAX as usize;
+pub const MAX_TABLE_RULES: usize = u16::MAX as usize;
 
 /// Architecture of the object the rows describe.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -25,6 +25,18 @@ pub enum Arch {
     Amd64,
     Aarch64 { big_endian: bool },
     S390x,
+}
+
+impl Arch {
+    /// The architecture's DWARF register numbers.
+    pub fn dwarf_regs(self) -> &'static sframe_common::dwarf::DwarfRegs {
+        use sframe_common::dwarf;
+        match self {
+            Arch::Amd64 => &dwarf::AMD64,
+            Arch::Aarch64 { .. } => &dwarf::AARCH64,
+            Arch::S390x => &dwarf::S390X,
+        }
+    }
 }
 
 /// How a function's rows are matched against a PC (SFrame's FDE types).
@@ -441,7 +453,7 @@ impl ExactSizeIterator for Rows<'_> {}
 pub struct TableBuilder {
     table: UnwindTable,
     index: RuleIndex,
-    /// Rows whose rule was new when the table already had [`MAX_RULES`].
+    /// Rows whose rule was new when the table already had [`MAX_TABLE_RULES`].
     over_limit: u64,
 }
 
@@ -501,7 +513,7 @@ impl RuleIndex {
     }
 
     /// The number of `rule` (`i + 1`), adding it to `rules` when new; 0 when it is new
-    /// and `rules` holds [`MAX_RULES`] already.
+    /// and `rules` holds [`MAX_TABLE_RULES`] already.
     #[inline(always)]
     fn intern(&mut self, rule: UnwindRule, rules: &mut Vec<UnwindRule>) -> u16 {
         if self.slots.is_empty() {
@@ -516,11 +528,11 @@ impl RuleIndex {
 
     #[inline(never)]
     fn insert(&mut self, rule: UnwindRule, rules: &mut Vec<UnwindRule>, slot: usize) -> u16 {
-        if rules.len() >= MAX_RULES {
+        if rules.len() >= MAX_TABLE_RULES {
             return 0;
         }
         rules.push(rule);
-        // At most MAX_RULES rules: the number fits.
+        // At most MAX_TABLE_RULES rules: the number fits.
         let n = rules.len() as u16;
         self.slots[slot] = n;
         if rules.len() * 2 > self.slots.len() {
@@ -554,7 +566,7 @@ impl TableBuilder {
     }
 
     /// Rows stored without their rule because it would have been rule number
-    /// [`MAX_RULES`] + 1 (crafted input only).
+    /// [`MAX_TABLE_RULES`] + 1 (crafted input only).
     pub fn rows_over_rule_limit(&self) -> u64 {
         self.over_limit
     }
@@ -803,7 +815,7 @@ mod tests {
         // Every rule twice (the second time found through the index, after its
         // rebuilds), then one past the limit, stored without a rule and counted. Start
         // offsets above 16 bits check both halves.
-        let n = MAX_RULES;
+        let n = MAX_TABLE_RULES;
         let want = |i: usize| {
             if i < 2 * n {
                 rule((i % n) as i32)
@@ -822,7 +834,7 @@ mod tests {
             Source::Synthesized,
             vec![Function::from_parts(0, u32::MAX, PcType::Inc, span)],
         );
-        assert_eq!(t.rules().len(), MAX_RULES);
+        assert_eq!(t.rules().len(), MAX_TABLE_RULES);
         let got: Vec<Row> = t.rows(&t.functions()[0]).collect();
         assert_eq!(got.len(), 2 * n + 1);
         for (i, r) in got.iter().enumerate() {

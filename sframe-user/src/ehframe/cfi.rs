@@ -34,14 +34,14 @@ impl ArchRegs {
         match arch {
             Arch::Amd64 => Some(Self {
                 arch,
-                sp: 7,
-                fp: 6,
+                sp: arch.dwarf_regs().sp,
+                fp: arch.dwarf_regs().fp,
                 default_ra: RegRule::AtCfa(-8),
             }),
             Arch::Aarch64 { .. } => Some(Self {
                 arch,
-                sp: 31,
-                fp: 29,
+                sp: arch.dwarf_regs().sp,
+                fp: arch.dwarf_regs().fp,
                 default_ra: RegRule::Unchanged,
             }),
             Arch::S390x => None,
@@ -479,7 +479,7 @@ impl<'e, 'b> Converter<'e, 'b> {
     ) -> Self {
         let budget = section_len
             .saturating_add(64)
-            .min(crate::sframe::MAX_ROWS as usize);
+            .min(crate::sframe::MAX_SECTION_ROWS as usize);
         builder.reserve(0, rows_for_cfi_bytes(section_len));
         Self {
             kind,

@@ -132,7 +132,7 @@ pub enum Warning {
     PltLayout { section: &'static str, address: u64 },
     #[error(
         "more than {limit} distinct rules: {rows} rows kept without a rule",
-        limit = crate::table::MAX_RULES
+        limit = crate::table::MAX_TABLE_RULES
     )]
     RuleLimit { rows: u64 },
 }

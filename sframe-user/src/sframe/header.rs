@@ -1,5 +1,7 @@
 //! The SFrame header and format constants (binutils `include/sframe.h`).
 
+use sframe_common::dwarf::{self, DwarfRegs};
+
 use super::error::SFrameError;
 
 pub const MAGIC: u16 = 0xdee2;
@@ -63,10 +65,14 @@ impl Abi {
     }
     /// DWARF numbers of the stack pointer and frame pointer.
     pub fn sp_fp_dwarf(self) -> (u16, u16) {
+        self.dwarf_regs().sp_fp()
+    }
+    /// The architecture's DWARF register numbers.
+    pub fn dwarf_regs(self) -> &'static DwarfRegs {
         match self {
-            Abi::Amd64LittleEndian => (7, 6),
-            Abi::Aarch64BigEndian | Abi::Aarch64LittleEndian => (31, 29),
-            Abi::S390xBigEndian => (15, 11),
+            Abi::Amd64LittleEndian => &dwarf::AMD64,
+            Abi::Aarch64BigEndian | Abi::Aarch64LittleEndian => &dwarf::AARCH64,
+            Abi::S390xBigEndian => &dwarf::S390X,
         }
     }
 }

@@ -35,7 +35,7 @@ pub const MAX_FUNCTIONS: u32 = 1 << 22;
 
 /// Most rows (FREs) a section may have (12× libLLVM's 1.3 million; the kernel maps
 /// hold 4 million in all).
-pub const MAX_ROWS: u32 = 1 << 24;
+pub const MAX_SECTION_ROWS: u32 = 1 << 24;
 
 /// One function descriptor, decoded (v1/v2 FDE, or v3 index entry + attribute record).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -440,7 +440,7 @@ impl<'a> Section<'a> {
         let len = data.len();
         for (what, count, limit, offset) in [
             ("FDEs", header.num_fdes, MAX_FUNCTIONS, HDR_NUM_FDES),
-            ("FREs", header.num_fres, MAX_ROWS, HDR_NUM_FRES),
+            ("FREs", header.num_fres, MAX_SECTION_ROWS, HDR_NUM_FRES),
         ] {
             if count > limit {
                 return Err(SFrameError::LimitExceeded {
@@ -1503,7 +1503,7 @@ impl<'a> Section<'a> {
         }
         if b.rows_over_rule_limit() > 0 {
             return Err(SFrameError::TooManyRules {
-                limit: crate::table::MAX_RULES as u32,
+                limit: crate::table::MAX_TABLE_RULES as u32,
             });
         }
         Ok(b.finish())

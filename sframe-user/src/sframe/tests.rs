@@ -820,7 +820,7 @@ fn ten_million_functions_are_refused_from_the_header() {
     );
     // Rows alone over their limit.
     let mut m = header.clone();
-    put32(&mut m, 12, super::MAX_ROWS + 1);
+    put32(&mut m, 12, super::MAX_SECTION_ROWS + 1);
     assert!(matches!(
         err(&m),
         SFrameError::LimitExceeded {

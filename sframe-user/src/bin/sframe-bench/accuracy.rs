@@ -3,6 +3,7 @@
 //! the same process over the same window; their symbolized stacks are compared as
 //! distributions.
 
+use sframe_common::names::{maps, programs};
 use std::{
     collections::{HashMap, HashSet},
     fmt::Write as _,
@@ -33,7 +34,7 @@ use crate::{
 const FREQUENCY: u64 = 999;
 /// perf's copy of the user stack per sample: room for the interpreters' deep C stacks.
 const PERF_STACK_BYTES: u32 = 32768;
-const RECORD_PROGRAM: &str = "fp_baseline_record";
+const RECORD_PROGRAM: &str = programs::FP_BASELINE_RECORD;
 
 /// A stack as compared: outermost first, (object, site): for the innermost frame its
 /// normalized function name (the PC moves inside it), for callers the file offset of
@@ -157,7 +158,7 @@ impl FpRecorder {
             .with_context(|| format!("loading {RECORD_PROGRAM}"))?;
         bpf::attach_cpu_clock_all_cpus(&mut ebpf, RECORD_PROGRAM, FREQUENCY)
             .with_context(|| format!("attaching {RECORD_PROGRAM}"))?;
-        let ring = bpf::take_map(&mut ebpf, "FP_BASELINE_RING")?;
+        let ring = bpf::take_map(&mut ebpf, maps::FP_BASELINE_RING)?;
         Ok(Self {
             ebpf,
             ring,
@@ -168,7 +169,7 @@ impl FpRecorder {
     fn targets(&mut self) -> Result<BpfHashMap<&mut MapData, u32, u8>> {
         Ok(BpfHashMap::try_from(
             self.ebpf
-                .map_mut("TARGET_TGIDS")
+                .map_mut(maps::TARGET_TGIDS)
                 .context("map TARGET_TGIDS")?,
         )?)
     }

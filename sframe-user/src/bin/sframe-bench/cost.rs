@@ -1,6 +1,7 @@
 //! Section 1: the BPF cost per sample and per frame of the `profile` program beside the
 //! kernel's frame-pointer walker, and the verifier's instruction counts.
 
+use sframe_common::names::{maps, programs};
 use std::{
     fmt::Write as _,
     fs,
@@ -33,7 +34,7 @@ const FREQUENCY: u64 = 999;
 const DEPTHS: [usize; 4] = [8, 32, 128, 256];
 /// The chains `--quick` measures: the goal's depth and a truncated walk.
 const QUICK_DEPTHS: [usize; 2] = [32, 256];
-const BASELINE_PROGRAM: &str = "fp_baseline";
+const BASELINE_PROGRAM: &str = programs::FP_BASELINE;
 
 /// Section 1 and its verifier table.
 pub fn section(doc: &mut String, args: &Args) {
@@ -304,21 +305,23 @@ fn measure_baseline(pid: Option<u32>, time: Duration) -> Result<ProgramRun> {
             )
             .with_context(|| format!("attaching {BASELINE_PROGRAM} on cpu {cpu}"))?;
     }
-    let mut targets: HashMap<&mut MapData, u32, u8> =
-        HashMap::try_from(ebpf.map_mut("TARGET_TGIDS").context("map TARGET_TGIDS")?)?;
+    let mut targets: HashMap<&mut MapData, u32, u8> = HashMap::try_from(
+        ebpf.map_mut(maps::TARGET_TGIDS)
+            .context("map TARGET_TGIDS")?,
+    )?;
     if let Some(pid) = pid {
         targets.insert(pid, 1, 0)?;
     }
     let (t0, n0) = program_stats(&ebpf, BASELINE_PROGRAM)?;
     let (s0, f0) = (
-        per_cpu_sum(&ebpf, "FP_BASELINE_SAMPLES")?,
-        per_cpu_sum(&ebpf, "FP_BASELINE_FRAMES")?,
+        per_cpu_sum(&ebpf, maps::FP_BASELINE_SAMPLES)?,
+        per_cpu_sum(&ebpf, maps::FP_BASELINE_FRAMES)?,
     );
     thread::sleep(time);
     let (t1, n1) = program_stats(&ebpf, BASELINE_PROGRAM)?;
     let (s1, f1) = (
-        per_cpu_sum(&ebpf, "FP_BASELINE_SAMPLES")?,
-        per_cpu_sum(&ebpf, "FP_BASELINE_FRAMES")?,
+        per_cpu_sum(&ebpf, maps::FP_BASELINE_SAMPLES)?,
+        per_cpu_sum(&ebpf, maps::FP_BASELINE_FRAMES)?,
     );
     Ok(ProgramRun {
         run_time_ns: t1 - t0,

@@ -2,6 +2,7 @@
 //! memory as the kernel reports it (`memlock` in `/proc/self/fdinfo/FD`, the figure
 //! `bpftool map show` prints).
 
+use sframe_common::names::maps;
 use std::{collections::BTreeMap, fmt::Write as _, fs};
 
 use anyhow::{Context as _, Result};
@@ -20,7 +21,7 @@ use crate::{
 };
 
 /// The maps that hold unwind tables.
-const TABLE_MAPS: [&str; 4] = ["ROWS", "PAGES", "OBJECTS", "RULES"];
+const TABLE_MAPS: [&str; 4] = [maps::ROWS, maps::PAGES, maps::OBJECTS, maps::RULES];
 /// `--max-table-memory`'s default (the `sframe-user` command's).
 pub const DEFAULT_TABLE_MEMORY: u64 = 20 * 1024 * 1024;
 const GOAL_BYTES_PER_ROW: f64 = 4.0;
@@ -116,8 +117,8 @@ fn fitted(n: &ObjectNumbers) -> Result<Fitted> {
     Ok(Fitted {
         rows: u64::from(rows),
         pages: u64::from(pages),
-        rows_pages: memlock_of(&maps, &["ROWS", "PAGES"]),
-        fixed: memlock_of(&maps, &["OBJECTS", "RULES"]),
+        rows_pages: memlock_of(&maps, &[maps::ROWS, maps::PAGES]),
+        fixed: memlock_of(&maps, &[maps::OBJECTS, maps::RULES]),
         used: flat.kernel_bytes() + dict.len() as u64 * size_of::<RuleEntry>() as u64,
     })
 }
