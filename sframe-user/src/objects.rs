@@ -22,6 +22,7 @@ use crate::{
     mapped::ObjectBytes,
     objtable::{ObjTableOptions, table_for_elf},
     procfs::{self, Mapping},
+    segments::{self, Segment},
     table::Source,
 };
 
@@ -123,46 +124,13 @@ impl ObjectInfo {
     /// `bias` for the vDSO: its image is mapped from its start (file offset 0 is at
     /// `m.start`), read from process memory rather than from a file.
     fn vdso_bias(&self, m: &Mapping) -> Option<u64> {
-        let vaddr0 = self.segments.iter().find(|s| s.offset == 0)?.vaddr;
-        Some(m.start.wrapping_sub(vaddr0))
+        segments::image_bias(&self.segments, m.start)
     }
 
     /// `pc - bias = object virtual address` for a mapping of this object.
     fn bias(&self, m: &Mapping) -> Option<u64> {
-        // Segments are mapped from their page-aligned file offset. Two segments can share
-        // a file page (the end of the read-only one and the start of the text, e.g. in
-        // binaries linked by lld): executable mappings belong to executable segments.
-        const PAGE: u64 = 4096;
-        let executable = self.segments.iter().filter(|s| s.executable);
-        let others = self.segments.iter().filter(|s| !s.executable);
-        executable.chain(others).find_map(
-            |&Segment {
-                 offset,
-                 vaddr,
-                 size,
-                 ..
-             }| {
-                let aligned = offset & !(PAGE - 1);
-                let slack = offset - aligned;
-                let end = offset.checked_add(size.max(1))?;
-                if !(aligned <= m.offset && m.offset < end) {
-                    return None;
-                }
-                // Object vaddr of the mapping's first byte.
-                let start_vaddr = vaddr.checked_sub(slack)?.checked_add(m.offset - aligned)?;
-                Some(m.start.wrapping_sub(start_vaddr))
-            },
-        )
+        segments::mapping_bias(&self.segments, m.start, m.offset)
     }
-}
-
-/// A PT_LOAD segment: file offset, virtual address, file size, executable.
-#[derive(Clone, Copy, Debug)]
-struct Segment {
-    offset: u64,
-    vaddr: u64,
-    size: u64,
-    executable: bool,
 }
 
 /// Per-process results.
@@ -876,7 +844,7 @@ impl ObjectStore {
             placement: None,
             source: None,
             error: None,
-            segments: segments(data),
+            segments: segments::segments(data),
             table_rows: 0,
             unencodable_rows: 0,
             refs: 0,
@@ -1054,107 +1022,4 @@ pub fn content_digest(data: &ObjectBytes) -> Option<[u8; 32]> {
 fn digest_bytes(data: &[u8]) -> [u8; 32] {
     use sha2::Digest as _;
     sha2::Sha256::digest(data).into()
-}
-
-fn segments(data: &[u8]) -> Vec<Segment> {
-    let Ok(file) = object::File::parse(data) else {
-        return Vec::new();
-    };
-    file.segments()
-        .map(|s| {
-            let (offset, size) = s.file_range();
-            let executable = matches!(
-                s.flags(),
-                object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0
-            );
-            Segment {
-                offset,
-                vaddr: s.address(),
-                size,
-                executable,
-            }
-        })
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn info(segments: Vec<Segment>) -> ObjectInfo {
-        ObjectInfo {
-            path: "x".into(),
-            placement: None,
-            source: None,
-            error: None,
-            segments,
-            table_rows: 0,
-            unencodable_rows: 0,
-            refs: 0,
-            unused_since: Instant::now(),
-            retry_at: None,
-        }
-    }
-
-    fn mapping(start: u64, offset: u64) -> Mapping {
-        Mapping {
-            start,
-            end: start + 0x1000,
-            readable: true,
-            writable: false,
-            executable: true,
-            offset,
-            dev_major: 0,
-            dev_minor: 0,
-            inode: 1,
-            path: "/x".into(),
-            raw_path: None,
-        }
-    }
-
-    #[test]
-    fn bias_of_text_sharing_a_file_page_with_the_read_only_segment() {
-        // The layout of a Rust binary linked here: the read-only segment ends at 0x12a28
-        // and the text starts at file offset 0x12a30, vaddr 0x13a30, in the same page.
-        let o = info(vec![
-            Segment {
-                offset: 0,
-                vaddr: 0,
-                size: 0x12a28,
-                executable: false,
-            },
-            Segment {
-                offset: 0x12a30,
-                vaddr: 0x13a30,
-                size: 0x3dd70,
-                executable: true,
-            },
-        ]);
-        let start = 0x55b4_6ae2_a000;
-        assert_eq!(o.bias(&mapping(start, 0x12000)), Some(start - 0x13000));
-    }
-
-    #[test]
-    fn bias_of_a_plain_pie_text_segment() {
-        let o = info(vec![
-            Segment {
-                offset: 0,
-                vaddr: 0,
-                size: 0x5e0,
-                executable: false,
-            },
-            Segment {
-                offset: 0x1000,
-                vaddr: 0x1000,
-                size: 0x2e1,
-                executable: true,
-            },
-        ]);
-        assert_eq!(
-            o.bias(&mapping(0x5555_0000_1000, 0x1000)),
-            Some(0x5555_0000_0000)
-        );
-        // Unrelated offsets have no bias.
-        assert_eq!(o.bias(&mapping(0x5555_0000_1000, 0x9000)), None);
-    }
 }

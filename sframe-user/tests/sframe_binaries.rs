@@ -38,7 +38,7 @@ fn binaries_dump_and_lookup() {
         for pc in probe_addresses(&table) {
             let got = section
                 .find_fre(pc)
-                .map(|(i, r)| (section.fde(i).expect("fde").start, r));
+                .map(|f| (section.fde(f.function).expect("fde").start, f.rule));
             let want = model_lookup(&table, pc).map(|(i, r)| (table.functions()[i].start, r));
             assert_eq!(got, want, "{name}: lookup {pc:#x}");
             let line = lookup_line(&section, pc);

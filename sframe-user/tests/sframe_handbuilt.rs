@@ -77,7 +77,7 @@ fn rules(s: &Section<'_>) -> Vec<Vec<UnwindRule>> {
 
 /// What `find_fre` gives at `pc`: FDE index and rule.
 fn at(s: &Section<'_>, pc: u64) -> Option<(u32, UnwindRule)> {
-    s.find_fre(pc)
+    s.find_fre(pc).map(|f| (f.function, f.rule))
 }
 
 fn write(t: &UnwindTable, version: WriteVersion) -> Result<Vec<u8>, WriteError> {

@@ -179,7 +179,7 @@ fn big_tables_round_trip() {
                 f.end(),
                 f.start.wrapping_sub(1),
             ] {
-                let got = section.find_fre(pc).map(|r| r.1);
+                let got = section.find_fre(pc).map(|f| f.rule);
                 assert_eq!(got, model_lookup(&table, pc).map(|r| r.1), "{pc:#x}");
             }
         }
@@ -226,7 +226,7 @@ fn v3_splits_functions_over_65535_rows() {
         0x1000 + 131_070,
         0x1000 + 139_999,
     ] {
-        assert_eq!(section.find_fre(pc).map(|r| r.1), Some(rule), "{pc:#x}");
+        assert_eq!(section.find_fre(pc).map(|f| f.rule), Some(rule), "{pc:#x}");
     }
     assert_eq!(section.find_fre(0x1000 + 140_000), None);
 }

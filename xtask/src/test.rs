@@ -75,6 +75,28 @@ pub fn test(args: TestArgs) -> Result<()> {
         cargo().arg("test").args(&args.cargo_test_args),
         "unit and BPF tests",
     )?;
+    // The library alone (`default-features = false`): it builds on stable without the
+    // profiler's dependencies, its documentation examples compile and run, and the
+    // example unwinds its own stack completely.
+    let library = ["-p", "sframe-user", "--no-default-features"];
+    cmd::run(
+        cargo()
+            .arg("clippy")
+            .args(library)
+            .args(["--lib", "--examples", "--", "-D", "warnings"]),
+        "clippy (the library without the profiler)",
+    )?;
+    cmd::run(
+        cargo().arg("test").args(library).arg("--doc"),
+        "doc tests (the library)",
+    )?;
+    cmd::run(
+        cargo()
+            .arg("run")
+            .args(library)
+            .args(["--example", "unwind_self"]),
+        "example unwind_self (the library)",
+    )?;
     if args.skip_vm {
         eprintln!("xtask: SKIPPED the VM kernel matrix (--skip-vm)");
     } else {

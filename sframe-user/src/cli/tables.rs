@@ -459,7 +459,8 @@ fn can_write(arch: Arch, rule: &UnwindRule, version: WriteVersion) -> bool {
     Section::parse(&bytes, 0x2000)
         .ok()
         .and_then(|s| s.find_fre(0x1000))
-        .is_some_and(|(_, r)| {
+        .map(|found| found.rule)
+        .is_some_and(|r| {
             r == *rule
                 || (rule.is_outermost()
                     && r.is_outermost()

@@ -7,7 +7,7 @@
 //! and walk outcome, the duration and the sampling frequency. Building it does
 //! symbolization work proportional to distinct stacks, not samples.
 
-#[cfg(feature = "bpf")]
+#[cfg(feature = "profiler")]
 mod build;
 mod folded;
 pub mod pprof;
@@ -23,7 +23,7 @@ use std::{
 
 use sframe_common::{Counter, WalkOutcome};
 
-#[cfg(feature = "bpf")]
+#[cfg(feature = "profiler")]
 pub use self::build::{TargetInfo, snapshot_delta};
 pub use self::{folded::folded, pprof::pprof_bytes, svg::svg, top::top};
 use crate::symbolize::Frame;

@@ -180,12 +180,24 @@ impl<'a> Section<'a> {
         None
     }
 
-    /// The rule for `pc`: the FDE index (on-disk order) and the normalized rule.
+    /// The rule for `pc` and the function it belongs to.
     #[inline]
-    pub fn find_fre(&self, pc: u64) -> Option<(u32, UnwindRule)> {
+    pub fn find_fre(&self, pc: u64) -> Option<FoundRule> {
         let (fde, fre) = self.find_fre_raw(pc)?;
-        Some((fde.index, self.rule(&fde, &fre)))
+        Some(FoundRule {
+            function: fde.index,
+            rule: self.rule(&fde, &fre),
+        })
     }
+}
+
+/// What [`Section::find_fre`] found for a PC.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FoundRule {
+    /// Index of the function (FDE) in the section's on-disk order ([`Section::fde`]).
+    pub function: u32,
+    /// The normalized rule that holds at the PC.
+    pub rule: UnwindRule,
 }
 
 fn reg_name(section: &Section<'_>, reg: u16) -> String {
@@ -213,7 +225,7 @@ fn reg_name(section: &Section<'_>, reg: u16) -> String {
 ///   `ra=c+off` / `fp=c+off` (value is CFA + off);
 /// - `signal=1` (signal trampoline), `mangled_ra=1` and `pauth_key=b` (AArch64 PAC).
 pub fn lookup_line(section: &Section<'_>, addr: u64) -> String {
-    let Some((_, rule)) = section.find_fre(addr) else {
+    let Some(FoundRule { rule, .. }) = section.find_fre(addr) else {
         return format!("{addr:#x} NOTFOUND");
     };
     format_rule(section, addr, &rule)

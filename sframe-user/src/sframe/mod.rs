@@ -20,6 +20,6 @@ mod tests;
 pub use dump::{dump, dump_to_string};
 pub use error::{FlexProblem, SFrameError, Subsection, WriteError};
 pub use header::{Abi, Endian, Header};
-pub use lookup::lookup_line;
+pub use lookup::{FoundRule, lookup_line};
 pub use read::{Fde, FdeIter, Fre, FreIter, MAX_FUNCTIONS, MAX_SECTION_ROWS, Section};
 pub use write::{WriteOptions, WriteStats, WriteVersion, write_section};

@@ -78,10 +78,10 @@ fn err(b: &[u8]) -> SFrameError {
 fn valid_section_parses_and_looks_up() {
     let b = v2();
     let s = Section::parse(&b, VADDR).unwrap();
-    assert_eq!(s.find_fre(0x1000).map(|r| r.1.cfa.offset), Some(8));
-    assert_eq!(s.find_fre(0x1004).map(|r| r.1.cfa.offset), Some(16));
-    assert_eq!(s.find_fre(0x101f).map(|r| r.1.cfa.offset), Some(16));
-    assert_eq!(s.find_fre(0x1020).map(|r| r.0), Some(1));
+    assert_eq!(s.find_fre(0x1000).map(|f| f.rule.cfa.offset), Some(8));
+    assert_eq!(s.find_fre(0x1004).map(|f| f.rule.cfa.offset), Some(16));
+    assert_eq!(s.find_fre(0x101f).map(|f| f.rule.cfa.offset), Some(16));
+    assert_eq!(s.find_fre(0x1020).map(|f| f.function), Some(1));
     assert_eq!(s.find_fre(0x1030), None);
     assert_eq!(s.find_fre(0xfff), None);
     assert_eq!(
@@ -249,8 +249,8 @@ fn fde_checks() {
     ));
     m[3] &= !super::header::F_FDE_SORTED; // without SORTED: accepted, private index
     let s = Section::parse(&m, VADDR).unwrap();
-    assert_eq!(s.find_fre(0x1020 - 0x100).map(|r| r.0), Some(1));
-    assert_eq!(s.find_fre(0x1004).map(|r| r.0), Some(0));
+    assert_eq!(s.find_fre(0x1020 - 0x100).map(|f| f.function), Some(1));
+    assert_eq!(s.find_fre(0x1004).map(|f| f.function), Some(0));
     assert_eq!(
         s.functions_sorted().map(|f| f.index).collect::<Vec<_>>(),
         vec![1, 0]
@@ -354,7 +354,7 @@ fn fre_checks() {
     m.pop();
     put32(&mut m, 16, 8);
     let s = Section::parse(&m, VADDR).unwrap();
-    assert!(s.find_fre(0x1020).unwrap().1.is_outermost());
+    assert!(s.find_fre(0x1020).unwrap().rule.is_outermost());
     // ... but not valid in v1.
     m[2] = 1;
     let v1 = to_v1(&m);
@@ -514,10 +514,10 @@ fn writer_splits_at_none_rows() {
     .unwrap();
     assert_eq!((stats.fdes, stats.none_rows), (3, 1));
     let s = Section::parse(&b, VADDR).unwrap();
-    assert_eq!(s.find_fre(0x1001).map(|r| r.1.cfa.offset), Some(8));
+    assert_eq!(s.find_fre(0x1001).map(|f| f.rule.cfa.offset), Some(8));
     assert_eq!(s.find_fre(0x1002), None);
     assert_eq!(s.find_fre(0x1003), None);
-    assert_eq!(s.find_fre(0x1004).map(|r| r.1.cfa.offset), Some(16));
+    assert_eq!(s.find_fre(0x1004).map(|f| f.rule.cfa.offset), Some(16));
 }
 
 /// xorshift64: reproducible pseudo-random numbers for the generated tables below.

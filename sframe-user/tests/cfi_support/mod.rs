@@ -71,7 +71,7 @@ pub fn sframe_round_trip(table: &UnwindTable, version: WriteVersion, vaddr: u64)
                 let pc = f.start + off;
                 let (_, want) = table.find_row(pc).expect("table lookup");
                 assert_eq!(want.rule, r.rule, "table lookup at {pc:#x}");
-                let got = section.find_fre(pc).map(|(_, rule)| rule);
+                let got = section.find_fre(pc).map(|f| f.rule);
                 assert_eq!(
                     got.map(stored),
                     r.rule.map(stored),

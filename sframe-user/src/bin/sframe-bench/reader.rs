@@ -217,7 +217,9 @@ fn lookup_bench(
             .find_fre_raw_linear(pc)
             .map(|(fde, fre)| (fde.index, section.rule(&fde, &fre)))
     };
-    let agree = pcs.iter().all(|&pc| section.find_fre(pc) == reference(pc));
+    let agree = pcs
+        .iter()
+        .all(|&pc| section.find_fre(pc).map(|f| (f.function, f.rule)) == reference(pc));
     let mut out = LookupBench {
         what,
         bytes: bytes.len(),

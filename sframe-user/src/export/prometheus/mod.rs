@@ -5,7 +5,7 @@
 //! exposition into a shared buffer; the HTTP server ([`server`]) only copies that
 //! buffer out, so a slow or stuck scraper never holds anything the sampling side needs.
 
-#[cfg(feature = "bpf")]
+#[cfg(feature = "profiler")]
 mod feed;
 pub mod server;
 pub mod text_format;
@@ -28,7 +28,7 @@ use prometheus_client::{
 };
 use sframe_common::{Counter as Event, WalkOutcome};
 
-#[cfg(feature = "bpf")]
+#[cfg(feature = "profiler")]
 pub use self::feed::Feed;
 pub use self::window::{OTHER, Series, StackWindow};
 
