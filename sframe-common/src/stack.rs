@@ -3,7 +3,8 @@
 use crate::budget::MAX_FRAMES;
 
 /// A user stack: frame addresses, innermost first. `frames[0]` is the sampled PC;
-/// the others are return addresses (or exact PCs after a signal frame).
+/// the others are return addresses, or exact PCs after a signal frame, stored with
+/// [`FRAME_EXACT`] set ([`frame_pc`], [`lookup_address`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct UserStack {
@@ -19,6 +20,32 @@ impl Default for UserStack {
             _pad: 0,
             frames: [0; MAX_FRAMES],
         }
+    }
+}
+
+/// Set in a caller frame's word when its PC is exact (restored from a signal frame: the
+/// interrupted PC of the code the signal arrived in), not a return address. No user
+/// address has bit 63 (x86-64 user space ends below 2^47, AArch64's below 2^52, and the
+/// walk cuts pointer-authentication bits off return addresses).
+pub const FRAME_EXACT: u64 = 1 << 63;
+
+/// The PC of a user stack's frame word.
+#[inline(always)]
+pub const fn frame_pc(word: u64) -> u64 {
+    word & !FRAME_EXACT
+}
+
+/// The address to look up (symbolize, or find a rule for) for the user frame word at
+/// `index` (innermost 0): the sampled PC and exact PCs as they are, a return address
+/// minus one, which lies in the call instruction (a call to a function that does not
+/// return can be the last instruction of its caller, so the return address itself may
+/// already belong to the next function). The walker and the symbolizer both use it.
+#[inline(always)]
+pub const fn lookup_address(index: usize, word: u64) -> u64 {
+    if index == 0 || word & FRAME_EXACT != 0 {
+        frame_pc(word)
+    } else {
+        word.wrapping_sub(1)
     }
 }
 

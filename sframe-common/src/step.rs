@@ -10,7 +10,7 @@ use crate::{
     budget::{MAPPING_SEARCH_STEPS, MAX_FRAMES, MAX_MAPPINGS, PAGE_SHIFT, ROW_SEARCH_STEPS},
     layout::*,
     outcome::WalkOutcome,
-    stack::{HASH_SEED, UserStack, finish, mix},
+    stack::{FRAME_EXACT, HASH_SEED, UserStack, finish, lookup_address, mix},
 };
 
 /// DWARF registers kept for the top frame (x86-64 uses 0..=16, AArch64 0..=31).
@@ -425,18 +425,18 @@ pub fn walk_step<T: Tables>(
         return false;
     }
     let pc = st.regs.pc;
-    st.stack.frames[crate::bounded(i as usize, MAX_FRAMES)] = pc;
-    st.stack.len = i + 1;
-    st.hash = mix(st.hash, pc);
-
     let top = i == 0;
-    // A return address points after the call; the call itself may be the function's
-    // last instruction, so look up the byte before it.
-    let lookup_pc = if top || st.exact_pc != 0 {
-        pc
+    // Caller frames with an exact PC (after a signal frame) are marked, for the
+    // symbolizer; PCs are user addresses, below FRAME_EXACT.
+    let word = if !top && st.exact_pc != 0 {
+        pc | FRAME_EXACT
     } else {
-        pc.wrapping_sub(1)
+        pc
     };
+    st.stack.frames[crate::bounded(i as usize, MAX_FRAMES)] = word;
+    st.stack.len = i + 1;
+    st.hash = mix(st.hash, word);
+    let lookup_pc = lookup_address(i as usize, word);
     let top_regs = if top { Some(&st.top) } else { None };
     let result = match find_rule(t, lookup_pc, &mut st.cache) {
         Lookup::Rule(rule) => {
@@ -461,6 +461,12 @@ pub fn walk_step<T: Tables>(
             regs.pc &= t.return_address_mask();
             if regs.pc == 0 {
                 st.outcome = WalkOutcome::ZeroReturnAddress as u32;
+                return false;
+            }
+            // Not a user address (a corrupted or hostile stack word): no mapping holds
+            // it, and it must not pass for a FRAME_EXACT mark.
+            if regs.pc & FRAME_EXACT != 0 {
+                st.outcome = WalkOutcome::NoMapping as u32;
                 return false;
             }
             st.regs = regs;

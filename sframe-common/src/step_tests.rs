@@ -7,6 +7,7 @@ extern crate std;
 use std::{collections::BTreeMap, vec, vec::Vec};
 
 use super::*;
+use crate::stack::frame_pc;
 
 /// Stack memory: 8-byte words at their addresses; anything else faults.
 struct Memory(BTreeMap<u64, u64>);
@@ -472,6 +473,63 @@ fn a_chain_walks_to_its_outermost_frame() {
     );
     assert_eq!(outcome, WalkOutcome::Complete);
     assert_eq!(st.frames_from_fp, 1);
+}
+
+#[test]
+fn the_frame_after_a_signal_frame_is_marked_exact_and_looked_up_as_is() {
+    let mut t = chain_tables();
+    // `main` is a signal trampoline: its caller's PC is the interrupted one.
+    t.rules[2] = rule(
+        CFA_BASE_SP,
+        16,
+        (REG_AT_CFA, -8),
+        (REG_UNCHANGED, 0),
+        RULE_FLAG_SIGNAL,
+    );
+    t.rows[2].rule = 3;
+    t.rules.push(rule(
+        CFA_BASE_SP,
+        16,
+        (REG_AT_CFA, -8),
+        (REG_UNCHANGED, 0),
+        0,
+    ));
+    // The interrupted PC is `start`'s first byte: looked up at RA − 1 it would be in no
+    // function (0x3f_ffff); as is, it is `start`, outermost.
+    let mem = Memory::new(&[(SP + 8, BASE + 0x150), (SP + 24, BASE)]);
+    let mut st = WalkState::default();
+    let outcome = walk(
+        &mut st,
+        regs(BASE + 0x210, SP, 0),
+        &mut t,
+        &mut mem.reader(),
+    );
+    assert_eq!(outcome, WalkOutcome::Complete);
+    let frames = &st.stack.frames[..st.stack.len as usize];
+    assert_eq!(frames, &[BASE + 0x210, BASE + 0x150, BASE | FRAME_EXACT]);
+    let lookups: Vec<u64> = frames
+        .iter()
+        .enumerate()
+        .map(|(i, &w)| lookup_address(i, w))
+        .collect();
+    assert_eq!(lookups, [BASE + 0x210, BASE + 0x14f, BASE]);
+    assert_eq!(frame_pc(frames[2]), BASE);
+}
+
+#[test]
+fn a_return_address_with_the_exact_bit_ends_the_walk() {
+    let mut t = chain_tables();
+    // A stack word that would pass for an exact mark on `main`.
+    let mem = Memory::new(&[(SP + 8, (BASE + 0x150) | FRAME_EXACT)]);
+    let mut st = WalkState::default();
+    let outcome = walk(
+        &mut st,
+        regs(BASE + 0x210, SP, 0),
+        &mut t,
+        &mut mem.reader(),
+    );
+    assert_eq!(outcome, WalkOutcome::NoMapping);
+    assert_eq!(&st.stack.frames[..st.stack.len as usize], &[BASE + 0x210]);
 }
 
 /// A small deterministic generator (xorshift), for the property test below.

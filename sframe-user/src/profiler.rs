@@ -78,11 +78,20 @@ fn target_info(pid: u32, maps: Vec<crate::procfs::Mapping>) -> TargetInfo {
     }
 }
 
-/// The addresses to symbolize for a user stack (innermost first): the sampled PC as is,
-/// and each return address minus one, which lies in the call instruction. A call to a
-/// function that does not return can be the last instruction of its caller, so the
-/// return address itself may already belong to the next function.
+/// The addresses to symbolize for a user stack's frame words (innermost first): the
+/// sampled PC and exact PCs after a signal frame as they are, each return address minus
+/// one ([`sframe_common::stack::lookup_address`], as the walker looks them up).
 pub fn symbolization_addresses(frames: &[u64]) -> Vec<u64> {
+    frames
+        .iter()
+        .enumerate()
+        .map(|(i, &w)| sframe_common::stack::lookup_address(i, w))
+        .collect()
+}
+
+/// The addresses to symbolize for a kernel stack (innermost first): the sampled PC as
+/// is, each return address minus one.
+pub fn kernel_symbolization_addresses(frames: &[u64]) -> Vec<u64> {
     frames
         .iter()
         .enumerate()

@@ -29,6 +29,7 @@ pub use sframe_common::WalkOutcome;
 use sframe_common::{
     budget::{MAX_FRAMES, MAX_MAPPINGS},
     layout::{MappingEntry, ObjectEntry, RowEntry, RuleEntry, addr_bits, addr_mask},
+    stack::{FRAME_EXACT, frame_pc},
     step::{Regs, TOP_REGS, Tables, WalkState, walk_step},
 };
 
@@ -331,17 +332,18 @@ impl Unwinder {
         let mut frames = Vec::new();
         let mut going = true;
         while going && frames.len() < MAX_FRAMES {
-            let kind = match (frames.is_empty(), st.exact_pc != 0) {
-                (true, _) => FrameKind::Interrupted,
-                (false, true) => FrameKind::Signal,
-                (false, false) => FrameKind::ReturnAddress,
-            };
             let recorded = st.stack.len;
             going = walk_step(&mut st, &mut view, &mut read);
             if st.stack.len == recorded {
                 break;
             }
-            let pc = st.stack.frames[recorded as usize % MAX_FRAMES];
+            let word = st.stack.frames[recorded as usize % MAX_FRAMES];
+            let pc = frame_pc(word);
+            let kind = match (frames.is_empty(), word & FRAME_EXACT != 0) {
+                (true, _) => FrameKind::Interrupted,
+                (false, true) => FrameKind::Signal,
+                (false, false) => FrameKind::ReturnAddress,
+            };
             frames.push(Frame {
                 pc,
                 kind,

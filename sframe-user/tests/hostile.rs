@@ -14,7 +14,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use sframe_common::WalkOutcome;
+use sframe_common::{WalkOutcome, stack::FRAME_EXACT};
 use sframe_user::{
     procfs,
     profiler::{Profiler, symbolization_addresses},
@@ -171,10 +171,13 @@ fn signal_on_sigaltstack(name: &str, signal: &str, setup: &str, trigger: &str) {
         total += s.count;
         let n = s.names.len();
         // Outermost first: ..., main, f0, f1, [libc frames], __restore_rt, handler, hspin.
+        // Raw frames innermost first: hspin, handler, __restore_rt, the interrupted PC.
         let ok = s.outcome == WalkOutcome::Complete
             && n >= 6
             && s.raw.len() == n
             && s.raw[2] == restorer
+            // The interrupted frame's PC is exact (not looked up at RA − 1).
+            && s.raw[3] & FRAME_EXACT != 0
             && s.names[n - 2..] == strings(&["handler", "hspin"])
             && s.names[..n - 3]
                 .iter()

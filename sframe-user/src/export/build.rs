@@ -10,7 +10,9 @@ use sframe_common::WalkOutcome;
 use super::{ProcessProfile, Profile, Stack};
 use crate::{
     procfs::Mapping,
-    profiler::{Profiler, Snapshot, StackCount, symbolization_addresses},
+    profiler::{
+        Profiler, Snapshot, StackCount, kernel_symbolization_addresses, symbolization_addresses,
+    },
     symbolize::{Frame, Symbolizer},
 };
 
@@ -174,7 +176,7 @@ pub(super) fn kernel_frames(
     let Some(kernel) = profiler.kernel_stack(id) else {
         return Vec::new();
     };
-    let mut frames = symbolizer.symbolize_kernel(&symbolization_addresses(kernel));
+    let mut frames = symbolizer.symbolize_kernel(&kernel_symbolization_addresses(kernel));
     frames.reverse();
     frames
 }
