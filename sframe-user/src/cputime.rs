@@ -19,6 +19,17 @@ pub fn seconds(counter: &AtomicU64) -> f64 {
     counter.load(Ordering::Relaxed) as f64 / 1e9
 }
 
+/// CPU time (user + system) of this process so far.
+pub fn process_seconds() -> Option<f64> {
+    // SAFETY: getrusage writes only into the struct we pass.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return None;
+    }
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    Some(secs(usage.ru_utime) + secs(usage.ru_stime))
+}
+
 /// This thread's CPU time (ns).
 fn thread_ns() -> u64 {
     let mut ts = libc::timespec {

@@ -14,7 +14,7 @@
 
 use std::{os::fd::OwnedFd, time::Instant};
 
-use crate::{export::prometheus::own_cpu_seconds, profiler::Profiler};
+use crate::{cputime::process_seconds, profiler::Profiler};
 
 /// User-space CPU seconds spent collecting samples so far.
 pub fn collection_cpu_seconds() -> f64 {
@@ -108,7 +108,7 @@ impl Governor {
     pub fn tick(&mut self, profiler: &mut Profiler) {
         let now = Instant::now();
         let bpf_ns = profiler.program_stats().map_or(0, |(ns, _)| ns);
-        let cpu = own_cpu_seconds().unwrap_or(0.0);
+        let cpu = process_seconds().unwrap_or(0.0);
         let load = crate::objects::load_cpu_seconds();
         let collect = collection_cpu_seconds();
         let Some((then, last_ns, last_cpu, last_load, last_collect)) = self.last else {

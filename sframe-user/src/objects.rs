@@ -133,6 +133,33 @@ impl ObjectInfo {
     }
 }
 
+/// The store's figures for the exporters ([`ObjectStore::figures`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StoreFigures {
+    /// Objects whose table is in the kernel.
+    pub objects_loaded: u64,
+    /// Of those, by table source ([`source_index`]).
+    pub objects_by_source: [u64; 4],
+    /// Objects for which no table could be built.
+    pub objects_failed: u64,
+    /// Kernel rows in use and their capacity.
+    pub rows_in_use: u64,
+    pub row_capacity: u64,
+    /// Kernel table bytes in use.
+    pub table_bytes: u64,
+}
+
+/// Index of a table source in [`StoreFigures::objects_by_source`]: SFrame, `.eh_frame`,
+/// `.debug_frame`, synthesized.
+pub fn source_index(source: Source) -> usize {
+    match source {
+        Source::SFrame { .. } => 0,
+        Source::EhFrame => 1,
+        Source::DebugFrame => 2,
+        Source::Synthesized => 3,
+    }
+}
+
 /// Per-process results.
 #[derive(Clone, Debug, Default)]
 pub struct ProcessReport {
@@ -522,6 +549,24 @@ impl ObjectStore {
             self.stats.evictions += 1;
         }
         true
+    }
+
+    /// What the exporters report of the store.
+    pub fn figures(&self) -> StoreFigures {
+        let loaded = || self.objects().filter(|o| o.placement.is_some());
+        let mut by_source = [0; 4];
+        for s in loaded().filter_map(|o| o.source) {
+            by_source[source_index(s)] += 1;
+        }
+        let (rows_in_use, row_capacity) = self.tables.row_usage();
+        StoreFigures {
+            objects_loaded: loaded().count() as u64,
+            objects_by_source: by_source,
+            objects_failed: self.failed_objects,
+            rows_in_use,
+            row_capacity,
+            table_bytes: self.tables.bytes_in_use(),
+        }
     }
 
     pub fn objects(&self) -> impl Iterator<Item = &ObjectInfo> {

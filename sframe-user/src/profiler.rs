@@ -24,7 +24,6 @@ use sframe_common::{
 use crate::{
     bpf::{self, LoadConfig, LoadError},
     cgroup::{self, Cgroup},
-    export::TargetInfo,
     kmaps::KernelTables,
     objects::{Build, ObjectStore, ProcessReport},
     procfs,
@@ -76,6 +75,19 @@ fn target_info(pid: u32, maps: Vec<crate::procfs::Mapping>) -> TargetInfo {
         maps,
         cgroup: crate::cgroup::process_cgroup(pid),
     }
+}
+
+/// A profiled process and what is needed to symbolize it after it exits.
+#[derive(Clone, Debug)]
+pub struct TargetInfo {
+    pub pid: u32,
+    pub comm: String,
+    /// Its pid inside its own PID namespace (containers), when different.
+    pub ns_pid: Option<u32>,
+    /// Its mappings, as last read.
+    pub maps: Vec<crate::procfs::Mapping>,
+    /// Its cgroup v2 path when it was loaded (raw; sanitized in the outputs).
+    pub cgroup: Option<String>,
 }
 
 /// The addresses to symbolize for a user stack's frame words (innermost first): the
@@ -237,7 +249,7 @@ pub struct Profiler {
     ebpf: Ebpf,
     /// The perf-event program attached (`profile` but in the benchmark).
     program: SampleProgram,
-    pub store: ObjectStore,
+    store: ObjectStore,
     targets: HashMap<MapData, u32, u8>,
     counts_map: HashMap<MapData, CountKey, u64>,
     stacks_map: HashMap<MapData, u64, UserStack>,
@@ -1346,6 +1358,16 @@ impl Profiler {
     }
 
     /// The frames of a user stack (innermost first) seen by `collect`.
+    /// The object store: loaded objects, their kernel tables, the cache, statistics.
+    pub fn store(&self) -> &ObjectStore {
+        &self.store
+    }
+
+    /// The object store, for tests that hold its builds (`ObjectStore::hold_builds`).
+    pub fn store_mut(&mut self) -> &mut ObjectStore {
+        &mut self.store
+    }
+
     pub fn stack(&self, id: u64) -> Option<&[u64]> {
         self.stacks.get(&id).map(Vec::as_slice)
     }

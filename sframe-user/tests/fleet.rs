@@ -18,9 +18,8 @@ use std::{
 };
 
 use sframe_user::{
-    export::TargetInfo,
     procfs,
-    profiler::{Profiler, ProfilerConfig, TargetSpec},
+    profiler::{Profiler, ProfilerConfig, TargetInfo, TargetSpec},
 };
 use support::profiling::{
     assert_complete, complete_through, config, pump, pump_cpu, pump_until, samples_floor, serial,
@@ -409,7 +408,7 @@ fn a_small_table_budget_evicts_unused_objects_and_stays_correct() {
         let mut p = Profiler::start(99).expect("start");
         p.add_target(first.pid()).expect("tables");
         let rows = |f: &dyn Fn(&str) -> bool| -> u64 {
-            p.store
+            p.store()
                 .objects()
                 .filter(|o| f(&o.path))
                 .filter_map(|o| o.placement)
@@ -454,9 +453,9 @@ fn a_small_table_budget_evicts_unused_objects_and_stays_correct() {
         (good, total, bad, samples_floor(cpu, 499))
     };
     let (good_a, total_a, bad_a, floor_a) = run(&mut profiler, &a);
-    assert_eq!(profiler.store.stats.evictions, 0, "nothing to evict yet");
+    assert_eq!(profiler.store().stats.evictions, 0, "nothing to evict yet");
     let (good_b, total_b, bad_b, floor_b) = run(&mut profiler, &b);
-    let stats = profiler.store.stats;
+    let stats = profiler.store().stats;
     eprintln!(
         "budget {bytes} bytes ({wanted} rows): A {good_a}/{total_a}, B {good_b}/{total_b}; {stats:?}"
     );
@@ -632,7 +631,7 @@ fn a_restart_loads_tables_from_the_disk_cache() {
     let stores = {
         let mut first = Profiler::start_with(cached(&dir)).expect("start");
         first.add_target(pid).expect("tables");
-        let stats = first.store.cache.as_ref().expect("cache").stats;
+        let stats = first.store().cache.as_ref().expect("cache").stats;
         assert_eq!(stats.hits, 0, "{stats:?}");
         assert!(
             stats.stores >= 3,
@@ -642,7 +641,7 @@ fn a_restart_loads_tables_from_the_disk_cache() {
     };
     let mut second = Profiler::start_with(cached(&dir)).expect("restart");
     second.add_target(pid).expect("tables");
-    let stats = second.store.cache.as_ref().expect("cache").stats;
+    let stats = second.store().cache.as_ref().expect("cache").stats;
     assert_eq!((stats.hits, stats.stores), (stores, 0), "{stats:?}");
     let before = second.collect();
     let cpu = pump_cpu(&mut second, pid, 0.6);
@@ -818,12 +817,12 @@ fn large_objects_are_built_off_the_event_loop_and_then_used() {
     // The build runs on the worker while the spinner runs: wait for it (bounded by the
     // spinner's CPU, not by wall time).
     let mut cpu = 0.0;
-    while profiler.store.stats.background_builds == 0 || profiler.store.builds_in_flight() > 0 {
+    while profiler.store().stats.background_builds == 0 || profiler.store().builds_in_flight() > 0 {
         cpu += pump_cpu(&mut profiler, pid, 0.1);
         assert!(
             cpu < 20.0,
             "the build did not finish while the spinner used {cpu:.1} s of CPU: {:?}",
-            profiler.store.stats
+            profiler.store().stats
         );
     }
     let before = profiler.collect();
@@ -915,7 +914,7 @@ fn a_process_that_exits_while_its_table_is_built_keeps_its_stacks() {
     let mut profiler = Profiler::start_with(config(499, spec)).expect("start");
     // The build "takes" until the process has exited: its result is left on the
     // worker's channel until then (otherwise how long it takes is a race).
-    profiler.store.hold_builds(true);
+    profiler.store_mut().hold_builds(true);
     let mut child = KillOnDrop::spawn(Command::new(&exe).stdin(Stdio::piped()));
     let pid = child.pid();
     // Its samples find no table (the loop is not run meanwhile): all deferred.
@@ -934,7 +933,7 @@ fn a_process_that_exits_while_its_table_is_built_keeps_its_stacks() {
         assert!(started.elapsed() < Duration::from_secs(120), "never loaded");
     }
     assert_eq!(
-        profiler.store.builds_in_flight(),
+        profiler.store().builds_in_flight(),
         1,
         "its executable is built on the worker"
     );
@@ -952,7 +951,7 @@ fn a_process_that_exits_while_its_table_is_built_keeps_its_stacks() {
     }
     let waiting = profiler.deferred_waiting();
     assert!(waiting > 0, "its samples wait for the table");
-    profiler.store.hold_builds(false);
+    profiler.store_mut().hold_builds(false);
     profiler.flush_deferred(Duration::from_secs(120));
     let snap = profiler.collect();
     let deferred = snap.counters[sframe_common::Counter::Deferred as usize];
@@ -982,7 +981,7 @@ fn samples_waiting_at_the_end_are_walked_with_the_table_built_meanwhile() {
         ..TargetSpec::default()
     };
     let mut profiler = Profiler::start_with(config(499, spec)).expect("start");
-    profiler.store.hold_builds(true);
+    profiler.store_mut().hold_builds(true);
     let child = KillOnDrop::spawn(Command::new(&exe).stdin(Stdio::piped()));
     let pid = child.pid();
     // It spins 0.3 s of CPU, then waits on its stdin (alive, no more samples); the loop
@@ -1005,11 +1004,15 @@ fn samples_waiting_at_the_end_are_walked_with_the_table_built_meanwhile() {
         thread::sleep(Duration::from_millis(10));
         assert!(started.elapsed() < Duration::from_secs(120), "never loaded");
     }
-    assert_eq!(profiler.store.builds_in_flight(), 1, "built on the worker");
+    assert_eq!(
+        profiler.store().builds_in_flight(),
+        1,
+        "built on the worker"
+    );
     let waiting = profiler.deferred_waiting();
     assert!(waiting > 0, "its samples wait for the table");
     // The profile ends: the build finishes while the end waits for it.
-    profiler.store.hold_builds(false);
+    profiler.store_mut().hold_builds(false);
     profiler.flush_deferred(Duration::from_secs(120));
     assert!(profiler.is_alive(pid), "alive to the end");
     let snap = profiler.collect();

@@ -11,11 +11,11 @@ use anyhow::{Context as _, Result, bail};
 use clap::Args;
 use sframe_user::{
     export::{
-        self, Format, Profile, TargetInfo,
+        self, Format, Profile,
         prometheus::{self, Feed, Metrics, server},
         snapshot_delta, timestamped_path,
     },
-    profiler::{Profiler, ProfilerConfig, Snapshot, TargetSpec},
+    profiler::{Profiler, ProfilerConfig, Snapshot, TargetInfo, TargetSpec},
     symbolize::Symbolizer,
 };
 use tokio::io::{Interest, unix::AsyncFd};

@@ -9,25 +9,12 @@ use sframe_common::WalkOutcome;
 
 use super::{ProcessProfile, Profile, Stack};
 use crate::{
-    procfs::Mapping,
     profiler::{
-        Profiler, Snapshot, StackCount, kernel_symbolization_addresses, symbolization_addresses,
+        Profiler, Snapshot, StackCount, TargetInfo, kernel_symbolization_addresses,
+        symbolization_addresses,
     },
     symbolize::{Frame, Symbolizer},
 };
-
-/// A profiled process and what is needed to symbolize it after it exits.
-#[derive(Clone, Debug)]
-pub struct TargetInfo {
-    pub pid: u32,
-    pub comm: String,
-    /// Its pid inside its own PID namespace (containers), when different.
-    pub ns_pid: Option<u32>,
-    /// Its mappings, as last read.
-    pub maps: Vec<Mapping>,
-    /// Its cgroup v2 path when it was loaded (raw; sanitized in the outputs).
-    pub cgroup: Option<String>,
-}
 
 /// The counts of `current` that `previous` did not have (one `--interval`).
 pub fn snapshot_delta(current: &Snapshot, previous: &Snapshot) -> Snapshot {

@@ -24,7 +24,7 @@ use std::{
 use sframe_common::{Counter, WalkOutcome};
 
 #[cfg(feature = "profiler")]
-pub use self::build::{TargetInfo, snapshot_delta};
+pub use self::build::snapshot_delta;
 pub use self::{folded::folded, pprof::pprof_bytes, svg::svg, top::top};
 use crate::symbolize::Frame;
 

@@ -10,8 +10,8 @@ use std::{
 };
 
 use sframe_user::{
-    export::{Profile, TargetInfo},
-    profiler::{Profiler, ProfilerConfig, Snapshot, TargetSpec},
+    export::Profile,
+    profiler::{Profiler, ProfilerConfig, Snapshot, TargetInfo, TargetSpec},
     symbolize::Symbolizer,
 };
 

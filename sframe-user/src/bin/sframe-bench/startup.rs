@@ -175,7 +175,7 @@ fn first_stack(profiler: &mut Profiler, w: &fixtures::Workload) -> Result<First>
         };
         let added = profiler.handle_events();
         if loaded_ms.is_none()
-            && (added.contains(&pid) || profiler.store.process_entries(pid).is_some())
+            && (added.contains(&pid) || profiler.store().process_entries(pid).is_some())
         {
             loaded_ms = Some(t0.elapsed().as_secs_f64() * 1e3);
         }

@@ -7,8 +7,8 @@ use sframe_common::stack::CountKey;
 
 use super::{GroupLabel, Health, Metrics, bpf_stats_enabled};
 use crate::{
-    export::{Stack, TargetInfo, build},
-    profiler::{Profiler, Snapshot},
+    export::{Stack, build},
+    profiler::{Profiler, Snapshot, TargetInfo},
     symbolize::Symbolizer,
 };
 
@@ -90,24 +90,16 @@ impl Feed {
             .chain(targets.iter().map(|t| t.pid))
             .collect();
         self.names.retain(|(pid, _, _), _| live.contains(pid));
-        let objects: Vec<_> = profiler.store.objects().collect();
-        let (rows_in_use, row_capacity) = profiler.store.tables.row_usage();
+        let store = profiler.store().figures();
         let health = Health {
             outcomes: snap.outcomes,
             counters: snap.counters,
-            objects_loaded: objects.iter().filter(|o| o.placement.is_some()).count() as u64,
-            objects_by_source: objects
-                .iter()
-                .filter(|o| o.placement.is_some())
-                .filter_map(|o| o.source)
-                .fold([0; 4], |mut n, s| {
-                    n[super::source_index(s)] += 1;
-                    n
-                }),
-            objects_failed: profiler.store.failed_objects,
-            rows_in_use,
-            row_capacity,
-            table_bytes: profiler.store.tables.bytes_in_use(),
+            objects_loaded: store.objects_loaded,
+            objects_by_source: store.objects_by_source,
+            objects_failed: store.objects_failed,
+            rows_in_use: store.rows_in_use,
+            row_capacity: store.row_capacity,
+            table_bytes: store.table_bytes,
             bpf_program: profiler.program_stats(),
             bpf_stats_enabled: bpf_stats_enabled(),
             fleet: profiler.fleet_counters(),

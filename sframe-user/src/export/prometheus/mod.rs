@@ -83,19 +83,9 @@ struct SourceLabels {
 }
 
 /// Where an object's table came from, as the `source` label of
-/// `sframe_objects_by_source` names it (indexed like [`Health::objects_by_source`]).
+/// `sframe_objects_by_source` names it (indexed like [`Health::objects_by_source`], by
+/// [`crate::objects::source_index`]).
 pub const TABLE_SOURCES: [&str; 4] = ["sframe", "eh_frame", "debug_frame", "plt_only"];
-
-/// The index of `source` in [`TABLE_SOURCES`].
-pub fn source_index(source: crate::table::Source) -> usize {
-    use crate::table::Source;
-    match source {
-        Source::SFrame { .. } => 0,
-        Source::EhFrame => 1,
-        Source::DebugFrame => 2,
-        Source::Synthesized => 3,
-    }
-}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct EventLabels {
@@ -441,7 +431,7 @@ impl Metrics {
         }
         self.processes.set(as_i64(health.processes));
         self.frequency.set(as_i64(health.frequency));
-        if let Some(cpu) = own_cpu_seconds()
+        if let Some(cpu) = crate::cputime::process_seconds()
             && cpu > self.last_cpu
         {
             self.cpu.inc_by(cpu - self.last_cpu);
@@ -473,17 +463,6 @@ impl Metrics {
 pub fn bpf_stats_enabled() -> Option<bool> {
     let s = std::fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled").ok()?;
     Some(s.trim() == "1")
-}
-
-/// CPU time (user + system) of this process so far.
-pub fn own_cpu_seconds() -> Option<f64> {
-    // SAFETY: getrusage writes only into the struct we pass.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
-        return None;
-    }
-    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    Some(secs(usage.ru_utime) + secs(usage.ru_stime))
 }
 
 fn own_rss_bytes() -> Option<u64> {
