@@ -33,8 +33,19 @@ pub enum LoadError {
         #[source]
         source: std::io::Error,
     },
-    #[error("target: {0}")]
-    Target(String),
+    /// A `--cgroup` target could not be resolved.
+    #[error("target cgroup")]
+    Cgroup(#[source] crate::cgroup::CgroupError),
+    /// More cgroup v2 targets than the kernel side checks.
+    #[error("at most {max} cgroup v2 targets, {given} given")]
+    TooManyCgroups { max: u32, given: usize },
+    /// A `--pid` target's mappings could not be read.
+    #[error("target pid {pid}")]
+    Pid {
+        pid: u32,
+        #[source]
+        source: crate::procfs::MapsError,
+    },
     #[error("attaching {what}: {source}")]
     Attach {
         what: String,

@@ -55,10 +55,40 @@ pub struct CachedMeta {
     pub table_rows: u64,
 }
 
+/// What is wrong with a cache file's contents.
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
+pub enum Corruption {
+    #[error("not a regular file of at most {MAX_FILE_BYTES} bytes")]
+    NotARegularFile,
+    #[error("shorter than its checksum")]
+    NoChecksum,
+    #[error("checksum mismatch")]
+    Checksum,
+    #[error("not a table cache file of this format")]
+    Format,
+    #[error("another object's digest")]
+    OtherDigest,
+    #[error("truncated in {what} at byte {at}")]
+    Truncated { what: &'static str, at: usize },
+    #[error("{what}: {n} entries do not fit in the file")]
+    TooMany { what: &'static str, n: usize },
+    #[error("unknown source kind {0}")]
+    SourceKind(u8),
+    #[error("the rules do not fit the rule dictionary")]
+    Rules(#[source] crate::flatten::FlattenError),
+    #[error("row refers to rule {rule} of {rules}")]
+    RuleIndex { rule: usize, rules: usize },
+    #[error("{0} bytes after the rows")]
+    Trailing(usize),
+    #[error("page entries out of order or past the rows")]
+    Pages,
+}
+
+/// Why the cache or one of its files could not be used.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum CacheError {
     #[error("{path}: {what}")]
-    Corrupt { path: PathBuf, what: String },
+    Corrupt { path: PathBuf, what: Corruption },
     #[error("{path}: written by another build of the profiler")]
     OtherTool { path: PathBuf },
     #[error("{path}: {message}")]
@@ -141,10 +171,9 @@ impl TableCache {
                 Some(v)
             }
             Err(what) => {
-                let err = if what == OTHER_TOOL {
-                    CacheError::OtherTool { path }
-                } else {
-                    CacheError::Corrupt { path, what }
+                let err = match what {
+                    Decoded::OtherTool => CacheError::OtherTool { path },
+                    Decoded::Corrupt(what) => CacheError::Corrupt { path, what },
                 };
                 log::info!("table cache: {err}; removed");
                 self.stats.rejected += 1;
@@ -220,7 +249,7 @@ fn read_bounded(path: &Path) -> Result<Option<Vec<u8>>, CacheError> {
     if !meta.is_file() || meta.len() > MAX_FILE_BYTES {
         return Err(CacheError::Corrupt {
             path: path.to_owned(),
-            what: format!("not a regular file of at most {MAX_FILE_BYTES} bytes"),
+            what: Corruption::NotARegularFile,
         });
     }
     let mut bytes = Vec::with_capacity(meta.len() as usize);
@@ -277,8 +306,6 @@ fn check_owned(dir: &Path) -> Result<(), CacheError> {
     }
     Ok(())
 }
-
-const OTHER_TOOL: &str = "other tool";
 
 fn source_code(s: Source) -> (u8, u8) {
     match s {
@@ -357,39 +384,53 @@ struct Reader<'a> {
 }
 
 impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], String> {
+    fn take(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], Corruption> {
         let end = self.at.checked_add(n).filter(|&e| e <= self.bytes.len());
         let Some(end) = end else {
-            return Err(format!("truncated in {what} at byte {}", self.at));
+            return Err(Corruption::Truncated { what, at: self.at });
         };
         let s = &self.bytes[self.at..end];
         self.at = end;
         Ok(s)
     }
-    fn u8(&mut self, what: &str) -> Result<u8, String> {
+    fn u8(&mut self, what: &'static str) -> Result<u8, Corruption> {
         Ok(self.take(1, what)?[0])
     }
-    fn u16(&mut self, what: &str) -> Result<u16, String> {
+    fn u16(&mut self, what: &'static str) -> Result<u16, Corruption> {
         let b = self.take(2, what)?;
         Ok(u16::from_le_bytes([b[0], b[1]]))
     }
-    fn u32(&mut self, what: &str) -> Result<u32, String> {
+    fn u32(&mut self, what: &'static str) -> Result<u32, Corruption> {
         let b = self.take(4, what)?;
         Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
     }
-    fn u64(&mut self, what: &str) -> Result<u64, String> {
+    fn u64(&mut self, what: &'static str) -> Result<u64, Corruption> {
         let b = self.take(8, what)?;
         let mut a = [0u8; 8];
         a.copy_from_slice(b);
         Ok(u64::from_le_bytes(a))
     }
     /// A count of `size`-byte items that must fit in the bytes left.
-    fn count(&mut self, size: usize, what: &str) -> Result<usize, String> {
+    fn count(&mut self, size: usize, what: &'static str) -> Result<usize, Corruption> {
         let n = self.u32(what)? as usize;
         if n.saturating_mul(size) > self.bytes.len() - self.at {
-            return Err(format!("{what}: {n} entries do not fit in the file"));
+            return Err(Corruption::TooMany { what, n });
         }
         Ok(n)
+    }
+}
+
+/// Why a cache file's contents were not used.
+#[derive(Debug, PartialEq, Eq)]
+enum Decoded {
+    /// Written by another build of the profiler.
+    OtherTool,
+    Corrupt(Corruption),
+}
+
+impl From<Corruption> for Decoded {
+    fn from(c: Corruption) -> Self {
+        Decoded::Corrupt(c)
     }
 }
 
@@ -398,31 +439,31 @@ fn decode(
     tool: &str,
     key: &[u8],
     dict: &mut RuleDict,
-) -> Result<(FlatObject, CachedMeta), String> {
+) -> Result<(FlatObject, CachedMeta), Decoded> {
     let Some((body, crc)) = bytes.split_last_chunk::<4>() else {
-        return Err("shorter than its checksum".into());
+        return Err(Corruption::NoChecksum.into());
     };
     if crc32fast::hash(body) != u32::from_le_bytes(*crc) {
-        return Err("checksum mismatch".into());
+        return Err(Corruption::Checksum.into());
     }
     let mut r = Reader { bytes: body, at: 0 };
     if r.take(4, "magic")? != MAGIC || r.u32("format")? != FORMAT {
-        return Err("not a table cache file of this format".into());
+        return Err(Corruption::Format.into());
     }
     let n = usize::from(r.u16("tool")?);
     if r.take(n, "tool")? != tool.as_bytes() {
-        return Err(OTHER_TOOL.into());
+        return Err(Decoded::OtherTool);
     }
     let n = usize::from(r.u16("digest")?);
     if r.take(n, "digest")? != key {
-        return Err("another object's digest".into());
+        return Err(Corruption::OtherDigest.into());
     }
     let source = match (r.u8("source")?, r.u8("source version")?) {
         (1, version) => Source::SFrame { version },
         (2, _) => Source::EhFrame,
         (3, _) => Source::DebugFrame,
         (4, _) => Source::Synthesized,
-        (k, _) => return Err(format!("unknown source kind {k}")),
+        (k, _) => return Err(Corruption::SourceKind(k).into()),
     };
     let table_rows = r.u64("table rows")?;
     let unencodable_rows = r.u64("unencodable rows")?;
@@ -441,7 +482,7 @@ fn decode(
             fp_kind: b[10],
             flags: b[11],
         };
-        global.push(dict.intern(rule).map_err(|e| e.to_string())?);
+        global.push(dict.intern(rule).map_err(Corruption::Rules)?);
     }
     let n = r.count(4, "pages")?;
     let mut pages = Vec::with_capacity(n);
@@ -453,19 +494,20 @@ fn decode(
     for _ in 0..n {
         let addr_low = r.u16("row")?;
         let local = usize::from(r.u16("row")?);
-        let rule = *global
-            .get(local)
-            .ok_or_else(|| format!("row refers to rule {local} of {}", global.len()))?;
+        let rule = *global.get(local).ok_or(Corruption::RuleIndex {
+            rule: local,
+            rules: global.len(),
+        })?;
         rows.push(RowEntry { addr_low, rule });
     }
     if r.at != body.len() {
-        return Err(format!("{} bytes after the rows", body.len() - r.at));
+        return Err(Corruption::Trailing(body.len() - r.at).into());
     }
     // The kernel side relies on pages pointing into the rows, in order.
     if pages.windows(2).any(|w| w[0] > w[1])
         || pages.last().is_some_and(|&l| l as usize > rows.len())
     {
-        return Err("page entries out of order or past the rows".into());
+        return Err(Corruption::Pages.into());
     }
     Ok((
         FlatObject {
@@ -565,7 +607,10 @@ mod tests {
         };
         let bytes = encode("t", b"id", meta, &flat, &d);
         assert!(decode(&bytes, "t", b"id", &mut d).is_ok());
-        assert_eq!(decode(&bytes, "u", b"id", &mut d).unwrap_err(), OTHER_TOOL);
+        assert_eq!(
+            decode(&bytes, "u", b"id", &mut d).unwrap_err(),
+            Decoded::OtherTool
+        );
         assert!(decode(&bytes, "t", b"other", &mut d).is_err());
         // Every single-byte change and every truncation is caught.
         for i in 0..bytes.len() {
@@ -594,7 +639,13 @@ mod tests {
         let crc = crc32fast::hash(&body);
         body.extend_from_slice(&crc.to_le_bytes());
         let err = decode(&body, "t", b"", &mut d).unwrap_err();
-        assert!(err.contains("do not fit"), "{err}");
+        assert_eq!(
+            err,
+            Decoded::Corrupt(Corruption::TooMany {
+                what: "rules",
+                n: u32::MAX as usize
+            })
+        );
     }
 
     #[test]

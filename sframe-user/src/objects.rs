@@ -70,32 +70,91 @@ fn stamp_of_mapping(pid: u32, m: &Mapping) -> Option<FileStamp> {
         .map(|meta| FileStamp::of(&meta))
 }
 
+/// Why the file behind a mapping was not opened.
+#[derive(Debug, thiserror::Error)]
+pub enum MappedFileError {
+    /// `/proc/PID/map_files` could not be opened, and the mapping has no live path.
+    #[error(transparent)]
+    Open(crate::safe_open::OpenError),
+    /// Neither `/proc/PID/map_files` nor the path in the process's root could be opened.
+    #[error("{map_files}; {in_root}")]
+    OpenEither {
+        map_files: crate::safe_open::OpenError,
+        #[source]
+        in_root: crate::safe_open::OpenError,
+    },
+    /// The path now names another file on the mapped device.
+    #[error(
+        "{path}: inode {found} is not the mapped inode {mapped} (replaced since it was mapped)"
+    )]
+    Replaced {
+        path: String,
+        found: u64,
+        mapped: u64,
+    },
+}
+
+/// Why an object has no table in the kernel.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum ObjectError {
+    /// No table could be built from the file.
+    #[error(transparent)]
+    Table(std::sync::Arc<crate::objtable::ObjTableError>),
+    /// The mapped file changed while its table was derived (what came of it is refused).
+    #[error("the file changed while it was read")]
+    Changed,
+    /// The table does not fit the kernel layout.
+    #[error(transparent)]
+    Flatten(crate::flatten::FlattenError),
+    /// The kernel maps refused it (full, or a map update failed).
+    #[error(transparent)]
+    Kernel(std::sync::Arc<crate::kmaps::TablesError>),
+}
+
+impl ObjectError {
+    /// The cause, as a short label (logs, metrics).
+    pub fn cause(&self) -> &'static str {
+        match self {
+            ObjectError::Table(_) => "no_table",
+            ObjectError::Changed => "changed",
+            ObjectError::Flatten(_) => "layout",
+            ObjectError::Kernel(e) if matches!(**e, crate::kmaps::TablesError::Full { .. }) => {
+                "kernel_full"
+            }
+            ObjectError::Kernel(_) => "kernel",
+        }
+    }
+}
+
 /// Opens the file behind a mapping (`crate::safe_open`: regular files only, never
 /// blocking): `/proc/PID/map_files/START-END` (the mapped inode itself, even when
 /// deleted or renamed over), else the path resolved inside the process's root (its
 /// mount namespace; its symlinks cannot leave it), which must then be the mapped inode
 /// when it is on the mapped device.
-fn open_mapped_file(pid: u32, m: &Mapping) -> Result<(fs::File, fs::Metadata), String> {
+fn open_mapped_file(pid: u32, m: &Mapping) -> Result<(fs::File, fs::Metadata), MappedFileError> {
     let map_files = format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end);
     let first = match crate::safe_open::open_regular(std::path::Path::new(&map_files)) {
         Ok(opened) => return Ok(opened),
         Err(e) => e,
     };
     let Some(path) = m.live_path() else {
-        return Err(first.to_string());
+        return Err(MappedFileError::Open(first));
     };
     let root = std::path::PathBuf::from(format!("/proc/{pid}/root"));
-    let (file, meta) =
-        crate::safe_open::open_in_root(&root, path).map_err(|e| format!("{first}; {e}"))?;
+    let (file, meta) = crate::safe_open::open_in_root(&root, path).map_err(|in_root| {
+        MappedFileError::OpenEither {
+            map_files: first,
+            in_root,
+        }
+    })?;
     let replaced = crate::procfs::dev_major_minor(meta.dev()) == (m.dev_major, m.dev_minor)
         && meta.ino() != m.inode;
     if replaced {
-        return Err(format!(
-            "{}: inode {} is not the mapped inode {} (replaced since it was mapped)",
-            m.path,
-            meta.ino(),
-            m.inode
-        ));
+        return Err(MappedFileError::Replaced {
+            path: m.path.clone(),
+            found: meta.ino(),
+            mapped: m.inode,
+        });
     }
     Ok((file, meta))
 }
@@ -107,7 +166,7 @@ pub struct ObjectInfo {
     pub placement: Option<Placement>,
     pub source: Option<Source>,
     /// Why the object has no kernel table.
-    pub error: Option<String>,
+    pub error: Option<ObjectError>,
     /// The PT_LOAD segments.
     segments: Vec<Segment>,
     pub table_rows: usize,
@@ -247,15 +306,15 @@ pub const SYNC_BUILD_BYTES: usize = 8 << 20;
 fn derive(
     data: &ObjectBytes,
     options: &ObjTableOptions,
-) -> Result<crate::objtable::ObjectTable, String> {
+) -> Result<crate::objtable::ObjectTable, ObjectError> {
     let derived = data
         .releasing(|| table_for_elf(data, options))
-        .map_err(|e| e.to_string());
+        .map_err(|e| ObjectError::Table(std::sync::Arc::new(e)));
     // What the derivation touched (unwind sections, code around function ends) leaves
     // the profiler's RSS now, not when the mapping is dropped.
     data.release(0..data.len());
     if data.maybe_changed() {
-        return Err("the file changed while it was read".to_owned());
+        return Err(ObjectError::Changed);
     }
     derived
 }
@@ -271,7 +330,7 @@ struct BuildDone {
     key: ObjectKey,
     path: String,
     data: ObjectBytes,
-    derived: Result<crate::objtable::ObjectTable, String>,
+    derived: Result<crate::objtable::ObjectTable, ObjectError>,
 }
 
 /// One thread deriving large objects' tables, in order, from a bounded queue.
@@ -869,7 +928,7 @@ impl ObjectStore {
         key: &ObjectKey,
         path: &str,
         data: &ObjectBytes,
-        derived: Option<Result<crate::objtable::ObjectTable, String>>,
+        derived: Option<Result<crate::objtable::ObjectTable, ObjectError>>,
     ) -> ObjectInfo {
         let started = Instant::now();
         let info = self.build_info(key, path, data, derived);
@@ -882,7 +941,7 @@ impl ObjectStore {
         key: &ObjectKey,
         path: &str,
         data: &ObjectBytes,
-        derived: Option<Result<crate::objtable::ObjectTable, String>>,
+        derived: Option<Result<crate::objtable::ObjectTable, ObjectError>>,
     ) -> ObjectInfo {
         let mut info = ObjectInfo {
             path: path.to_owned(),
@@ -904,32 +963,30 @@ impl ObjectStore {
             (Some(cache), Some(id)) => cache.load(id, self.tables.rule_dict()),
             _ => None,
         };
-        let derived = match (&cached, derived) {
-            (Some(_), _) => Err(String::new()),
-            (None, Some(derived)) => derived,
-            (None, None) => derive(data, &self.options),
-        };
         let flat = match cached {
             Some((flat, meta)) => {
                 info.source = Some(meta.source);
                 info.table_rows = usize::try_from(meta.table_rows).unwrap_or(usize::MAX);
                 Ok(flat)
             }
-            None => derived.and_then(|t| {
-                info.source = Some(t.source);
-                info.table_rows = t.table.row_count();
-                let flat = flatten(&t.table, self.tables.rule_dict()).map_err(|e| e.to_string())?;
-                if let (Some(cache), Some(id)) = (self.cache.as_mut(), id) {
-                    let meta = crate::cache::CachedMeta {
-                        source: t.source,
-                        table_rows: t.table.row_count() as u64,
-                    };
-                    if let Err(err) = cache.store(id, meta, &flat, self.tables.rule_dict()) {
-                        log::info!("table cache: {err}");
+            None => derived
+                .unwrap_or_else(|| derive(data, &self.options))
+                .and_then(|t| {
+                    info.source = Some(t.source);
+                    info.table_rows = t.table.row_count();
+                    let flat =
+                        flatten(&t.table, self.tables.rule_dict()).map_err(ObjectError::Flatten)?;
+                    if let (Some(cache), Some(id)) = (self.cache.as_mut(), id) {
+                        let meta = crate::cache::CachedMeta {
+                            source: t.source,
+                            table_rows: t.table.row_count() as u64,
+                        };
+                        if let Err(err) = cache.store(id, meta, &flat, self.tables.rule_dict()) {
+                            log::info!("table cache: {err}");
+                        }
                     }
-                }
-                Ok(flat)
-            }),
+                    Ok(flat)
+                }),
         };
         let result = flat.and_then(|flat| {
             info.unencodable_rows = flat.unencodable_rows;
@@ -937,7 +994,7 @@ impl ObjectStore {
                 if matches!(e, crate::kmaps::TablesError::Full { .. }) {
                     info.retry_at = Some(Instant::now() + RETRY_FULL);
                 }
-                e.to_string()
+                ObjectError::Kernel(std::sync::Arc::new(e))
             })
         });
         match result {
@@ -951,7 +1008,7 @@ impl ObjectStore {
                 info.placement = Some(p);
             }
             Err(e) => {
-                log::info!("{path}: no unwind table: {e}");
+                log::info!("{path}: no unwind table ({}): {e}", e.cause());
                 self.failed_objects += 1;
                 info.error = Some(e);
             }

@@ -20,17 +20,26 @@ fn effective_caps() -> Option<u64> {
     u64::from_str_radix(hex.trim(), 16).ok()
 }
 
+/// Why this process may not load BPF programs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PrivilegeError {
+    /// `/proc/self/status` has no readable `CapEff` line.
+    #[error("cannot read CapEff from /proc/self/status")]
+    Unreadable,
+    /// Neither CAP_SYS_ADMIN nor both CAP_BPF and CAP_PERFMON are effective.
+    #[error("needs root or CAP_BPF+CAP_PERFMON (effective capabilities: {effective:#x})")]
+    Missing { effective: u64 },
+}
+
 /// `Ok(())` when the process has CAP_SYS_ADMIN, or CAP_BPF and CAP_PERFMON; otherwise
 /// the reason.
-pub fn bpf_privileges() -> Result<(), String> {
-    let caps = effective_caps().ok_or("cannot read CapEff from /proc/self/status")?;
+pub fn bpf_privileges() -> Result<(), PrivilegeError> {
+    let caps = effective_caps().ok_or(PrivilegeError::Unreadable)?;
     let has = |cap: u32| caps & (1u64 << cap) != 0;
     if has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON)) {
         Ok(())
     } else {
-        Err(format!(
-            "needs root or CAP_BPF+CAP_PERFMON (effective capabilities: {caps:#x})"
-        ))
+        Err(PrivilegeError::Missing { effective: caps })
     }
 }
 

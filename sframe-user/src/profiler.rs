@@ -333,13 +333,14 @@ impl Profiler {
             match cgroup::resolve(path) {
                 Ok(Cgroup::V2 { filter, .. }) => v2.push(filter),
                 Ok(Cgroup::V1 { path }) => cgroups_v1.push(path),
-                Err(err) => return Err(LoadError::Target(err.to_string())),
+                Err(err) => return Err(LoadError::Cgroup(err)),
             }
         }
         if v2.len() > MAX_CGROUP_FILTERS as usize {
-            return Err(LoadError::Target(format!(
-                "at most {MAX_CGROUP_FILTERS} cgroup v2 targets"
-            )));
+            return Err(LoadError::TooManyCgroups {
+                max: MAX_CGROUP_FILTERS,
+                given: v2.len(),
+            });
         }
         let whole = spec.all;
         let mut flags = 0;
@@ -432,7 +433,7 @@ impl Profiler {
         for pid in profiler.spec.pids.clone() {
             profiler
                 .add_target(pid)
-                .map_err(|e| LoadError::Target(format!("pid {pid}: {e}")))?;
+                .map_err(|source| LoadError::Pid { pid, source })?;
         }
         profiler.scan_named_targets();
         profiler.links = bpf::attach_cpu_clock_all_cpus(
