@@ -41,6 +41,11 @@ pub struct MappingEntry {
 
 /// The mapping is the vDSO.
 pub const MAPPING_FLAG_VDSO: u32 = 1 << 0;
+/// The mapping's object (`NO_OBJECT` until then) is being built by user space: its table
+/// is coming. Where the frame-pointer fallback fails on it, the walk stops as in an
+/// unknown mapping (`no_mapping`, with no frame-pointer frame before it: the kernel
+/// defers the sample) rather than count a broken stack.
+pub const MAPPING_FLAG_BUILDING: u32 = 1 << 1;
 
 /// A process's executable mappings, sorted by `start`, non-overlapping.
 #[repr(C)]

@@ -100,6 +100,9 @@ pub enum Lookup {
     NoRule,
     /// In an executable mapping without tables.
     NoTable,
+    /// In an executable mapping whose table is being built
+    /// ([`MAPPING_FLAG_BUILDING`]).
+    Building,
     /// In no known executable mapping.
     NoMapping,
 }
@@ -174,7 +177,11 @@ pub fn find_rule<T: Tables>(t: &mut T, pc: u64, cache: &mut LookupCache) -> Look
         }
     };
     if m.object == NO_OBJECT {
-        return Lookup::NoTable;
+        return if m.flags & MAPPING_FLAG_BUILDING != 0 {
+            Lookup::Building
+        } else {
+            Lookup::NoTable
+        };
     }
     let o = if cache.object_id == m.object {
         cache.object
@@ -454,6 +461,22 @@ pub fn walk_step<T: Tables>(
             st.frames_from_fp += 1;
             step_frame_pointer(&st.regs, read)
         }
+        // Code built with frame pointers walks on meanwhile, to the end of its chain;
+        // where the first frame-pointer step fails (code without them; a zero FP there
+        // is far more often a register the code uses than the outermost frame), the
+        // walk stops as if the mapping were unknown, for the sample to wait for the
+        // table.
+        Lookup::Building => match step_frame_pointer(&st.regs, read) {
+            Ok(step) => {
+                st.frames_from_fp += 1;
+                Ok(step)
+            }
+            Err(WalkOutcome::FramePointerEnd) if st.frames_from_fp > 0 => {
+                st.frames_from_fp += 1;
+                Err(WalkOutcome::FramePointerEnd)
+            }
+            Err(_) => Err(WalkOutcome::NoMapping),
+        },
         Lookup::NoMapping => Err(WalkOutcome::NoMapping),
     };
     match result {

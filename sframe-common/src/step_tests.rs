@@ -517,6 +517,58 @@ fn the_frame_after_a_signal_frame_is_marked_exact_and_looked_up_as_is() {
 }
 
 #[test]
+fn a_mapping_whose_table_is_being_built_stops_where_frame_pointers_fail() {
+    let mut t = chain_tables();
+    t.mappings[0].object = NO_OBJECT;
+    t.mappings[0].flags = MAPPING_FLAG_BUILDING;
+    let mut st = WalkState::default();
+    // No frame pointer (0): as if the mapping were unknown, no frame-pointer frame.
+    let mem = Memory::new(&[]);
+    let outcome = walk(
+        &mut st,
+        regs(BASE + 0x210, SP, 0),
+        &mut t,
+        &mut mem.reader(),
+    );
+    assert_eq!(outcome, WalkOutcome::NoMapping);
+    assert_eq!(st.frames_from_fp, 0);
+    // A garbage frame pointer (unreadable): the same.
+    let outcome = walk(
+        &mut st,
+        regs(BASE + 0x210, SP, SP + 0x100),
+        &mut t,
+        &mut mem.reader(),
+    );
+    assert_eq!(outcome, WalkOutcome::NoMapping);
+    assert_eq!(st.frames_from_fp, 0);
+    // Frame pointers that chain: walked meanwhile, to the end of the chain.
+    let fp = SP + 0x40;
+    let mem = Memory::new(&[(fp, 0), (fp + 8, BASE + 0x50)]);
+    let outcome = walk(
+        &mut st,
+        regs(BASE + 0x210, SP, fp),
+        &mut t,
+        &mut mem.reader(),
+    );
+    assert_eq!(st.frames_from_fp, 2);
+    assert_eq!(
+        &st.stack.frames[..st.stack.len as usize],
+        &[BASE + 0x210, BASE + 0x50]
+    );
+    assert_eq!(outcome, WalkOutcome::FramePointerEnd, "the chain's end");
+    // Without the flag: the frame-pointer fallback's own outcome.
+    t.mappings[0].flags = 0;
+    let mem = Memory::new(&[]);
+    let outcome = walk(
+        &mut st,
+        regs(BASE + 0x210, SP, 0),
+        &mut t,
+        &mut mem.reader(),
+    );
+    assert_eq!(outcome, WalkOutcome::FramePointerEnd);
+}
+
+#[test]
 fn a_return_address_with_the_exact_bit_ends_the_walk() {
     let mut t = chain_tables();
     // A stack word that would pass for an exact mark on `main`.

@@ -14,7 +14,7 @@ use std::{
 };
 
 use object::{Object as _, ObjectSegment as _};
-use sframe_common::layout::{MAPPING_FLAG_VDSO, MappingEntry, NO_OBJECT};
+use sframe_common::layout::{MAPPING_FLAG_BUILDING, MAPPING_FLAG_VDSO, MappingEntry, NO_OBJECT};
 
 use crate::{
     flatten::flatten,
@@ -679,15 +679,20 @@ impl ObjectStore {
                     resolved.insert(id);
                     (object, bias, flags)
                 }
-                None => (
-                    NO_OBJECT,
-                    0,
-                    if m.path == "[vdso]" {
-                        MAPPING_FLAG_VDSO
-                    } else {
-                        0
-                    },
-                ),
+                None => {
+                    // Its table is being built on the worker: the kernel defers samples
+                    // that the frame-pointer fallback cannot walk there.
+                    let building = self
+                        .files
+                        .get(&file_id(m))
+                        .is_some_and(|(k, _)| self.in_flight.contains_key(k));
+                    let flags = match (m.path == "[vdso]", building) {
+                        (true, _) => MAPPING_FLAG_VDSO,
+                        (false, true) => MAPPING_FLAG_BUILDING,
+                        (false, false) => 0,
+                    };
+                    (NO_OBJECT, 0, flags)
+                }
             };
             if object != NO_OBJECT {
                 report.with_table += 1;
@@ -802,7 +807,8 @@ impl ObjectStore {
                         && let Some(worker) = self.worker()
                     {
                         // A large object takes long to derive: build it off the event
-                        // loop; meanwhile its PCs use the frame-pointer fallback.
+                        // loop; meanwhile its PCs use the frame-pointer fallback, and
+                        // samples it cannot walk wait (MAPPING_FLAG_BUILDING).
                         let job = BuildJob {
                             key: key.clone(),
                             path: m.path.clone(),

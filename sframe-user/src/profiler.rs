@@ -111,6 +111,9 @@ pub fn kernel_symbolization_addresses(frames: &[u64]) -> Vec<u64> {
         .collect()
 }
 
+/// How often [`Profiler::step`] runs the periodic work.
+pub const MAINTAIN_INTERVAL: Duration = Duration::from_secs(1);
+
 /// Which processes to profile. Empty: only those given to `Profiler::add_target`.
 #[derive(Clone, Debug, Default)]
 pub struct TargetSpec {
@@ -307,6 +310,8 @@ pub struct Profiler {
     own_exe: Option<PathBuf>,
     max_exited: usize,
     last_liveness_check: Instant,
+    /// When `step` last ran the periodic work.
+    last_maintain: Instant,
     pub lifecycle: LifecycleStats,
     frequency: u64,
     links: Vec<PerfEventLinkId>,
@@ -425,6 +430,7 @@ impl Profiler {
             own_exe: std::fs::read_link("/proc/self/exe").ok(),
             max_exited: config.max_exited,
             last_liveness_check: Instant::now(),
+            last_maintain: Instant::now(),
             lifecycle: LifecycleStats::default(),
             frequency: config.frequency,
             links: Vec::new(),
@@ -1048,6 +1054,55 @@ impl Profiler {
             let used: HashSet<u64> = self.counts.keys().map(|k| k.user_stack).collect();
             self.stacks.retain(|id, _| used.contains(id));
         }
+    }
+
+    /// When the event loop must step again without a ring buffer event: now (pending
+    /// work), when a throttled reload is due, or when the periodic work is.
+    pub fn wake_at(&self) -> Instant {
+        if self.has_pending() {
+            return Instant::now();
+        }
+        let periodic = self.last_maintain + MAINTAIN_INTERVAL;
+        self.next_reload_due()
+            .map_or(periodic, |reload| reload.min(periodic))
+    }
+
+    /// One step of the event loop, the same for every caller (the command's async loop,
+    /// the tests, the bench): lifecycle events, deferred samples and due reloads
+    /// ([`Profiler::handle_events`]), then, once per [`MAINTAIN_INTERVAL`], the periodic
+    /// work ([`Profiler::maintain`]). Returns the processes newly profiled.
+    pub fn step(&mut self) -> Vec<u32> {
+        let mut added = self.handle_events();
+        if self.last_maintain.elapsed() >= MAINTAIN_INTERVAL {
+            self.last_maintain = Instant::now();
+            added.extend(self.maintain());
+        }
+        added
+    }
+
+    /// A synchronous loop's wait and step: waits at most `timeout` for the lifecycle or
+    /// deferred-sample ring buffer, or until [`Profiler::wake_at`], then
+    /// [`Profiler::step`]s.
+    pub fn poll(&mut self, timeout: Duration) -> Vec<u32> {
+        use std::os::fd::AsRawFd as _;
+        let until = (Instant::now() + timeout).min(self.wake_at());
+        let ms = until.saturating_duration_since(Instant::now()).as_millis();
+        if ms > 0 {
+            let mut fds: Vec<libc::pollfd> = [self.events_fd(), self.deferred_fd()]
+                .into_iter()
+                .flatten()
+                .map(|fd| libc::pollfd {
+                    fd: fd.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                })
+                .collect();
+            let ms = i32::try_from(ms).unwrap_or(i32::MAX);
+            // SAFETY: `fds` is a valid array of pollfd for its length (possibly 0: then
+            // poll only sleeps).
+            unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+        }
+        self.step()
     }
 
     /// Periodic work (about once a second): v1 cgroup members, and a

@@ -308,6 +308,9 @@ fn profiles_a_process_in_its_own_pid_and_mount_namespace() {
                 "--pid",
                 "--mount",
                 "--fork",
+                // Its pid 1 (the spinner) dies with it: killing only `unshare` left the
+                // spinner burning a CPU under the tests that followed.
+                "--kill-child",
                 "--propagation",
                 "private",
                 "sh",
@@ -953,11 +956,37 @@ fn a_process_that_exits_while_its_table_is_built_keeps_its_stacks() {
     assert!(waiting > 0, "its samples wait for the table");
     profiler.store_mut().hold_builds(false);
     profiler.flush_deferred(Duration::from_secs(120));
-    let snap = profiler.collect();
+    let mut snap = profiler.collect();
     let deferred = snap.counters[sframe_common::Counter::Deferred as usize];
+    let lost = snap.counters[sframe_common::Counter::DeferredLost as usize];
+    let mut outcomes = std::collections::BTreeMap::new();
+    for c in snap.counts.iter().filter(|c| c.key.pid == pid) {
+        *outcomes.entry(c.key.outcome).or_insert(0u64) += c.count;
+    }
+    // Whole-system mode: every process not loaded yet defers its samples too, and the
+    // kernel's ring holds about 250 (16 KiB each); past that a sample is counted
+    // `unknown_process` and `deferred_lost`. Those are the ring's bound, not this test's
+    // subject: they are left out, and must all be accounted for as lost.
+    let unknown = outcomes
+        .get(&(sframe_common::WalkOutcome::UnknownProcess as u32))
+        .copied()
+        .unwrap_or(0);
+    eprintln!(
+        "{deferred} deferred, {lost} lost to a full ring, {waiting} waited past the exit; \
+         outcomes {outcomes:?}; lifecycle {:?}",
+        profiler.lifecycle
+    );
+    assert!(
+        unknown <= lost,
+        "{unknown} samples without tables, only {lost} lost to a full ring"
+    );
+    snap.counts.retain(|c| {
+        c.key.pid != pid || c.key.outcome != sframe_common::WalkOutcome::UnknownProcess as u32
+    });
     let stacks = stacks_of(&profiler, &snap, &profiler.targets(), &[pid].into());
     let (good, total, bad) = complete_through(&stacks, &["main", "short_work"]);
-    eprintln!("{deferred} deferred, {waiting} waited past the exit; {good} of {total} complete");
+    eprintln!("{good} of {total} walked samples complete");
+    let cpu = cpu * total as f64 / (total + unknown).max(1) as f64;
     assert_complete("waited past the exit", (good, total, &bad), cpu, 499, 0.95);
 }
 

@@ -313,7 +313,7 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
                 if let Ok(mut guard) = ready {
                     guard.clear_ready();
                 }
-                for pid in profiler.handle_events() {
+                for pid in profiler.step() {
                     log::debug!("profiling process {pid}");
                 }
                 continue;
@@ -323,23 +323,21 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
                 if let Ok(mut guard) = ready {
                     guard.clear_ready();
                 }
-                profiler.handle_events();
+                for pid in profiler.step() {
+                    log::debug!("profiling process {pid}");
+                }
                 continue;
             }
-            () = async {
-                match profiler.next_reload_due() {
-                    Some(at) => tokio::time::sleep_until(at.into()).await,
-                    None => std::future::pending().await,
-                }
-            } => {
-                // A throttled reload (new mappings of a process reloaded just before).
-                for pid in profiler.handle_events() {
+            () = tokio::time::sleep_until(profiler.wake_at().into()), if !profiler.has_pending() => {
+                // A throttled reload (new mappings of a process reloaded just before), or
+                // the periodic work.
+                for pid in profiler.step() {
                     log::debug!("profiling process {pid}");
                 }
                 continue;
             }
             _ = tokio::task::yield_now(), if profiler.has_pending() => {
-                for pid in profiler.handle_events() {
+                for pid in profiler.step() {
                     log::debug!("profiling process {pid}");
                 }
                 continue;
@@ -349,7 +347,7 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
         if let Some(g) = &mut governor {
             g.tick(&mut profiler);
         }
-        for pid in profiler.maintain() {
+        for pid in profiler.step() {
             log::debug!("profiling process {pid}");
         }
         let snap = profiler.collect();

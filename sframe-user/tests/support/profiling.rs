@@ -3,9 +3,7 @@
 
 use std::{
     collections::HashSet,
-    os::fd::AsRawFd as _,
     sync::mpsc,
-    thread,
     time::{Duration, Instant, SystemTime},
 };
 
@@ -30,19 +28,7 @@ pub fn pump(profiler: &mut Profiler, d: Duration) {
         if left.is_zero() {
             break;
         }
-        if let Some(fd) = profiler.events_fd() {
-            let mut pfd = libc::pollfd {
-                fd: fd.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            let ms = left.as_millis().min(20) as i32;
-            // SAFETY: poll on one valid pollfd.
-            unsafe { libc::poll(&mut pfd, 1, ms) };
-        } else {
-            thread::sleep(left.min(Duration::from_millis(20)));
-        }
-        profiler.handle_events();
+        profiler.poll(left.min(Duration::from_millis(20)));
     }
     profiler.maintain();
 }

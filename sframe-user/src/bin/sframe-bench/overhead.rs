@@ -304,8 +304,7 @@ fn run_once(exe: &Path, rounds: u64, tool: Tool, dir: &Path) -> Result<Run> {
             let bpf0 = profiler.program_stats();
             w.go()?;
             let (wall, cpu) = w.finish(|| {
-                profiler.handle_events();
-                profiler.maintain();
+                profiler.step();
                 profiler.collect();
             })?;
             let snap = profiler.collect();

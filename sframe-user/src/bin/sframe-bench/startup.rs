@@ -3,7 +3,6 @@
 
 use std::{
     fmt::Write as _,
-    os::fd::AsRawFd as _,
     process::Child,
     time::{Duration, Instant},
 };
@@ -156,24 +155,7 @@ fn first_stack(profiler: &mut Profiler, w: &fixtures::Workload) -> Result<First>
     let pid = child.0.id();
     let mut loaded_ms = None;
     loop {
-        let mut fds: Vec<libc::pollfd> = [profiler.events_fd(), profiler.deferred_fd()]
-            .into_iter()
-            .flatten()
-            .map(|fd| libc::pollfd {
-                fd: fd.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            })
-            .collect();
-        // SAFETY: `fds` is a valid array of pollfd for its length.
-        unsafe {
-            libc::poll(
-                fds.as_mut_ptr(),
-                fds.len() as libc::nfds_t,
-                POLL.as_millis() as i32,
-            )
-        };
-        let added = profiler.handle_events();
+        let added = profiler.poll(POLL);
         if loaded_ms.is_none()
             && (added.contains(&pid) || profiler.store().process_entries(pid).is_some())
         {
@@ -217,8 +199,7 @@ fn run(mode: Mode, w: &fixtures::Workload, comm: &str) -> Result<(First, First)>
     // Processes already running (whole system): let their first loads pass.
     let settle = Instant::now();
     while settle.elapsed() < Duration::from_millis(300) || profiler.has_pending() {
-        profiler.handle_events();
-        std::thread::sleep(POLL);
+        profiler.poll(POLL);
         if settle.elapsed() > Duration::from_secs(10) {
             break;
         }
