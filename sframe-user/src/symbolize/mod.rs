@@ -106,8 +106,8 @@ pub struct Symbolizer {
     /// the kernel's, the same in every process.
     frames: HashMap<(usize, u64), Frame>,
     kernel_frames: HashMap<u64, Frame>,
-    /// `Err(reason)` when `/proc/kallsyms` cannot be used; computed on first use.
-    kallsyms: Option<Result<(), String>>,
+    /// Why `/proc/kallsyms` cannot be used, if so; computed on first use.
+    kallsyms: Option<Result<(), KallsymsError>>,
     stats: SymbolizerStats,
     limits: CacheLimits,
 }
@@ -189,7 +189,8 @@ impl Symbolizer {
         let mut order: Vec<usize> = (0..maps.len()).collect();
         order.sort_by_key(|&i| maps[i].start);
         // Per mapping, for this call: its object, or why it has none.
-        let mut resolved: HashMap<usize, Result<usize, String>> = HashMap::new();
+        let mut resolved: HashMap<usize, Result<usize, std::sync::Arc<self::object::OpenError>>> =
+            HashMap::new();
         let mut slots: Vec<Slot> = Vec::with_capacity(addrs.len());
         // Offsets to symbolize, per object (each once).
         let mut pending: HashMap<usize, Vec<u64>> = HashMap::new();
@@ -256,7 +257,7 @@ impl Symbolizer {
                 Err(reason) => slots.push(Slot::Done(Frame::unknown(
                     object_basename(&m.path),
                     file_offset,
-                    reason,
+                    reason.to_string(),
                 ))),
             }
         }
@@ -306,11 +307,11 @@ impl Symbolizer {
     /// Symbolizes kernel addresses with `/proc/kallsyms`. One frame per address.
     pub fn symbolize_kernel(&mut self, addrs: &[u64]) -> Vec<Frame> {
         self.bound();
-        let usable = self.kallsyms.get_or_insert_with(kallsyms_usable).clone();
+        let usable = *self.kallsyms.get_or_insert_with(kallsyms_usable);
         if let Err(reason) = usable {
             return addrs
                 .iter()
-                .map(|&a| Frame::unknown(KERNEL_OBJECT, a, reason.clone()))
+                .map(|&a| Frame::unknown(KERNEL_OBJECT, a, reason.to_string()))
                 .collect();
         }
         let mut missing: Vec<u64> = addrs
@@ -360,7 +361,11 @@ impl Symbolizer {
     }
 
     /// The cached object of mapping `m` of `pid`, opened now if new.
-    fn object_for(&mut self, pid: u32, m: &Mapping) -> Result<usize, String> {
+    fn object_for(
+        &mut self,
+        pid: u32,
+        m: &Mapping,
+    ) -> Result<usize, std::sync::Arc<self::object::OpenError>> {
         let key = ObjectKey::of(m);
         if let Some(&id) = self.object_ids.get(&key) {
             return Ok(id);
@@ -375,7 +380,7 @@ impl Symbolizer {
             }
             Err(e) => {
                 self.stats.open_failures += 1;
-                Err(e.to_string())
+                Err(std::sync::Arc::new(e))
             }
         }
     }
@@ -448,19 +453,29 @@ fn find_mapping(maps: &[Mapping], order: &[usize], addr: u64) -> Option<usize> {
     (addr < maps[i].end).then_some(i)
 }
 
-/// Runs a blazesym call, turning its error (with the chain of causes) or a panic into a
-/// reason: the files it parses come from the processes we profile, and a malformed one
-/// must not take the profiler down.
-fn guarded<T>(f: impl FnOnce() -> blazesym::Result<T>) -> Result<T, String> {
+/// Why a blazesym call gave no result.
+#[derive(Debug, thiserror::Error)]
+pub enum BlazeFailure {
+    /// It returned an error (shown with its chain of causes).
+    #[error("{0:#}")]
+    Error(blazesym::Error),
+    /// It panicked (on a malformed file, say).
+    #[error("blazesym panicked: {0}")]
+    Panic(String),
+}
+
+/// Runs a blazesym call, catching its error or a panic: the files it parses come from
+/// the processes we profile, and a malformed one must not take the profiler down.
+fn guarded<T>(f: impl FnOnce() -> blazesym::Result<T>) -> Result<T, BlazeFailure> {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
-        Ok(result) => result.map_err(|e| format!("{e:#}")),
+        Ok(result) => result.map_err(BlazeFailure::Error),
         Err(panic) => {
             let msg = panic
                 .downcast_ref::<&str>()
                 .copied()
                 .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
                 .unwrap_or("unknown panic");
-            Err(format!("blazesym panicked: {msg}"))
+            Err(BlazeFailure::Panic(msg.to_owned()))
         }
     }
 }
@@ -469,7 +484,7 @@ fn guarded<T>(f: impl FnOnce() -> blazesym::Result<T>) -> Result<T, String> {
 /// may be cached (not when the batch failed as a whole). `offset_of` maps an input to the
 /// offset reported in the frame.
 fn batch_to_frames(
-    results: Result<Vec<Symbolized<'_>>, String>,
+    results: Result<Vec<Symbolized<'_>>, BlazeFailure>,
     inputs: &[u64],
     object: &str,
     build_id: Option<&str>,
@@ -484,7 +499,7 @@ fn batch_to_frames(
                     r.len(),
                     inputs.len()
                 ),
-                Err(e) => e,
+                Err(e) => e.to_string(),
             };
             let frames = inputs
                 .iter()
@@ -532,23 +547,33 @@ fn location(info: &CodeInfo<'_>) -> SourceLocation {
     }
 }
 
+/// Why kernel addresses cannot be symbolized.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum KallsymsError {
+    #[error("cannot open /proc/kallsyms: {0}")]
+    Open(std::io::ErrorKind),
+    #[error("reading /proc/kallsyms: {0}")]
+    Read(std::io::ErrorKind),
+    #[error("/proc/kallsyms hides addresses (kptr_restrict; needs root or CAP_SYSLOG)")]
+    Hidden,
+}
+
 /// `Ok` when `/proc/kallsyms` shows real addresses. Without root (kptr_restrict) it
 /// shows zeros, and blazesym would then name every address after an arbitrary symbol.
-fn kallsyms_usable() -> Result<(), String> {
-    let file = std::fs::File::open("/proc/kallsyms")
-        .map_err(|e| format!("cannot open /proc/kallsyms: {e}"))?;
+fn kallsyms_usable() -> Result<(), KallsymsError> {
+    let file = std::fs::File::open("/proc/kallsyms").map_err(|e| KallsymsError::Open(e.kind()))?;
     kallsyms_shows_addresses(BufReader::new(file))
 }
 
-fn kallsyms_shows_addresses(text: impl BufRead) -> Result<(), String> {
+fn kallsyms_shows_addresses(text: impl BufRead) -> Result<(), KallsymsError> {
     for line in text.lines().take(1000) {
-        let line = line.map_err(|e| format!("reading /proc/kallsyms: {e}"))?;
+        let line = line.map_err(|e| KallsymsError::Read(e.kind()))?;
         let addr = line.split(' ').next().unwrap_or("");
         if u64::from_str_radix(addr, 16).is_ok_and(|a| a != 0) {
             return Ok(());
         }
     }
-    Err("/proc/kallsyms hides addresses (kptr_restrict; needs root or CAP_SYSLOG)".to_owned())
+    Err(KallsymsError::Hidden)
 }
 
 #[cfg(test)]

@@ -46,8 +46,9 @@ pub(super) struct OpenedObject {
     pub(super) plt: PltStubs,
 }
 
+/// Why the file of a mapping could not be opened for symbolization.
 #[derive(Debug, thiserror::Error)]
-pub(super) enum OpenError {
+pub enum OpenError {
     #[error("{path} was replaced since it was mapped (inode {found}, mapped inode {mapped})")]
     Replaced {
         path: PathBuf,
