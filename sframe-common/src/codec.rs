@@ -122,7 +122,10 @@ pub fn decode(entry: &RuleEntry, regs: &DwarfRegs) -> Option<UnwindRule> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dwarf::{AARCH64, AMD64};
+    use crate::{
+        dwarf::{AARCH64, AMD64},
+        test_rng::Rng,
+    };
 
     /// The rule the kernel applies for `r`: what [`encode`] keeps of it.
     fn canonical(r: &UnwindRule, regs: &DwarfRegs) -> UnwindRule {
@@ -143,20 +146,18 @@ mod tests {
         }
     }
 
-    /// A small deterministic generator (xorshift), enough to cover every variant.
-    struct Gen(u64);
+    /// Random rules covering every variant.
+    struct Gen(Rng);
     impl Gen {
         fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
+            self.0.next()
         }
         fn reg(&mut self) -> u16 {
-            [0, 6, 7, 16, 29, 30, 31, 32, 40][(self.next() % 9) as usize]
+            self.0.pick(&[0, 6, 7, 16, 29, 30, 31, 32, 40])
         }
         fn offset(&mut self) -> i32 {
-            [0, 8, -8, -16, 255, -32768, 32767, 32768, -40000][(self.next() % 9) as usize]
+            self.0
+                .pick(&[0, 8, -8, -16, 255, -32768, 32767, 32768, -40000])
         }
         fn reg_rule(&mut self) -> RegRule {
             match self.next() % 6 {
@@ -193,7 +194,7 @@ mod tests {
     #[test]
     fn decoding_an_encoded_rule_gives_back_what_the_kernel_applies() {
         for regs in [&AMD64, &AARCH64] {
-            let mut g = Gen(0x9e37_79b9_7f4a_7c15);
+            let mut g = Gen(Rng(0x9e37_79b9_7f4a_7c15));
             let (mut encoded, mut rejected) = (0, 0);
             for _ in 0..20_000 {
                 let r = g.rule();

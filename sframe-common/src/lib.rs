@@ -44,3 +44,21 @@ pub fn bounded(i: usize, len: usize) -> usize {
     debug_assert!(len.is_power_of_two());
     opaque(i) & (len - 1)
 }
+
+/// A small deterministic generator (xorshift) for the crate's property tests.
+#[cfg(test)]
+pub(crate) mod test_rng {
+    pub(crate) struct Rng(pub(crate) u64);
+
+    impl Rng {
+        pub(crate) fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        pub(crate) fn pick<T: Copy>(&mut self, from: &[T]) -> T {
+            from[(self.next() % from.len() as u64) as usize]
+        }
+    }
+}

@@ -584,20 +584,7 @@ fn a_return_address_with_the_exact_bit_ends_the_walk() {
     assert_eq!(&st.stack.frames[..st.stack.len as usize], &[BASE + 0x210]);
 }
 
-/// A small deterministic generator (xorshift), for the property test below.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn pick<T: Copy>(&mut self, from: &[T]) -> T {
-        from[(self.next() % from.len() as u64) as usize]
-    }
-}
+use crate::test_rng::Rng;
 
 /// On arbitrary rules and stack contents: every walk ends within `MAX_FRAMES` steps
 /// with a valid outcome, and the stack pointer only moves up, except across a signal
