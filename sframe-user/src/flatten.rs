@@ -318,6 +318,9 @@ pub struct HostTables {
     pub pages: Vec<u32>,
     pub rows: Vec<RowEntry>,
     pub rules: Vec<RuleEntry>,
+    /// The address space's [`sframe_common::layout::addr_bits`] (0: no cut), as
+    /// `ProcessEntry::addr_bits` in the kernel.
+    pub addr_bits: u32,
 }
 
 impl HostTables {
@@ -337,9 +340,10 @@ impl HostTables {
     }
 }
 
-impl Tables for HostTables {
+/// Read-only: the walk changes nothing (`Tables` takes `&mut self` for BPF maps).
+impl Tables for &HostTables {
     fn return_address_mask(&mut self) -> u64 {
-        u64::MAX
+        sframe_common::layout::addr_mask(self.addr_bits)
     }
     fn mapping_count(&mut self) -> u32 {
         self.mappings.len() as u32
@@ -431,7 +435,7 @@ mod tests {
     /// The rule the kernel layout gives `pc` (a PLT rule resolved there), `None` for
     /// "no rule"; panics on any other lookup outcome.
     fn rule_in(h: &mut HostTables, pc: u64) -> Option<RuleEntry> {
-        match find_rule(h, pc, &mut { LookupCache::EMPTY }) {
+        match find_rule(&mut &*h, pc, &mut { LookupCache::EMPTY }) {
             Lookup::Rule(r) => Some(r.at(pc)),
             Lookup::NoRule => None,
             other => panic!("{pc:#x}: {other:?}"),
@@ -540,8 +544,8 @@ mod tests {
             0xffef, 0xfff0, 0x1000f, 0x10010, 0x1ffff, 0x20000, 0x3ffef, 0x3fff0,
         ] {
             let bias = 0x5555_0000_0000;
-            let (mut h, _) = host(&t, bias);
-            let got = match find_rule(&mut h, addr + bias, &mut { LookupCache::EMPTY }) {
+            let (h, _) = host(&t, bias);
+            let got = match find_rule(&mut &h, addr + bias, &mut { LookupCache::EMPTY }) {
                 Lookup::Rule(r) => Some(r),
                 _ => None,
             };
@@ -577,8 +581,8 @@ mod tests {
         assert!(flat.rows.len() <= 12, "{:?}", flat.rows);
         // The walker applies it: at the push, the RA is 16 bytes up the stack.
         let bias = 0x5555_0000_0000;
-        let (mut h, _) = host(&t, bias);
-        let Lookup::Rule(r) = find_rule(&mut h, bias + 0x2010 + 5 * 16 + 12, &mut {
+        let (h, _) = host(&t, bias);
+        let Lookup::Rule(r) = find_rule(&mut &h, bias + 0x2010 + 5 * 16 + 12, &mut {
             LookupCache::EMPTY
         }) else {
             panic!("no rule in the PLT");
@@ -656,7 +660,7 @@ mod tests {
     fn run(s: &mut Synth, regs: Regs) -> (WalkOutcome, Vec<u64>) {
         let mut st = Box::new(WalkState::default());
         let memory = s.memory.clone();
-        let outcome = walk(&mut st, regs, &mut s.tables, &mut |a| {
+        let outcome = walk(&mut st, regs, &mut &s.tables, &mut |a| {
             memory.get(&a).copied()
         });
         let frames = st.stack.frames[..st.stack.len as usize].to_vec();

@@ -28,9 +28,9 @@
 pub use sframe_common::WalkOutcome;
 use sframe_common::{
     budget::{MAX_FRAMES, MAX_MAPPINGS},
-    layout::{MappingEntry, ObjectEntry, RowEntry, RuleEntry, addr_bits, addr_mask},
+    layout::{MappingEntry, addr_bits},
     stack::{FRAME_EXACT, frame_pc},
-    step::{Regs, TOP_REGS, Tables, WalkState, walk_step},
+    step::{Regs, TOP_REGS, WalkState, walk_step},
 };
 
 use crate::{
@@ -213,7 +213,8 @@ pub struct Unwinder {
     arch: Option<Arch>,
     tables: HostTables,
     dict: RuleDict,
-    /// `(mapping, object)` in the order added; `tables.mappings` is sorted by start.
+    /// What was built for each object, by [`ObjectId`]; `tables.mappings` is sorted by
+    /// start.
     objects: Vec<ObjectSummary>,
     options: ObjTableOptions,
 }
@@ -291,6 +292,14 @@ impl Unwinder {
                 flags: 0,
             },
         );
+        let max_end = self
+            .tables
+            .mappings
+            .iter()
+            .map(|m| m.end)
+            .max()
+            .unwrap_or(0);
+        self.tables.addr_bits = addr_bits(matches!(arch, Arch::Aarch64 { .. }), max_end);
         self.objects.push(ObjectSummary {
             source: table.source,
             rows: table.table.row_count(),
@@ -309,18 +318,6 @@ impl Unwinder {
     /// Bounded: at most `MAX_FRAMES` frames, each a fixed number of lookup steps.
     pub fn unwind(&self, regs: &Registers, stack: &Stack<'_>) -> Unwound {
         let big_endian = matches!(self.arch, Some(Arch::Aarch64 { big_endian: true }));
-        let max_end = self
-            .tables
-            .mappings
-            .iter()
-            .map(|m| m.end)
-            .max()
-            .unwrap_or(0);
-        let aarch64 = matches!(self.arch, Some(Arch::Aarch64 { .. }));
-        let mut view = View {
-            t: &self.tables,
-            ra_mask: addr_mask(addr_bits(aarch64, max_end)),
-        };
         let mut st = Box::<WalkState>::default();
         st.top = regs.dwarf;
         st.start(Regs {
@@ -333,7 +330,7 @@ impl Unwinder {
         let mut going = true;
         while going && frames.len() < MAX_FRAMES {
             let recorded = st.stack.len;
-            going = walk_step(&mut st, &mut view, &mut read);
+            going = walk_step(&mut st, &mut &self.tables, &mut read);
             if st.stack.len == recorded {
                 break;
             }
@@ -365,36 +362,6 @@ impl Unwinder {
             .iter()
             .find(|m| m.start <= pc && pc < m.end)?;
         Some((ObjectId(m.object), pc.wrapping_sub(m.bias)))
-    }
-}
-
-/// The walker's view of the host tables, with the address mask of this address space.
-struct View<'a> {
-    t: &'a HostTables,
-    ra_mask: u64,
-}
-
-impl Tables for View<'_> {
-    fn mapping_count(&mut self) -> u32 {
-        self.t.mappings.len() as u32
-    }
-    fn mapping(&mut self, index: u32) -> Option<MappingEntry> {
-        self.t.mappings.get(index as usize).copied()
-    }
-    fn object(&mut self, id: u32) -> Option<ObjectEntry> {
-        self.t.objects.get(id as usize).copied()
-    }
-    fn page_entry(&mut self, index: u32) -> Option<u32> {
-        self.t.pages.get(index as usize).copied()
-    }
-    fn row(&mut self, index: u32) -> Option<RowEntry> {
-        self.t.rows.get(index as usize).copied()
-    }
-    fn rule(&mut self, index: u16) -> Option<RuleEntry> {
-        self.t.rules.get(usize::from(index)).copied()
-    }
-    fn return_address_mask(&mut self) -> u64 {
-        self.ra_mask
     }
 }
 
