@@ -244,15 +244,8 @@ fn signed_return_addresses_are_cut_to_the_process_address_bits() {
     t.addr_bits = 48;
     let fp = SP + 0x40;
     let mem = Memory::new(&[(fp, 0), (fp + 8, signed(BASE + 0x50, 0x55))]);
-    assert_eq!(
-        walk(
-            &mut st,
-            regs(BASE + 0x310, SP, fp),
-            &mut t,
-            &mut mem.reader()
-        ),
-        WalkOutcome::Complete
-    );
+    let (outcome, st) = walk_from(&mut t, BASE + 0x310, SP, fp, &mem);
+    assert_eq!(outcome, WalkOutcome::Complete);
     assert_eq!(st.stack.frames[1], BASE + 0x50);
     // A process with code above 2^48 (52-bit kernel): its bits are 52, and an address
     // above 2^48 survives the cut while its code in bits 52.. goes.
@@ -422,18 +415,25 @@ fn chain_tables() -> HostTables {
     }
 }
 
+/// Walks from `pc`, `sp`, `fp` over `t` and `mem`: the outcome and the walk's state.
+fn walk_from(
+    t: &mut HostTables,
+    pc: u64,
+    sp: u64,
+    fp: u64,
+    mem: &Memory,
+) -> (WalkOutcome, WalkState) {
+    let mut st = WalkState::default();
+    let outcome = walk(&mut st, regs(pc, sp, fp), t, &mut mem.reader());
+    (outcome, st)
+}
+
 #[test]
 fn a_chain_walks_to_its_outermost_frame() {
     let mut t = chain_tables();
     // work's frame: RA into main at SP + 8; main's frame: RA into start at SP + 24.
     let mem = Memory::new(&[(SP + 8, BASE + 0x150), (SP + 24, BASE + 0x50)]);
-    let mut st = WalkState::default();
-    let outcome = walk(
-        &mut st,
-        regs(BASE + 0x210, SP, 0),
-        &mut t,
-        &mut mem.reader(),
-    );
+    let (outcome, st) = walk_from(&mut t, BASE + 0x210, SP, 0, &mem);
     assert_eq!(outcome, WalkOutcome::Complete);
     assert_eq!(
         &st.stack.frames[..st.stack.len as usize],
@@ -443,34 +443,19 @@ fn a_chain_walks_to_its_outermost_frame() {
     // A return address outside every mapping.
     let mem = Memory::new(&[(SP + 8, 0x10)]);
     assert_eq!(
-        walk(
-            &mut st,
-            regs(BASE + 0x210, SP, 0),
-            &mut t,
-            &mut mem.reader()
-        ),
+        walk_from(&mut t, BASE + 0x210, SP, 0, &mem).0,
         WalkOutcome::NoMapping
     );
     // A return address of 0 ends the walk.
     let mem = Memory::new(&[(SP + 8, 0)]);
     assert_eq!(
-        walk(
-            &mut st,
-            regs(BASE + 0x210, SP, 0),
-            &mut t,
-            &mut mem.reader()
-        ),
+        walk_from(&mut t, BASE + 0x210, SP, 0, &mem).0,
         WalkOutcome::ZeroReturnAddress
     );
     // Code past the last function: no rule, then the frame-pointer fallback.
     let fp = SP + 0x40;
     let mem = Memory::new(&[(fp, 0), (fp + 8, BASE + 0x50)]);
-    let outcome = walk(
-        &mut st,
-        regs(BASE + 0x310, SP, fp),
-        &mut t,
-        &mut mem.reader(),
-    );
+    let (outcome, st) = walk_from(&mut t, BASE + 0x310, SP, fp, &mem);
     assert_eq!(outcome, WalkOutcome::Complete);
     assert_eq!(st.frames_from_fp, 1);
 }
@@ -497,13 +482,7 @@ fn the_frame_after_a_signal_frame_is_marked_exact_and_looked_up_as_is() {
     // The interrupted PC is `start`'s first byte: looked up at RA − 1 it would be in no
     // function (0x3f_ffff); as is, it is `start`, outermost.
     let mem = Memory::new(&[(SP + 8, BASE + 0x150), (SP + 24, BASE)]);
-    let mut st = WalkState::default();
-    let outcome = walk(
-        &mut st,
-        regs(BASE + 0x210, SP, 0),
-        &mut t,
-        &mut mem.reader(),
-    );
+    let (outcome, st) = walk_from(&mut t, BASE + 0x210, SP, 0, &mem);
     assert_eq!(outcome, WalkOutcome::Complete);
     let frames = &st.stack.frames[..st.stack.len as usize];
     assert_eq!(frames, &[BASE + 0x210, BASE + 0x150, BASE | FRAME_EXACT]);
@@ -521,35 +500,19 @@ fn a_mapping_whose_table_is_being_built_stops_where_frame_pointers_fail() {
     let mut t = chain_tables();
     t.mappings[0].object = NO_OBJECT;
     t.mappings[0].flags = MAPPING_FLAG_BUILDING;
-    let mut st = WalkState::default();
     // No frame pointer (0): as if the mapping were unknown, no frame-pointer frame.
     let mem = Memory::new(&[]);
-    let outcome = walk(
-        &mut st,
-        regs(BASE + 0x210, SP, 0),
-        &mut t,
-        &mut mem.reader(),
-    );
+    let (outcome, st) = walk_from(&mut t, BASE + 0x210, SP, 0, &mem);
     assert_eq!(outcome, WalkOutcome::NoMapping);
     assert_eq!(st.frames_from_fp, 0);
     // A garbage frame pointer (unreadable): the same.
-    let outcome = walk(
-        &mut st,
-        regs(BASE + 0x210, SP, SP + 0x100),
-        &mut t,
-        &mut mem.reader(),
-    );
+    let (outcome, st) = walk_from(&mut t, BASE + 0x210, SP, SP + 0x100, &mem);
     assert_eq!(outcome, WalkOutcome::NoMapping);
     assert_eq!(st.frames_from_fp, 0);
     // Frame pointers that chain: walked meanwhile, to the end of the chain.
     let fp = SP + 0x40;
     let mem = Memory::new(&[(fp, 0), (fp + 8, BASE + 0x50)]);
-    let outcome = walk(
-        &mut st,
-        regs(BASE + 0x210, SP, fp),
-        &mut t,
-        &mut mem.reader(),
-    );
+    let (outcome, st) = walk_from(&mut t, BASE + 0x210, SP, fp, &mem);
     assert_eq!(st.frames_from_fp, 2);
     assert_eq!(
         &st.stack.frames[..st.stack.len as usize],
@@ -559,13 +522,9 @@ fn a_mapping_whose_table_is_being_built_stops_where_frame_pointers_fail() {
     // Without the flag: the frame-pointer fallback's own outcome.
     t.mappings[0].flags = 0;
     let mem = Memory::new(&[]);
-    let outcome = walk(
-        &mut st,
-        regs(BASE + 0x210, SP, 0),
-        &mut t,
-        &mut mem.reader(),
-    );
+    let (outcome, st) = walk_from(&mut t, BASE + 0x210, SP, 0, &mem);
     assert_eq!(outcome, WalkOutcome::FramePointerEnd);
+    assert_eq!(st.frames_from_fp, 1);
 }
 
 #[test]
@@ -573,13 +532,7 @@ fn a_return_address_with_the_exact_bit_ends_the_walk() {
     let mut t = chain_tables();
     // A stack word that would pass for an exact mark on `main`.
     let mem = Memory::new(&[(SP + 8, (BASE + 0x150) | FRAME_EXACT)]);
-    let mut st = WalkState::default();
-    let outcome = walk(
-        &mut st,
-        regs(BASE + 0x210, SP, 0),
-        &mut t,
-        &mut mem.reader(),
-    );
+    let (outcome, st) = walk_from(&mut t, BASE + 0x210, SP, 0, &mem);
     assert_eq!(outcome, WalkOutcome::NoMapping);
     assert_eq!(&st.stack.frames[..st.stack.len as usize], &[BASE + 0x210]);
 }
