@@ -986,8 +986,28 @@ fn a_process_that_exits_while_its_table_is_built_keeps_its_stacks() {
     let stacks = stacks_of(&profiler, &snap, &profiler.targets(), &[pid].into());
     let (good, total, bad) = complete_through(&stacks, &["main", "short_work"]);
     eprintln!("{good} of {total} walked samples complete");
-    let cpu = cpu * total as f64 / (total + unknown).max(1) as f64;
-    assert_complete("waited past the exit", (good, total, &bad), cpu, 499, 0.95);
+    // The sample floor holds for all its samples; most of them reached user space (the
+    // ring holds about 250, this process has about 125): what is left out is the ring's
+    // overflow, not the subject.
+    let floor = samples_floor(cpu, 499);
+    assert!(
+        total + unknown >= floor,
+        "too few samples: {} in {cpu:.2} s of CPU (want {floor})",
+        total + unknown
+    );
+    assert!(
+        total * 2 >= total + unknown,
+        "only {total} of {} samples reached user space",
+        total + unknown
+    );
+    let walked_cpu = cpu * total as f64 / (total + unknown).max(1) as f64;
+    assert_complete(
+        "waited past the exit",
+        (good, total, &bad),
+        walked_cpu,
+        499,
+        0.95,
+    );
 }
 
 /// The end of a profile waits for tables being built for samples that wait for them;
