@@ -19,7 +19,11 @@
 //! count is checked against the bytes left before anything is allocated, and a bad
 //! file is a miss (counted, and the file removed), never a panic. Files are opened
 //! `O_NOFOLLOW | O_NONBLOCK` and must be regular (a FIFO never blocks a load). Writes go
-//! to a fresh temporary file (`O_EXCL | O_NOFOLLOW`, mode 0644) renamed into place.
+//! to a fresh temporary file (`O_EXCL | O_NOFOLLOW`, mode 0644) renamed into place, on
+//! a thread of their own: the event loop that builds a table never waits for the disk
+//! (on a busy host a flush can take longer than a short process lives, and every
+//! process starting meanwhile would lose its first samples). They are not flushed to
+//! the disk: a file torn by a crash fails its checksum and is rebuilt.
 //!
 //! The directory must be one only the profiler's user can change: it and every
 //! directory above it owned by that user or root, and not writable by others (an
@@ -105,6 +109,8 @@ pub struct CacheStats {
     pub hits: u64,
     pub misses: u64,
     pub stores: u64,
+    /// Stores dropped because the writer thread's queue was full.
+    pub stores_dropped: u64,
     /// Files that were present but unusable (corrupt, truncated, other tool).
     pub rejected: u64,
 }
@@ -113,6 +119,80 @@ pub struct TableCache {
     dir: PathBuf,
     tool: String,
     pub stats: CacheStats,
+    writer: Option<Writer>,
+}
+
+/// Files written at most waiting for the writer thread (beyond, a store is dropped and
+/// counted: the table is built again at the next start).
+const MAX_QUEUED_WRITES: usize = 8;
+
+enum WriteJob {
+    File {
+        tmp: PathBuf,
+        path: PathBuf,
+        bytes: Vec<u8>,
+    },
+    /// Answered once every job queued before it is done.
+    Barrier(std::sync::mpsc::SyncSender<()>),
+}
+
+/// The thread that writes cache files.
+struct Writer {
+    jobs: std::sync::mpsc::SyncSender<WriteJob>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Writer {
+    fn spawn() -> Option<Self> {
+        let (jobs, rx) = std::sync::mpsc::sync_channel::<WriteJob>(MAX_QUEUED_WRITES);
+        let thread = std::thread::Builder::new()
+            .name("sframe-cache".into())
+            .spawn(move || {
+                for job in rx {
+                    match job {
+                        WriteJob::File { tmp, path, bytes } => {
+                            if let Err(e) = write_file(&tmp, &path, &bytes) {
+                                log::info!("table cache: {}: {e}", tmp.display());
+                            }
+                        }
+                        WriteJob::Barrier(done) => {
+                            let _ = done.send(());
+                        }
+                    }
+                }
+            })
+            .map_err(|e| log::warn!("no cache writer thread, cache files written inline: {e}"))
+            .ok()?;
+        Some(Self { jobs, thread })
+    }
+}
+
+impl Drop for TableCache {
+    /// Files queued are written before the cache goes (at most `MAX_QUEUED_WRITES`).
+    fn drop(&mut self) {
+        if let Some(w) = self.writer.take() {
+            drop(w.jobs);
+            let _ = w.thread.join();
+        }
+    }
+}
+
+/// Writes `bytes` to the new file `tmp` (`O_EXCL | O_NOFOLLOW`, mode 0644), then renames
+/// it to `path`.
+fn write_file(tmp: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut file = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(tmp)?;
+    let written = file.write_all(bytes);
+    drop(file);
+    let result = written.and_then(|()| fs::rename(tmp, path));
+    if result.is_err() {
+        let _ = fs::remove_file(tmp);
+    }
+    result
 }
 
 impl TableCache {
@@ -135,6 +215,7 @@ impl TableCache {
             dir: dir.to_owned(),
             tool: tool_identity(),
             stats: CacheStats::default(),
+            writer: Writer::spawn(),
         })
     }
 
@@ -183,7 +264,9 @@ impl TableCache {
         }
     }
 
-    /// Writes `flat` (rules resolved through `dict`) for `key`.
+    /// Writes `flat` (rules resolved through `dict`) for `key`: queued for the writer
+    /// thread (dropped and counted when its queue is full), or written here when there
+    /// is no such thread.
     pub fn store(
         &mut self,
         key: &[u8],
@@ -196,25 +279,30 @@ impl TableCache {
         let tmp = self
             .dir
             .join(format!(".tmp-{}-{}", std::process::id(), self.stats.stores));
-        let io = |e: std::io::Error| CacheError::Io {
-            path: tmp.clone(),
-            message: e.to_string(),
-        };
-        let mut file = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o644)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&tmp)
-            .map_err(io)?;
-        let written = file.write_all(&bytes).and_then(|()| file.sync_data());
-        drop(file);
-        if let Err(e) = written.and_then(|()| fs::rename(&tmp, &path)) {
-            let _ = fs::remove_file(&tmp);
-            return Err(io(e));
-        }
         self.stats.stores += 1;
-        Ok(())
+        match &self.writer {
+            Some(w) => match w.jobs.try_send(WriteJob::File { tmp, path, bytes }) {
+                Ok(()) => Ok(()),
+                Err(_) => {
+                    self.stats.stores_dropped += 1;
+                    Ok(())
+                }
+            },
+            None => write_file(&tmp, &path, &bytes).map_err(|e| CacheError::Io {
+                path: tmp.clone(),
+                message: e.to_string(),
+            }),
+        }
+    }
+
+    /// Waits until every file stored so far is written (tests; the profile's end).
+    pub fn flush(&self) {
+        if let Some(w) = &self.writer {
+            let (done, wait) = std::sync::mpsc::sync_channel(1);
+            if w.jobs.send(WriteJob::Barrier(done)).is_ok() {
+                let _ = wait.recv();
+            }
+        }
     }
 }
 
@@ -661,12 +749,14 @@ mod tests {
         };
         assert!(cache.load(b"\xab\xcd", &mut d).is_none());
         cache.store(b"\xab\xcd", meta, &flat, &d).unwrap();
+        cache.flush();
         let path = dir.join("abcd.sftab");
         assert_eq!(fs::metadata(&path).unwrap().mode() & 0o777, 0o644);
         let (back, _) = cache.load(b"\xab\xcd", &mut d).unwrap();
         assert_eq!(back.rows, flat.rows);
         // A second store replaces the file (no temporary left behind).
         cache.store(b"\xab\xcd", meta, &flat, &d).unwrap();
+        cache.flush();
         let names: Vec<_> = fs::read_dir(&dir)
             .unwrap()
             .map(|e| e.unwrap().file_name())

@@ -954,6 +954,11 @@ impl Profiler {
         let load_cost = started.elapsed();
         match refreshed {
             Ok(report) if !report.maps.is_empty() => {
+                log::debug!(
+                    "pid {pid}: {} executable mappings loaded in {load_cost:?} ({})",
+                    report.maps.len(),
+                    if renamed { "exec" } else { "reload" }
+                );
                 let build_time = report.build_time;
                 self.lifecycle.process_loads += 1;
                 self.load_retries.remove(&pid);
@@ -1005,6 +1010,7 @@ impl Profiler {
             }
             // No maps: a zombie (or gone). Keep what we knew for symbolization.
             Ok(_) | Err(_) => {
+                log::debug!("pid {pid}: no mappings to load, taken for exited");
                 self.lifecycle.load_failures += 1;
                 self.load_retries.remove(&pid);
                 // Its deferred samples are walked while its tables are still there.

@@ -35,14 +35,67 @@ fn a_command_is_profiled_from_its_start_and_its_status_is_returned() {
         return;
     }
     let exe = compile_c("startup", STARTUP, &["-O2", "-fomit-frame-pointer"]);
+    profile_startup(&exe, &[], None);
+}
+
+/// Makes `rename`, `fsync` and `fdatasync` take 300 ms each (LD_PRELOAD): a disk that
+/// a busy host keeps waiting.
+const SLOW_DISK: &str = r#"
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <unistd.h>
+int rename(const char *a, const char *b) {
+    usleep(300000);
+    int (*real)(const char *, const char *) = dlsym(RTLD_NEXT, "rename");
+    return real(a, b);
+}
+int fsync(int fd) { usleep(300000); int (*real)(int) = dlsym(RTLD_NEXT, "fsync"); return real(fd); }
+int fdatasync(int fd) { usleep(300000); int (*real)(int) = dlsym(RTLD_NEXT, "fdatasync"); return real(fd); }
+"#;
+
+/// The table cache is written while the command starts, on a disk that makes every
+/// write wait: the event loop must not wait with it (it did, and a short command lost
+/// every frame of the libraries its loader mapped meanwhile), and the files are there
+/// once the profiler has exited.
+#[test]
+fn a_slow_disk_does_not_hold_the_profile_of_a_starting_command() {
+    if !bpf_or_skip("a_slow_disk_does_not_hold_the_profile_of_a_starting_command") {
+        return;
+    }
+    let exe = compile_c(
+        "startup-slow-disk",
+        STARTUP,
+        &["-O2", "-fomit-frame-pointer"],
+    );
+    let dir = exe.parent().expect("fixture dir").to_owned();
+    let shim = support::compile_c_shared(&dir, "slowdisk", SLOW_DISK, &["-O2"]);
+    let cache = dir.join("cache");
+    let cache_args = ["--cache-dir".to_owned(), cache.display().to_string()];
+    profile_startup(&exe, &cache_args, Some(&shim));
+    let files = std::fs::read_dir(&cache)
+        .expect("the cache directory")
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".sftab"))
+        .count();
+    // The executable, ld.so, libc and the vDSO.
+    assert!(files >= 4, "{files} table cache files written");
+}
+
+/// Profiles `exe` (the `STARTUP` program) from its start at 999 Hz: its status is the
+/// profiler's, and nine in ten samples of its first 30 ms are complete stacks.
+fn profile_startup(exe: &std::path::Path, extra: &[String], preload: Option<&std::path::Path>) {
     let folded = exe.with_file_name("out.folded");
-    let out = profiler()
-        .args(["--frequency", "999", "--format", "folded", "--output"])
+    let mut cmd = profiler();
+    cmd.args(["--frequency", "999", "--format", "folded", "--output"])
         .arg(&folded)
+        .args(extra)
         .arg("--")
-        .arg(&exe)
-        .output()
-        .expect("run sframe-user");
+        .arg(exe)
+        .env("RUST_LOG", "sframe_user::profiler=debug");
+    if let Some(lib) = preload {
+        cmd.env("LD_PRELOAD", lib);
+    }
+    let out = cmd.output().expect("run sframe-user");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(7), "{stderr}");
     let text = std::fs::read_to_string(&folded).expect("folded output");
@@ -61,7 +114,7 @@ fn a_command_is_profiled_from_its_start_and_its_status_is_returned() {
     assert!(startup > 0, "no sample of the first 30 ms:\n{text}");
     assert!(
         complete * 10 >= startup * 9,
-        "{complete} of {startup} samples of startup_work complete:\n{text}"
+        "{complete} of {startup} samples of startup_work complete:\n{text}\n(stderr: {stderr})"
     );
     assert!(text.contains(";main;later_work"), "{text}");
 }

@@ -398,6 +398,11 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
     // Samples of short processes may still wait for a table being built (a large
     // library seen first on a cold cache): their stacks are what the profile is for.
     profiler.flush_deferred(DEFERRED_FLUSH);
+    // Table cache files still queued are written before the process ends (command mode
+    // ends with `exit`, which runs no destructor).
+    if let Some(cache) = &profiler.store().cache {
+        cache.flush();
+    }
     let snap = profiler.collect();
     let targets = profiler.targets();
     if let Some((ns, runs)) = profiler.program_stats()
