@@ -19,11 +19,11 @@
 //! count is checked against the bytes left before anything is allocated, and a bad
 //! file is a miss (counted, and the file removed), never a panic. Files are opened
 //! `O_NOFOLLOW | O_NONBLOCK` and must be regular (a FIFO never blocks a load). Writes go
-//! to a fresh temporary file (`O_EXCL | O_NOFOLLOW`, mode 0644) renamed into place, on
-//! a thread of their own: the event loop that builds a table never waits for the disk
-//! (on a busy host a flush can take longer than a short process lives, and every
-//! process starting meanwhile would lose its first samples). They are not flushed to
-//! the disk: a file torn by a crash fails its checksum and is rebuilt.
+//! to a fresh temporary file (`O_EXCL | O_NOFOLLOW`, mode 0644) renamed into place; once
+//! the event loop runs, on a thread of their own: the loop that builds a table never
+//! waits for the disk (on a busy host a flush can take longer than a short process
+//! lives, and every process starting meanwhile would lose its first samples). They are
+//! not flushed to the disk: a file torn by a crash fails its checksum and is rebuilt.
 //!
 //! The directory must be one only the profiler's user can change: it and every
 //! directory above it owned by that user or root, and not writable by others (an
@@ -119,7 +119,14 @@ pub struct TableCache {
     dir: PathBuf,
     tool: String,
     pub stats: CacheStats,
+    /// Started at the first store after [`TableCache::write_in_background`], not before:
+    /// `--drop-privileges` drops capabilities while the profiler has one thread (they
+    /// are per thread), after the start's loads.
     writer: Option<Writer>,
+    /// Stores may go to the writer thread (else they are written inline).
+    background: bool,
+    /// The thread could not be started: files are written inline.
+    writer_failed: bool,
 }
 
 /// Files written at most waiting for the writer thread (beyond, a store is dropped and
@@ -215,7 +222,9 @@ impl TableCache {
             dir: dir.to_owned(),
             tool: tool_identity(),
             stats: CacheStats::default(),
-            writer: Writer::spawn(),
+            writer: None,
+            background: false,
+            writer_failed: false,
         })
     }
 
@@ -264,9 +273,9 @@ impl TableCache {
         }
     }
 
-    /// Writes `flat` (rules resolved through `dict`) for `key`: queued for the writer
-    /// thread (dropped and counted when its queue is full), or written here when there
-    /// is no such thread.
+    /// Writes `flat` (rules resolved through `dict`) for `key`: after
+    /// [`TableCache::write_in_background`], queued for the writer thread (dropped and
+    /// counted when its queue is full); before, or without that thread, written here.
     pub fn store(
         &mut self,
         key: &[u8],
@@ -280,6 +289,10 @@ impl TableCache {
             .dir
             .join(format!(".tmp-{}-{}", std::process::id(), self.stats.stores));
         self.stats.stores += 1;
+        if self.background && self.writer.is_none() && !self.writer_failed {
+            self.writer = Writer::spawn();
+            self.writer_failed = self.writer.is_none();
+        }
         match &self.writer {
             Some(w) => match w.jobs.try_send(WriteJob::File { tmp, path, bytes }) {
                 Ok(()) => Ok(()),
@@ -293,6 +306,12 @@ impl TableCache {
                 message: e.to_string(),
             }),
         }
+    }
+
+    /// From now on, stores are written by a thread of their own (started at the first
+    /// one): the caller is the event loop, which must never wait for the disk.
+    pub fn write_in_background(&mut self) {
+        self.background = true;
     }
 
     /// Waits until every file stored so far is written (tests; the profile's end).
@@ -741,6 +760,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("sframe-cache-test-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         let mut cache = TableCache::open(&dir).unwrap();
+        cache.write_in_background();
         let mut d = RuleDict::default();
         let flat = sample(&mut d);
         let meta = CachedMeta {

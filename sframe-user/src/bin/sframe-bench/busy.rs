@@ -272,6 +272,9 @@ struct Ours {
     peak_rss_kb: u64,
     /// Median RSS over the second half of the window.
     steady_rss_kb: u64,
+    /// Of the steady RSS (at the same sample): anonymous memory (heap) and file pages.
+    steady_anon_kb: u64,
+    steady_file_kb: u64,
     /// Loading CPU in the first quarter and in the rest (seconds).
     load_first: f64,
     load_rest: f64,
@@ -341,7 +344,11 @@ fn run_ours(exe: &Path, dir: &Path, seconds: f64) -> Result<(f64, Ours)> {
         if let Some(r) = kb(pid, "VmRSS")
             && t >= seconds / 2.0
         {
-            rss.push(r);
+            rss.push((
+                r,
+                kb(pid, "RssAnon").unwrap_or(0),
+                kb(pid, "RssFile").unwrap_or(0),
+            ));
         }
         if let Some(h) = kb(pid, "VmHWM") {
             ours.peak_rss_kb = ours.peak_rss_kb.max(h);
@@ -361,7 +368,8 @@ fn run_ours(exe: &Path, dir: &Path, seconds: f64) -> Result<(f64, Ours)> {
     }
     let cpu = wait_cpu(&mut child)?;
     rss.sort_unstable();
-    ours.steady_rss_kb = rss.get(rss.len() / 2).copied().unwrap_or(0);
+    let (steady, anon, file) = rss.get(rss.len() / 2).copied().unwrap_or_default();
+    (ours.steady_rss_kb, ours.steady_anon_kb, ours.steady_file_kb) = (steady, anon, file);
     let load = metric(&last, "sframe_table_load_cpu_seconds_total").unwrap_or(0.0);
     let own = metric(&last, "sframe_process_cpu_seconds_total").unwrap_or(0.0);
     let (load_q, own_q) = first_quarter.unwrap_or((0.0, 0.0));
@@ -499,6 +507,15 @@ fn report(doc: &mut String, windows: &[Window], seconds: f64, compiles: u64) {
             "steady RSS (median, second half)".into(),
             format!("{:.1} MB", o.steady_rss_kb as f64 / 1024.0),
             "≤ 64 MB",
+        ),
+        (
+            "of which anonymous (heap) / file pages".into(),
+            format!(
+                "{:.1} MB / {:.1} MB",
+                o.steady_anon_kb as f64 / 1024.0,
+                o.steady_file_kb as f64 / 1024.0
+            ),
+            "",
         ),
         (
             "CPU, window (first-sight table builds included)".into(),

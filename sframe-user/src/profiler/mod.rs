@@ -10,7 +10,7 @@ use std::{
 
 use aya::{
     Ebpf,
-    maps::{Array, HashMap, MapData, PerCpuArray, RingBuf, StackTraceMap},
+    maps::{Array, HashMap, MapData, RingBuf},
     programs::perf_event::PerfEventLinkId,
 };
 use sframe_common::{
@@ -18,8 +18,14 @@ use sframe_common::{
     budget::MAX_CGROUP_FILTERS,
     event::{CgroupFilter, ProcEvent, ProcEventKind, filter},
     layout::{MappingEntry, PageBlock, RowBlock},
-    stack::{CountKey, UserStack},
+    stack::CountKey,
 };
+
+mod counts;
+mod kstacks;
+
+use counts::Counts;
+use kstacks::KernelStacks;
 
 use crate::{
     bpf::{self, LoadConfig, LoadError},
@@ -254,35 +260,15 @@ pub struct Profiler {
     program: SampleProgram,
     store: ObjectStore,
     targets: HashMap<MapData, u32, u8>,
-    counts_map: HashMap<MapData, CountKey, u64>,
-    stacks_map: HashMap<MapData, u64, UserStack>,
-    outcomes_map: PerCpuArray<MapData, u64>,
-    counters_map: PerCpuArray<MapData, u64>,
-    kernel_stacks_map: StackTraceMap<MapData>,
-    /// Kernel stacks by this profiler's id (not the kernel map's: that map is emptied
-    /// when it fills up, and its ids are then reused), innermost first.
-    kernel_stacks: StdHashMap<i32, Vec<u64>>,
-    /// The id of each distinct kernel stack in `kernel_stacks`.
-    kernel_stack_ids: StdHashMap<Vec<u64>, i32>,
-    /// Kernel map ids read since the map was last emptied.
-    kernel_ids_read: HashSet<u32>,
-    /// Entries of the kernel stack map.
-    kernel_stack_capacity: u32,
-    /// `kernel_stack_failed` when the kernel stack map was last emptied.
-    kernel_stack_failures: u64,
+    counts: Counts,
+    kernel_stacks: KernelStacks,
     /// Lifecycle events from the kernel side.
     events: Option<RingBuf<MapData>>,
     /// Samples the kernel side could not unwind for lack of tables.
     deferred: Option<RingBuf<MapData>>,
-    /// Outcomes of deferred samples, unwound here (added to the kernel's in `collect`).
-    deferred_outcomes: [u64; WalkOutcome::COUNT],
     /// Deferred samples whose process is not loaded yet, with when they arrived.
     deferred_backlog:
         std::collections::VecDeque<(Instant, Box<sframe_common::sample::DeferredSample>)>,
-    /// Counts accumulated in user space (the kernel map is drained on each collect).
-    counts: StdHashMap<CountKey, u64>,
-    /// User stacks by key, innermost first.
-    stacks: StdHashMap<u64, Vec<u64>>,
     spec: TargetSpec,
     /// The kernel side decides who is a target (all processes, or cgroup v2 filters).
     kernel_filtered: bool,
@@ -395,26 +381,18 @@ impl Profiler {
             program: config.program,
             store,
             targets: take(&mut ebpf, maps::TARGET_TGIDS)?,
-            counts_map: take(&mut ebpf, maps::COUNTS)?,
-            stacks_map: take(&mut ebpf, maps::STACKS)?,
-            outcomes_map: take(&mut ebpf, maps::OUTCOMES)?,
-            counters_map: take(&mut ebpf, maps::COUNTERS)?,
-            kernel_stacks_map: take(&mut ebpf, maps::KERNEL_STACKS)?,
-            kernel_stacks: StdHashMap::new(),
-            kernel_stack_ids: StdHashMap::new(),
-            kernel_ids_read: HashSet::new(),
-            kernel_stack_capacity: config
-                .map_sizes
-                .kernel_stacks
-                .unwrap_or(sframe_common::budget::MAX_KERNEL_STACKS),
-            kernel_stack_failures: 0,
+            counts: Counts::new(&mut ebpf)?,
+            kernel_stacks: KernelStacks::new(
+                take(&mut ebpf, maps::KERNEL_STACKS)?,
+                config
+                    .map_sizes
+                    .kernel_stacks
+                    .unwrap_or(sframe_common::budget::MAX_KERNEL_STACKS),
+            ),
             events: None,
             deferred: take(&mut ebpf, maps::DEFERRED).ok(),
-            deferred_outcomes: [0; WalkOutcome::COUNT],
             deferred_backlog: Default::default(),
             ebpf,
-            counts: StdHashMap::new(),
-            stacks: StdHashMap::new(),
             kernel_filtered: whole || !v2.is_empty(),
             spec,
             cgroups_v1,
@@ -836,14 +814,12 @@ impl Profiler {
                 // sampled moments ago), not once per deferred sample.
                 comm: self.thread_comm(rec.pid, rec.tid),
                 user_stack: st.stack_key(),
-                kernel_stack: self.intern_kernel_stack(rec.kernel_stack, &mut StdHashMap::new()),
+                kernel_stack: self
+                    .kernel_stacks
+                    .intern(rec.kernel_stack, &mut StdHashMap::new()),
                 outcome: outcome as u32,
             };
-            self.stacks
-                .entry(key.user_stack)
-                .or_insert_with(|| st.stack.frames[..len].to_vec());
-            *self.counts.entry(key).or_default() += 1;
-            self.deferred_outcomes[outcome as usize] += 1;
+            self.counts.add_walked(key, &st.stack.frames[..len]);
         }
     }
 
@@ -1056,9 +1032,7 @@ impl Profiler {
                     gone.insert(old);
                 }
             }
-            self.counts.retain(|k, _| !gone.contains(&k.pid));
-            let used: HashSet<u64> = self.counts.keys().map(|k| k.user_stack).collect();
-            self.stacks.retain(|id, _| used.contains(id));
+            self.counts.forget(&gone);
         }
     }
 
@@ -1078,6 +1052,11 @@ impl Profiler {
     /// ([`Profiler::handle_events`]), then, once per [`MAINTAIN_INTERVAL`], the periodic
     /// work ([`Profiler::maintain`]). Returns the processes newly profiled.
     pub fn step(&mut self) -> Vec<u32> {
+        // The loop runs: loads from here on must not wait for the disk (and the start,
+        // with `--drop-privileges`, is over: threads may start).
+        if let Some(cache) = self.store.cache.as_mut() {
+            cache.write_in_background();
+        }
         let mut added = self.handle_events();
         if self.last_maintain.elapsed() >= MAINTAIN_INTERVAL {
             self.last_maintain = Instant::now();
@@ -1285,7 +1264,6 @@ impl Profiler {
         self.store.tables.process_ids()
     }
 
-    /// Moves the kernel's counts into user space and returns everything counted so far.
     /// The name of thread `tid`, if it was read when its samples were collected.
     pub fn thread_name(&self, tid: u32) -> Option<&str> {
         self.thread_names.get(&tid).map(String::as_str)
@@ -1319,107 +1297,17 @@ impl Profiler {
         comm
     }
 
+    /// Moves the kernel's counts into user space and returns everything counted so far.
     pub fn collect(&mut self) -> Snapshot {
         let _cpu = crate::cputime::Timer::start(&crate::cputime::COLLECTION);
-        let keys: Vec<CountKey> = self.counts_map.keys().filter_map(Result::ok).collect();
-        let mut wanted = HashSet::new();
-        let mut round = StdHashMap::new();
-        for key in keys {
-            // Read then delete: a sample landing in between is lost (rare, counted as
-            // the difference between `samples` and the sum of counts).
-            if let Ok(n) = self.counts_map.get(&key, 0) {
-                let kernel_stack = self.intern_kernel_stack(key.kernel_stack, &mut round);
-                *self
-                    .counts
-                    .entry(CountKey {
-                        kernel_stack,
-                        ..key
-                    })
-                    .or_default() += n;
-                if key.user_stack != 0 && !self.stacks.contains_key(&key.user_stack) {
-                    wanted.insert(key.user_stack);
-                }
-            }
-            let _ = self.counts_map.remove(&key);
-        }
-        for id in wanted {
-            if let Ok(stack) = self.stacks_map.get(&id, 0) {
-                let len = (stack.len as usize).min(stack.frames.len());
-                self.stacks.insert(id, stack.frames[..len].to_vec());
-                let _ = self.stacks_map.remove(&id);
-            }
-        }
-        let mut snap = Snapshot {
-            counts: self
-                .counts
-                .iter()
-                .map(|(k, &count)| StackCount { key: *k, count })
-                .collect(),
-            ..Snapshot::default()
-        };
-        for (i, slot) in snap.outcomes.iter_mut().enumerate() {
-            if let Ok(v) = self.outcomes_map.get(&(i as u32), 0) {
-                *slot = v.iter().sum();
-            }
-            *slot += self.deferred_outcomes[i];
-        }
-        for (i, slot) in snap.counters.iter_mut().enumerate() {
-            if let Ok(v) = self.counters_map.get(&(i as u32), 0) {
-                *slot = v.iter().sum();
-            }
-        }
-        self.empty_kernel_stacks_when_full(snap.counters[Counter::KernelStackFailed as usize]);
-        snap
-    }
-
-    /// This profiler's id of the kernel stack with kernel map id `id` (negative: none),
-    /// read from the map once per collection (`round`).
-    fn intern_kernel_stack(&mut self, id: i32, round: &mut StdHashMap<i32, i32>) -> i32 {
-        if id < 0 {
-            return id;
-        }
-        if let Some(&mine) = round.get(&id) {
-            return mine;
-        }
-        let Ok(trace) = self.kernel_stacks_map.get(&(id as u32), 0) else {
-            return -1;
-        };
-        self.kernel_ids_read.insert(id as u32);
-        let frames: Vec<u64> = trace.frames().iter().map(|f| f.ip).collect();
-        let next = self.kernel_stacks.len() as i32;
-        let mine = *self
-            .kernel_stack_ids
-            .entry(frames)
-            .or_insert_with_key(|frames| {
-                self.kernel_stacks.insert(next, frames.clone());
-                next
-            });
-        round.insert(id, mine);
-        mine
-    }
-
-    /// Empties the kernel stack map once half of it has been read, or when stacks
-    /// failed to find room since the last time (the map's buckets are hashed: it
-    /// refuses stacks well before it is full). Its stacks are copied already; a sample
-    /// counted between this collection's reading and the removal may lose its kernel
-    /// stack (or, rarely, get the stack that reuses its id).
-    fn empty_kernel_stacks_when_full(&mut self, failures: u64) {
-        let half = self.kernel_ids_read.len() as u64 * 2 >= u64::from(self.kernel_stack_capacity);
-        if !half && failures <= self.kernel_stack_failures {
-            return;
-        }
-        for id in self.kernel_ids_read.drain() {
-            let _ = self.kernel_stacks_map.remove(&id);
-        }
-        self.kernel_stack_failures = failures;
+        self.counts.collect(&mut self.kernel_stacks)
     }
 
     /// The frames of a kernel stack (innermost first) seen by `collect`.
     pub fn kernel_stack(&self, id: i32) -> Option<&[u64]> {
-        self.kernel_stacks.get(&id).map(Vec::as_slice)
+        self.kernel_stacks.get(id)
     }
 
-    /// The frames of a user stack (innermost first) seen by `collect`.
     /// The object store: loaded objects, their kernel tables, the cache, statistics.
     pub fn store(&self) -> &ObjectStore {
         &self.store
@@ -1430,8 +1318,9 @@ impl Profiler {
         &mut self.store
     }
 
+    /// The frames of a user stack (innermost first) seen by `collect`.
     pub fn stack(&self, id: u64) -> Option<&[u64]> {
-        self.stacks.get(&id).map(Vec::as_slice)
+        self.counts.stack(id)
     }
 
     /// The `profile` program's accumulated run time (ns) and run count, as the kernel

@@ -1,0 +1,86 @@
+//! Kernel stacks of the samples: the kernel's stack map (`KERNEL_STACKS`, whose ids are
+//! reused once it is emptied) copied into ids of this profiler's own, each distinct
+//! stack stored once.
+
+use std::{
+    collections::{HashMap, HashSet},
+    sync::Arc,
+};
+
+use aya::maps::{MapData, StackTraceMap};
+
+pub(super) struct KernelStacks {
+    map: StackTraceMap<MapData>,
+    /// Stacks by this profiler's id (the index), innermost first.
+    frames: Vec<Arc<[u64]>>,
+    /// The id of each distinct stack in `frames`.
+    ids: HashMap<Arc<[u64]>, i32>,
+    /// Kernel map ids read since the map was last emptied.
+    read: HashSet<u32>,
+    /// Entries of the kernel map.
+    capacity: u32,
+    /// `kernel_stack_failed` when the kernel map was last emptied.
+    failures: u64,
+}
+
+impl KernelStacks {
+    pub(super) fn new(map: StackTraceMap<MapData>, capacity: u32) -> Self {
+        Self {
+            map,
+            frames: Vec::new(),
+            ids: HashMap::new(),
+            read: HashSet::new(),
+            capacity,
+            failures: 0,
+        }
+    }
+
+    /// This profiler's id of the kernel stack with kernel map id `id` (negative: none),
+    /// read from the map once per collection (`round`).
+    pub(super) fn intern(&mut self, id: i32, round: &mut HashMap<i32, i32>) -> i32 {
+        if id < 0 {
+            return id;
+        }
+        if let Some(&mine) = round.get(&id) {
+            return mine;
+        }
+        let Ok(trace) = self.map.get(&(id as u32), 0) else {
+            return -1;
+        };
+        self.read.insert(id as u32);
+        let frames: Arc<[u64]> = trace.frames().iter().map(|f| f.ip).collect();
+        let mine = match self.ids.get(&frames) {
+            Some(&mine) => mine,
+            None => {
+                let mine = i32::try_from(self.frames.len()).unwrap_or(i32::MAX);
+                self.frames.push(frames.clone());
+                self.ids.insert(frames, mine);
+                mine
+            }
+        };
+        round.insert(id, mine);
+        mine
+    }
+
+    /// Empties the kernel map once half of it has been read, or when stacks failed to
+    /// find room since the last time (`failures`: the map's buckets are hashed, it
+    /// refuses stacks well before it is full). Its stacks are copied already; a sample
+    /// counted between this collection's reading and the removal may lose its kernel
+    /// stack (or, rarely, get the stack that reuses its id).
+    pub(super) fn empty_when_full(&mut self, failures: u64) {
+        let half = self.read.len() as u64 * 2 >= u64::from(self.capacity);
+        if !half && failures <= self.failures {
+            return;
+        }
+        for id in self.read.drain() {
+            let _ = self.map.remove(&id);
+        }
+        self.failures = failures;
+    }
+
+    /// The frames of a stack (innermost first) by this profiler's id.
+    pub(super) fn get(&self, id: i32) -> Option<&[u64]> {
+        let i = usize::try_from(id).ok()?;
+        self.frames.get(i).map(|f| &f[..])
+    }
+}
