@@ -18,7 +18,6 @@ fn main() -> anyhow::Result<()> {
     use aya_build::{Package, Toolchain};
     use std::path::PathBuf;
 
-    const NAME: &str = "sframe-ebpf";
     let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").context("OUT_DIR not set")?);
     let arch = std::env::var("CARGO_CFG_TARGET_ARCH").context("CARGO_CFG_TARGET_ARCH not set")?;
     // OUT_DIR is TARGET/[TRIPLE/]PROFILE/build/sframe-user-HASH/out.
@@ -29,7 +28,7 @@ fn main() -> anyhow::Result<()> {
         .map(|target| target.join("bpf-build").join(&arch));
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../sframe-ebpf");
     let package = Package {
-        name: NAME,
+        name: "sframe-ebpf",
         root_dir: root,
         ..Default::default()
     };
@@ -43,11 +42,16 @@ fn main() -> anyhow::Result<()> {
     // SAFETY: as above.
     unsafe { std::env::set_var("OUT_DIR", &out_dir) };
     built?;
-    let from = shared.join(NAME);
-    // Absent only when AYA_BUILD_SKIP asked aya-build to build nothing.
-    if from.exists() {
-        std::fs::copy(&from, out_dir.join(NAME))
-            .with_context(|| format!("copying {} into {}", from.display(), out_dir.display()))?;
+    // aya-build left the eBPF crate's binaries (named after their targets) beside its
+    // `aya-build` directory; none when AYA_BUILD_SKIP asked it to build nothing.
+    for entry in std::fs::read_dir(&shared)? {
+        let entry = entry?;
+        if entry.file_type()?.is_file() {
+            let from = entry.path();
+            std::fs::copy(&from, out_dir.join(entry.file_name())).with_context(|| {
+                format!("copying {} into {}", from.display(), out_dir.display())
+            })?;
+        }
     }
     Ok(())
 }
