@@ -16,15 +16,148 @@ use sframe_common::{
 use super::{Snapshot, StackCount, kstacks::KernelStacks};
 use crate::bpf::{LoadError, take_map as take};
 
+/// Distinct count keys user space keeps, all processes together. The kernel's maps are
+/// bounded and drained every collection; what is drained accumulates here for the whole
+/// profile (Prometheus counters are cumulative), so without a bound a process that keeps
+/// making new stacks (or new threads) would grow the profiler's memory forever.
+pub const MAX_KEYS: usize = 131_072;
+/// Distinct count keys one process may hold: one process cannot take the room of the
+/// others (a hostile process makes new stacks at will, from words it writes on its stack).
+pub const MAX_KEYS_PER_PROCESS: usize = MAX_KEYS / 16;
+/// Frame words of the distinct user stacks kept (8 bytes each: 16 MiB).
+pub const MAX_STACK_WORDS: usize = 2 << 20;
+/// Frame words of the stacks one process may bring in.
+pub const MAX_STACK_WORDS_PER_PROCESS: usize = MAX_STACK_WORDS / 16;
+
+/// A key past the bounds: the sample stays counted for its process and outcome, at the
+/// process's root (no thread, no stack), so totals and outcome shares stay right.
+fn folded(key: CountKey) -> CountKey {
+    CountKey {
+        pid: key.pid,
+        outcome: key.outcome,
+        kernel_stack: -1,
+        ..CountKey::default()
+    }
+}
+
+/// Keys and stack words charged to one process.
+#[derive(Clone, Copy, Default)]
+struct Charge {
+    keys: usize,
+    words: usize,
+}
+
+/// The bounds of [`Kept`].
+#[derive(Clone, Copy, Debug)]
+struct Bounds {
+    keys: usize,
+    keys_per_process: usize,
+    words: usize,
+    words_per_process: usize,
+}
+
+const BOUNDS: Bounds = Bounds {
+    keys: MAX_KEYS,
+    keys_per_process: MAX_KEYS_PER_PROCESS,
+    words: MAX_STACK_WORDS,
+    words_per_process: MAX_STACK_WORDS_PER_PROCESS,
+};
+
+/// The counts and user stacks kept in user space, within [`Bounds`].
+struct Kept {
+    bounds: Bounds,
+    counts: StdHashMap<CountKey, u64>,
+    /// User stacks by key, innermost first.
+    stacks: StdHashMap<u64, Vec<u64>>,
+    /// What each process holds of `counts` and `stacks` (a stack is charged to the
+    /// process that brought it in).
+    charges: StdHashMap<u32, Charge>,
+    /// Frame words in `stacks`.
+    words: usize,
+    /// Samples counted under a folded key because a bound was reached.
+    folded: u64,
+}
+
+impl Kept {
+    fn new(bounds: Bounds) -> Self {
+        Self {
+            bounds,
+            counts: StdHashMap::new(),
+            stacks: StdHashMap::new(),
+            charges: StdHashMap::new(),
+            words: 0,
+            folded: 0,
+        }
+    }
+
+    /// Adds `n` samples to `key`, whose user stack is `frames` (when known and not
+    /// stored yet). Past a bound, the samples go to the key's folded form.
+    fn add(&mut self, key: CountKey, n: u64, frames: Option<&[u64]>) {
+        if let Some(c) = self.counts.get_mut(&key) {
+            *c += n;
+            return;
+        }
+        let b = self.bounds;
+        let charge = self.charges.get(&key.pid).copied().unwrap_or_default();
+        let new_stack = key.user_stack != 0 && !self.stacks.contains_key(&key.user_stack);
+        let words = if new_stack {
+            frames.map_or(0, <[u64]>::len)
+        } else {
+            0
+        };
+        let fits = self.counts.len() < b.keys
+            && charge.keys < b.keys_per_process
+            && (!new_stack
+                || (frames.is_some()
+                    && self.words + words <= b.words
+                    && charge.words + words <= b.words_per_process));
+        if !fits {
+            self.folded += n;
+            // The folded keys are kept beyond the bound: one per process and outcome.
+            *self.counts.entry(folded(key)).or_default() += n;
+            return;
+        }
+        if new_stack && let Some(frames) = frames {
+            self.stacks.insert(key.user_stack, frames.to_vec());
+            self.words += words;
+        }
+        let c = self.charges.entry(key.pid).or_default();
+        c.keys += 1;
+        c.words += words;
+        self.counts.insert(key, n);
+    }
+
+    /// Drops the counts of the processes `gone`, and the stacks no count uses any more.
+    fn forget(&mut self, gone: &HashSet<u32>) {
+        self.counts.retain(|k, _| !gone.contains(&k.pid));
+        let used: HashSet<u64> = self.counts.keys().map(|k| k.user_stack).collect();
+        self.stacks.retain(|id, _| used.contains(id));
+        // Charges again from what is left: each stack to the lowest pid that uses it.
+        self.charges.clear();
+        let mut charged = HashSet::new();
+        let mut keys: Vec<&CountKey> = self.counts.keys().collect();
+        keys.sort_unstable_by_key(|k| k.pid);
+        for k in keys {
+            if *k == folded(*k) {
+                continue;
+            }
+            let c = self.charges.entry(k.pid).or_default();
+            c.keys += 1;
+            if k.user_stack != 0 && charged.insert(k.user_stack) {
+                c.words += self.stacks.get(&k.user_stack).map_or(0, Vec::len);
+            }
+        }
+        self.words = self.stacks.values().map(Vec::len).sum();
+    }
+}
+
 pub(super) struct Counts {
     counts_map: HashMap<MapData, CountKey, u64>,
     stacks_map: HashMap<MapData, u64, UserStack>,
     outcomes_map: PerCpuArray<MapData, u64>,
     counters_map: PerCpuArray<MapData, u64>,
     /// Counts accumulated in user space (the kernel map is drained on each collect).
-    counts: StdHashMap<CountKey, u64>,
-    /// User stacks by key, innermost first.
-    stacks: StdHashMap<u64, Vec<u64>>,
+    kept: Kept,
     /// Outcomes of the samples walked in user space (added to the kernel's).
     walked_here: [u64; WalkOutcome::COUNT],
 }
@@ -36,18 +169,20 @@ impl Counts {
             stacks_map: take(ebpf, maps::STACKS)?,
             outcomes_map: take(ebpf, maps::OUTCOMES)?,
             counters_map: take(ebpf, maps::COUNTERS)?,
-            counts: StdHashMap::new(),
-            stacks: StdHashMap::new(),
+            kept: Kept::new(BOUNDS),
             walked_here: [0; WalkOutcome::COUNT],
         })
     }
 
+    /// Samples counted at their process's root because a bound on what user space keeps
+    /// was reached ([`MAX_KEYS`] and the others).
+    pub(super) fn folded(&self) -> u64 {
+        self.kept.folded
+    }
+
     /// Counts one sample walked in user space: `frames` is its user stack (the key's).
     pub(super) fn add_walked(&mut self, key: CountKey, frames: &[u64]) {
-        self.stacks
-            .entry(key.user_stack)
-            .or_insert_with(|| frames.to_vec());
-        *self.counts.entry(key).or_default() += 1;
+        self.kept.add(key, 1, Some(frames));
         if let Some(n) = self.walked_here.get_mut(key.outcome as usize) {
             *n += 1;
         }
@@ -57,35 +192,43 @@ impl Counts {
     /// `kernel_stacks`) and returns everything counted so far.
     pub(super) fn collect(&mut self, kernel_stacks: &mut KernelStacks) -> Snapshot {
         let keys: Vec<CountKey> = self.counts_map.keys().filter_map(Result::ok).collect();
-        let mut wanted = HashSet::new();
         let mut round = StdHashMap::new();
+        let mut drained = Vec::with_capacity(keys.len());
         for key in keys {
             // Read then delete: a sample landing in between is lost (rare, counted as
             // the difference between `samples` and the sum of counts).
             if let Ok(n) = self.counts_map.get(&key, 0) {
-                let kernel_stack = kernel_stacks.intern(key.kernel_stack, &mut round);
-                *self
-                    .counts
-                    .entry(CountKey {
-                        kernel_stack,
-                        ..key
-                    })
-                    .or_default() += n;
-                if key.user_stack != 0 && !self.stacks.contains_key(&key.user_stack) {
-                    wanted.insert(key.user_stack);
-                }
+                drained.push((key, n));
             }
             let _ = self.counts_map.remove(&key);
         }
-        for id in wanted {
-            if let Ok(stack) = self.stacks_map.get(&id, 0) {
-                let len = (stack.len as usize).min(stack.frames.len());
-                self.stacks.insert(id, stack.frames[..len].to_vec());
-                let _ = self.stacks_map.remove(&id);
+        // The user stacks not copied yet, read once each and removed from the kernel's
+        // map (which keeps only stacks not copied yet).
+        let mut read: StdHashMap<u64, Option<Vec<u64>>> = StdHashMap::new();
+        for (key, _) in &drained {
+            let id = key.user_stack;
+            if id == 0 || self.kept.stacks.contains_key(&id) || read.contains_key(&id) {
+                continue;
             }
+            let frames = self.stacks_map.get(&id, 0).ok().and_then(|stack| {
+                let len = (stack.len as usize).min(stack.frames.len());
+                stack.frames.get(..len).map(<[u64]>::to_vec)
+            });
+            let _ = self.stacks_map.remove(&id);
+            read.insert(id, frames);
+        }
+        for (key, n) in drained {
+            let kernel_stack = kernel_stacks.intern(key.kernel_stack, &mut round);
+            let key = CountKey {
+                kernel_stack,
+                ..key
+            };
+            let frames = read.get(&key.user_stack).and_then(Option::as_deref);
+            self.kept.add(key, n, frames);
         }
         let mut snap = Snapshot {
             counts: self
+                .kept
                 .counts
                 .iter()
                 .map(|(k, &count)| StackCount { key: *k, count })
@@ -109,13 +252,107 @@ impl Counts {
 
     /// Drops the counts of the processes `gone`, and the stacks no count uses any more.
     pub(super) fn forget(&mut self, gone: &HashSet<u32>) {
-        self.counts.retain(|k, _| !gone.contains(&k.pid));
-        let used: HashSet<u64> = self.counts.keys().map(|k| k.user_stack).collect();
-        self.stacks.retain(|id, _| used.contains(id));
+        self.kept.forget(gone);
     }
 
     /// The frames of a user stack (innermost first) seen by `collect`.
     pub(super) fn stack(&self, id: u64) -> Option<&[u64]> {
-        self.stacks.get(&id).map(Vec::as_slice)
+        self.kept.stacks.get(&id).map(Vec::as_slice)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SMALL: Bounds = Bounds {
+        keys: 40,
+        keys_per_process: 10,
+        words: 60,
+        words_per_process: 20,
+    };
+
+    fn key(pid: u32, tid: u32, user_stack: u64) -> CountKey {
+        CountKey {
+            pid,
+            tid,
+            user_stack,
+            kernel_stack: 7,
+            outcome: WalkOutcome::Complete as u32,
+            comm: *b"worker\0\0\0\0\0\0\0\0\0\0",
+        }
+    }
+
+    fn total(kept: &Kept, pid: u32) -> u64 {
+        kept.counts
+            .iter()
+            .filter(|(k, _)| k.pid == pid)
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    #[test]
+    fn a_process_making_new_keys_is_folded_at_its_own_bound_and_others_keep_theirs() {
+        let mut kept = Kept::new(SMALL);
+        // A hostile process: a new thread and stack for every sample.
+        for i in 0..1000u64 {
+            kept.add(key(666, i as u32, 1000 + i), 3, Some(&[i]));
+        }
+        assert_eq!(total(&kept, 666), 3000, "every sample still counted");
+        let own = kept.counts.keys().filter(|k| k.pid == 666).count();
+        assert!(own <= SMALL.keys_per_process + 1, "{own} keys");
+        assert_eq!(kept.folded, 3 * (1000 - SMALL.keys_per_process as u64));
+        let root = folded(key(666, 0, 0));
+        assert_eq!(root.user_stack, 0);
+        assert_eq!(root.tid, 0);
+        assert_eq!(root.kernel_stack, -1);
+        assert!(kept.counts[&root] > 0);
+        // Another process's stacks are kept whole.
+        for i in 0..5u64 {
+            kept.add(key(42, 1, 1 + i), 1, Some(&[1, 2, 3]));
+        }
+        assert_eq!(kept.counts.keys().filter(|k| k.pid == 42).count(), 5);
+        assert!(kept.stacks.len() <= SMALL.keys_per_process + 5);
+    }
+
+    #[test]
+    fn stack_words_are_bounded_per_process_and_in_all() {
+        let mut kept = Kept::new(SMALL);
+        let long = [9u64; 15];
+        // 20 words per process: the second 15-word stack does not fit.
+        kept.add(key(1, 1, 1), 1, Some(&long));
+        kept.add(key(1, 1, 2), 1, Some(&long));
+        assert_eq!(kept.words, 15);
+        assert_eq!(kept.folded, 1);
+        // A stack already kept costs another process nothing.
+        kept.add(key(2, 1, 1), 1, None);
+        assert_eq!(kept.counts[&key(2, 1, 1)], 1);
+        // Without its frames a new stack cannot be kept.
+        kept.add(key(2, 1, 3), 1, None);
+        assert_eq!(kept.folded, 2);
+        for pid in 3..10 {
+            kept.add(key(pid, 1, u64::from(pid) * 100), 1, Some(&long));
+        }
+        assert!(kept.words <= SMALL.words, "{} words", kept.words);
+    }
+
+    #[test]
+    fn forgetting_a_process_gives_its_room_back() {
+        let mut kept = Kept::new(SMALL);
+        for i in 0..SMALL.keys_per_process as u64 {
+            kept.add(key(5, 1, 10 + i), 1, Some(&[1, 2]));
+        }
+        kept.add(key(5, 1, 99), 1, Some(&[1]));
+        assert_eq!(kept.folded, 1);
+        kept.add(key(6, 1, 10), 1, None);
+        kept.forget(&HashSet::from([5]));
+        assert_eq!(kept.counts.len(), 1, "pid 6's key is left");
+        assert_eq!(kept.stacks.len(), 1, "and the stack it shares");
+        assert_eq!(kept.words, 2);
+        assert_eq!(kept.charges[&6].words, 2, "charged to its user now");
+        for i in 0..SMALL.keys_per_process as u64 - 1 {
+            kept.add(key(6, 2, 200 + i), 1, Some(&[1]));
+        }
+        assert_eq!(kept.folded, 1, "room back for pid 6");
     }
 }

@@ -9,6 +9,10 @@ use std::{
 
 use aya::maps::{MapData, StackTraceMap};
 
+/// Distinct kernel stacks kept (each read from the kernel map once and kept for the
+/// whole profile): past it, a sample's kernel stack is dropped (counted in `dropped`).
+pub const MAX_KERNEL_STACKS_KEPT: usize = 65_536;
+
 pub(super) struct KernelStacks {
     map: StackTraceMap<MapData>,
     /// Stacks by this profiler's id (the index), innermost first.
@@ -21,6 +25,8 @@ pub(super) struct KernelStacks {
     capacity: u32,
     /// `kernel_stack_failed` when the kernel map was last emptied.
     failures: u64,
+    /// Samples whose kernel stack was new when `MAX_KERNEL_STACKS_KEPT` were kept.
+    pub(super) dropped: u64,
 }
 
 impl KernelStacks {
@@ -32,6 +38,7 @@ impl KernelStacks {
             read: HashSet::new(),
             capacity,
             failures: 0,
+            dropped: 0,
         }
     }
 
@@ -51,6 +58,10 @@ impl KernelStacks {
         let frames: Arc<[u64]> = trace.frames().iter().map(|f| f.ip).collect();
         let mine = match self.ids.get(&frames) {
             Some(&mine) => mine,
+            None if self.frames.len() >= MAX_KERNEL_STACKS_KEPT => {
+                self.dropped += 1;
+                -1
+            }
             None => {
                 let mine = i32::try_from(self.frames.len()).unwrap_or(i32::MAX);
                 self.frames.push(frames.clone());

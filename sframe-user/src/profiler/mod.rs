@@ -1153,6 +1153,8 @@ impl Profiler {
             ("file_changed", t.files_changed),
             ("file_truncated_page", crate::mapped::truncated_pages()),
             ("process_table_full", t.process_table_full),
+            ("count_folded", self.counts.folded()),
+            ("kernel_stack_dropped", self.kernel_stacks.dropped),
             (
                 "cache_hit",
                 self.store.cache.as_ref().map_or(0, |c| c.stats.hits),

@@ -611,6 +611,8 @@ fn report(doc: &mut String, windows: &[Window], seconds: f64, compiles: u64) {
                             | "table_full"
                             | "table_build_dropped"
                             | "process_table_full"
+                            | "count_folded"
+                            | "kernel_stack_dropped"
                     ) && **v > 0.0
                 })
                 .map(|(k, v)| format!("{k} {v:.0}")),

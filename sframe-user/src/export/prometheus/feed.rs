@@ -47,9 +47,13 @@ impl Feed {
             .iter()
             .map(|t| (t.pid, (t, group.and_then(|g| group_value(g, t)))))
             .collect();
+        // The counts of this snapshot replace the last ones: keys of processes the
+        // profiler has forgotten are forgotten here too.
+        let mut previous = HashMap::with_capacity(snap.counts.len());
         for c in &snap.counts {
             let k = c.key;
-            let seen = self.previous.insert(k, c.count).unwrap_or(0);
+            previous.insert(k, c.count);
+            let seen = self.previous.get(&k).copied().unwrap_or(0);
             let delta = c.count.saturating_sub(seen);
             let Some((target, group)) = by_pid.get(&k.pid) else {
                 continue;
@@ -83,6 +87,7 @@ impl Feed {
                 delta,
             );
         }
+        self.previous = previous;
         // Forget the stacks of processes that have no series any more.
         let live: std::collections::HashSet<u32> = metrics
             .pids()
