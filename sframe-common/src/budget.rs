@@ -32,6 +32,12 @@ pub const MAX_COUNTS: u32 = 32768;
 /// Kernel stacks (`bpf_get_stackid`).
 pub const MAX_KERNEL_STACKS: u32 = 8192;
 
+/// Sleeping threads whose off-CPU start is kept (`OFF_CPU_START`, least recently used
+/// dropped).
+pub const MAX_OFF_CPU_THREADS: u32 = 16384;
+/// Distinct off-CPU (process, thread, stack, state) counters between two reads.
+pub const MAX_OFF_CPU_COUNTS: u32 = 16384;
+
 /// Profiled processes named by pid (`TARGET_TGIDS`).
 pub const MAX_TARGET_TGIDS: u32 = 4096;
 /// Cgroup filters the kernel side checks (`TARGET_CGROUPS`).

@@ -14,6 +14,7 @@ pub mod dwarf;
 pub mod event;
 pub mod layout;
 pub mod names;
+pub mod offcpu;
 pub mod outcome;
 pub mod rule;
 pub mod sample;

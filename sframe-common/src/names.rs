@@ -55,6 +55,18 @@ pub mod maps {
             MISS_SENT = "MISS_SENT",
             /// Per-CPU copy of the interrupted user registers.
             USER_REGS = "USER_REGS",
+            /// Off-CPU: sleeping target threads by task.
+            OFF_CPU_START = "OFF_CPU_START",
+            /// Off-CPU: the sleep to walk when its thread returns, per CPU.
+            OFF_CPU_DUE = "OFF_CPU_DUE",
+            /// Off-CPU: nanoseconds slept by (process, thread, stack, state).
+            OFF_CPU_COUNTS = "OFF_CPU_COUNTS",
+            /// Off-CPU: per-CPU walk state of the off-CPU walker.
+            OFF_CPU_SCRATCH = "OFF_CPU_SCRATCH",
+            /// Off-CPU: per-CPU stack window of the off-CPU walker.
+            OFF_CPU_WINDOW = "OFF_CPU_WINDOW",
+            /// Off-CPU: per-CPU copy of the returning thread's user registers.
+            OFF_CPU_REGS = "OFF_CPU_REGS",
             /// Raw samples (registers and stack bytes) for host-side walks.
             RAW_SAMPLES = "RAW_SAMPLES",
             /// The frame-pointer baseline's per-CPU stack buffer (benchmarks).
@@ -94,6 +106,8 @@ pub mod globals {
             MMAP_FD_OFFSET = "MMAP_FD_OFFSET",
             /// Offset of `ret` in the `sys_exit_mmap` record.
             MMAP_RET_OFFSET = "MMAP_RET_OFFSET",
+            /// Off-CPU: sleeps shorter than this (ns) are not walked.
+            OFF_CPU_MIN_NS = "OFF_CPU_MIN_NS",
         }
     }
 }
@@ -123,6 +137,10 @@ pub mod programs {
             ON_MMAP_ENTER = "on_mmap_enter",
             /// `syscalls:sys_exit_mmap`.
             ON_MMAP_EXIT = "on_mmap_exit",
+            /// Off-CPU: raw tracepoint `sched_switch`.
+            OFF_CPU_SWITCH = "off_cpu_switch",
+            /// Off-CPU: raw tracepoint `sys_exit`.
+            OFF_CPU_RETURN = "off_cpu_return",
         }
     }
 }

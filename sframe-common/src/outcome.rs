@@ -110,10 +110,22 @@ pub enum Counter {
     /// Samples that should have been deferred but found the ring buffer full (counted
     /// with the kernel's outcome instead).
     DeferredLost = 10,
+    /// Off-CPU: target threads that went to sleep (their start time recorded).
+    OffCpuBlocks = 11,
+    /// Off-CPU: sleeps shorter than the threshold (no stack walk).
+    OffCpuShort = 12,
+    /// Off-CPU: sleeps at least as long as the threshold, walked when the thread
+    /// returned from its system call.
+    OffCpuWalks = 13,
+    /// Off-CPU: sleeps over the threshold lost because the thread ran user code before
+    /// a system call returned (a sleep in a page fault) or was not seen waking.
+    OffCpuLost = 14,
+    /// Off-CPU: the count map was full (the sleep was lost).
+    OffCpuMapFull = 15,
 }
 
 impl Counter {
-    pub const COUNT: usize = 11;
+    pub const COUNT: usize = 16;
     pub const ALL: [Counter; Self::COUNT] = [
         Self::Samples,
         Self::SamplesInKernel,
@@ -126,6 +138,11 @@ impl Counter {
         Self::EventsLost,
         Self::Deferred,
         Self::DeferredLost,
+        Self::OffCpuBlocks,
+        Self::OffCpuShort,
+        Self::OffCpuWalks,
+        Self::OffCpuLost,
+        Self::OffCpuMapFull,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -141,6 +158,11 @@ impl Counter {
             Self::EventsLost => "events_lost",
             Self::Deferred => "deferred",
             Self::DeferredLost => "deferred_lost",
+            Self::OffCpuBlocks => "off_cpu_blocks",
+            Self::OffCpuShort => "off_cpu_short",
+            Self::OffCpuWalks => "off_cpu_walks",
+            Self::OffCpuLost => "off_cpu_lost",
+            Self::OffCpuMapFull => "off_cpu_map_full",
         }
     }
 }

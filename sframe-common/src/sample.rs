@@ -57,6 +57,12 @@ pub struct DeferredSample {
     pub stack_len: u32,
     /// Address of `stack[0]`: the page of the stack pointer.
     pub stack_base: u64,
+    /// An off-CPU sleep (`sframe_common::offcpu`): its nanoseconds, 0 for an on-CPU
+    /// sample.
+    pub off_cpu_ns: u64,
+    /// The off-CPU sleep's state flags (`OFF_CPU_UNINTERRUPTIBLE`).
+    pub off_cpu_state: u32,
+    pub _pad: u32,
     pub regs: crate::step::Regs,
     pub top: [u64; crate::step::TOP_REGS],
     pub stack: [u8; DEFERRED_STACK_BYTES],
@@ -68,5 +74,5 @@ unsafe impl aya::Pod for DeferredSample {}
 
 const _: () = assert!(
     core::mem::size_of::<DeferredSample>()
-        == 24 + 24 + 8 * crate::step::TOP_REGS + DEFERRED_STACK_BYTES
+        == 24 + 16 + 24 + 8 * crate::step::TOP_REGS + DEFERRED_STACK_BYTES
 );

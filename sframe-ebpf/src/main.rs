@@ -4,6 +4,7 @@
 
 mod baseline;
 mod lifecycle;
+mod offcpu;
 mod regs;
 mod unwind;
 
@@ -11,9 +12,9 @@ use aya_ebpf::{
     bindings::pt_regs,
     helpers::generated::bpf_get_current_ancestor_cgroup_id,
     helpers::{bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_probe_read_user},
-    macros::{map, perf_event},
+    macros::{map, perf_event, raw_tracepoint},
     maps::{Array, HashMap, RingBuf},
-    programs::PerfEventContext,
+    programs::{PerfEventContext, RawTracePointContext},
 };
 use aya_log_ebpf::warn;
 use sframe_common::sample::{
@@ -40,6 +41,18 @@ pub fn profile(ctx: PerfEventContext) -> u32 {
 #[perf_event]
 pub fn profile_no_thread_names(ctx: PerfEventContext) -> u32 {
     unwind::profile::<false>(&ctx)
+}
+
+/// Off-CPU: times the sleeps of target threads (see `offcpu`).
+#[raw_tracepoint(tracepoint = "sched_switch")]
+pub fn off_cpu_switch(ctx: RawTracePointContext) -> i32 {
+    offcpu::switch(&ctx)
+}
+
+/// Off-CPU: walks the stack of a thread that slept long enough, as it returns.
+#[raw_tracepoint(tracepoint = "sys_exit")]
+pub fn off_cpu_return(ctx: RawTracePointContext) -> i32 {
+    offcpu::ret(&ctx)
 }
 
 /// The baseline of `cargo xtask bench`: the kernel's frame-pointer walker

@@ -195,3 +195,39 @@ pub unsafe fn user_regs(ctx_regs: *const pt_regs) -> Option<(&'static pt_regs, R
     }
     Some((out, RegsSource::Task))
 }
+
+/// The current task's saved user PC and SP (`None` when they cannot be read; zeros for
+/// a kernel thread).
+///
+/// # Safety
+/// A plain helper sequence; the reads are checked by `bpf_probe_read_kernel`.
+#[inline(always)]
+pub unsafe fn current_user_pc_sp() -> Option<(u64, u64)> {
+    let task = unsafe { bpf_get_current_task_btf() };
+    if task.is_null() {
+        return None;
+    }
+    let saved = unsafe { bpf_task_pt_regs(task) } as *const pt_regs;
+    if saved.is_null() {
+        return None;
+    }
+    let (pc, sp) = pc_sp_fields(saved);
+    // SAFETY: kernel addresses inside the task's saved registers.
+    let pc = unsafe { aya_ebpf::helpers::bpf_probe_read_kernel(pc) }.ok()?;
+    let sp = unsafe { aya_ebpf::helpers::bpf_probe_read_kernel(sp) }.ok()?;
+    Some((pc, sp))
+}
+
+#[cfg(bpf_target_arch = "x86_64")]
+#[inline(always)]
+fn pc_sp_fields(r: *const pt_regs) -> (*const u64, *const u64) {
+    // SAFETY: field addresses only; nothing is read here.
+    unsafe { (core::ptr::addr_of!((*r).rip), core::ptr::addr_of!((*r).rsp)) }
+}
+
+#[cfg(bpf_target_arch = "aarch64")]
+#[inline(always)]
+fn pc_sp_fields(r: *const pt_regs) -> (*const u64, *const u64) {
+    // SAFETY: field addresses only; nothing is read here.
+    unsafe { (core::ptr::addr_of!((*r).pc), core::ptr::addr_of!((*r).sp)) }
+}

@@ -224,9 +224,9 @@ pub fn profile<const THREAD_NAMES: bool>(ctx: &PerfEventContext) -> u32 {
     }
     if let Some((pt, _)) = user {
         key.outcome = walk(tgid, pt, &mut key.user_stack);
-        if needs_tables(key.outcome) {
+        if needs_tables(&SCRATCH, key.outcome) {
             lifecycle::send_miss(tgid);
-            if defer(&key, pt) {
+            if defer(&key, pt, 0, 0) {
                 count(Counter::Deferred, 1);
                 return 0;
             }
@@ -241,14 +241,14 @@ pub fn profile<const THREAD_NAMES: bool>(ctx: &PerfEventContext) -> u32 {
 /// process, or a PC outside its known mappings not reached through a frame-pointer guess
 /// (after one, an unknown PC is more likely garbage than a new mapping).
 #[inline(always)]
-fn needs_tables(outcome: u32) -> bool {
+pub(crate) fn needs_tables(scratch: &PerCpuArray<WalkState>, outcome: u32) -> bool {
     if outcome == WalkOutcome::UnknownProcess as u32 {
         return true;
     }
     if outcome != WalkOutcome::NoMapping as u32 {
         return false;
     }
-    match SCRATCH.get_ptr(0) {
+    match scratch.get_ptr(0) {
         // SAFETY: per-CPU scratch of this program.
         Some(st) => unsafe { (*st).frames_from_fp == 0 },
         None => false,
@@ -259,10 +259,11 @@ fn needs_tables(outcome: u32) -> bool {
 #[map]
 static DEFERRED: RingBuf = RingBuf::with_byte_size(DEFERRED_RING_BYTES, 0);
 
-/// Sends the sample's registers and the top of its stack to user space (`DEFERRED`);
+/// Sends the sample's registers and the top of its stack to user space (`DEFERRED`),
+/// with the nanoseconds of an off-CPU sleep (0 for an on-CPU sample) and its state;
 /// false when the ring buffer is full.
 #[inline(always)]
-fn defer(key: &CountKey, pt: &pt_regs) -> bool {
+pub(crate) fn defer(key: &CountKey, pt: &pt_regs, off_cpu_ns: u64, off_cpu_state: u32) -> bool {
     let Some(mut entry) = DEFERRED.reserve::<DeferredSample>(0) else {
         count(Counter::DeferredLost, 1);
         return false;
@@ -277,6 +278,9 @@ fn defer(key: &CountKey, pt: &pt_regs) -> bool {
         (*rec).tid = key.tid;
         (*rec).kernel_stack = key.kernel_stack;
         (*rec).stack_base = base;
+        (*rec).off_cpu_ns = off_cpu_ns;
+        (*rec).off_cpu_state = off_cpu_state;
+        (*rec)._pad = 0;
         (*rec).regs = regs;
         regs::dwarf_regs(pt, &mut (*rec).top);
         let mut len = 0u32;
@@ -299,7 +303,20 @@ fn defer(key: &CountKey, pt: &pt_regs) -> bool {
 /// Walks the user stack; stores it in STACKS and returns the outcome (and its key).
 #[inline(always)]
 fn walk(tgid: u32, pt: &pt_regs, stack_key: &mut u64) -> u32 {
-    let (Some(state), Some(window)) = (SCRATCH.get_ptr_mut(0), WINDOW.get_ptr_mut(0)) else {
+    walk_in(&SCRATCH, &WINDOW, tgid, pt, stack_key)
+}
+
+/// `walk` with the per-CPU scratch and window given: a program that can be interrupted
+/// by `profile` on its CPU (the off-CPU walker) has its own.
+#[inline(always)]
+pub(crate) fn walk_in(
+    scratch: &PerCpuArray<WalkState>,
+    window: &PerCpuArray<StackWindow>,
+    tgid: u32,
+    pt: &pt_regs,
+    stack_key: &mut u64,
+) -> u32 {
+    let (Some(state), Some(window)) = (scratch.get_ptr_mut(0), window.get_ptr_mut(0)) else {
         return WalkOutcome::NoScratch as u32;
     };
     // SAFETY: per-CPU, used by this program only; a new sample starts with no window.

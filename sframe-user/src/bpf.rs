@@ -66,6 +66,8 @@ pub struct LoadConfig {
     /// Entries of `TARGET_CGROUPS` user space fills before attaching.
     pub cgroup_filters: u32,
     pub sizes: MapSizes,
+    /// Off-CPU: sleeps shorter than this (ns) are not walked.
+    pub off_cpu_min_ns: u64,
 }
 
 /// Entries of the kernel maps whose need grows with the workload (`None`: the sizes in
@@ -112,7 +114,8 @@ pub fn load_with(config: &LoadConfig) -> Result<Ebpf, LoadError> {
         )
         .override_global(globals::MMAP_PROT_OFFSET, &offsets.mmap_prot, true)
         .override_global(globals::MMAP_FD_OFFSET, &offsets.mmap_fd, true)
-        .override_global(globals::MMAP_RET_OFFSET, &offsets.mmap_ret, true);
+        .override_global(globals::MMAP_RET_OFFSET, &offsets.mmap_ret, true)
+        .override_global(globals::OFF_CPU_MIN_NS, &config.off_cpu_min_ns, true);
     if let Some(rows) = config.max_rows {
         loader.map_max_entries(maps::ROWS, rows.div_ceil(ROW_BLOCK as u32).max(1));
     }
@@ -302,6 +305,21 @@ pub fn attach_tracepoint(
         .try_into()?;
     program.load()?;
     program.attach(category, event)?;
+    Ok(())
+}
+
+/// Loads and attaches the raw tracepoint program `name` to `tracepoint`.
+pub fn attach_raw_tracepoint(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+    tracepoint: &str,
+) -> Result<(), aya::programs::ProgramError> {
+    let program: &mut aya::programs::RawTracePoint = ebpf
+        .program_mut(name)
+        .ok_or(aya::programs::ProgramError::NotLoaded)?
+        .try_into()?;
+    program.load()?;
+    program.attach(tracepoint)?;
     Ok(())
 }
 

@@ -961,6 +961,7 @@ fn pprof_tool_reads_written_profile() {
         kernel: Vec::new(),
         count,
         outcome: WalkOutcome::Complete,
+        sleep: None,
     };
     let profile = Profile {
         processes: vec![ProcessProfile {

@@ -88,6 +88,21 @@ pub struct ProfileArgs {
     /// Sampling frequency in Hz (cpu-clock, every CPU).
     #[arg(long, default_value_t = 99, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     pub frequency: u64,
+    /// Also profile where threads sleep: each sleep of a target thread of at least
+    /// --off-cpu-min is charged, in nanoseconds, to the user stack it slept in (walked
+    /// when its system call returns). The off-CPU profile goes to --off-cpu-output, in
+    /// the --format of the on-CPU one (with --no-on-cpu, to --output).
+    #[arg(long)]
+    pub off_cpu: bool,
+    /// Sleeps shorter than this are not walked (only counted): 1ms, 500us, 0.2s.
+    #[arg(long, value_name = "DURATION", default_value = "1ms", value_parser = parse_duration)]
+    pub off_cpu_min: Duration,
+    /// Where the off-CPU profile is written.
+    #[arg(long, value_name = "PATH", requires = "off_cpu")]
+    pub off_cpu_output: Option<PathBuf>,
+    /// With --off-cpu: do not sample on CPU.
+    #[arg(long, requires = "off_cpu")]
+    pub no_on_cpu: bool,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Top)]
     pub format: Format,
@@ -167,6 +182,9 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
             args.format.name()
         );
     }
+    if args.off_cpu && !args.no_on_cpu && args.off_cpu_output.is_none() {
+        bail!("--off-cpu needs --off-cpu-output PATH for the off-CPU profile (or --no-on-cpu)");
+    }
     let interval = match args.interval {
         Some(s) if !(s >= 1.0 && s.is_finite()) => bail!("--interval must be at least 1 second"),
         Some(s) => Some(Duration::from_secs_f64(s)),
@@ -199,6 +217,8 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
             kernel_stacks: None,
         },
         program: sframe_user::profiler::SampleProgram::Profile,
+        on_cpu: !args.no_on_cpu,
+        off_cpu_min: args.off_cpu.then_some(args.off_cpu_min),
     };
     let whole_system = config.targets.all;
     let mut profiler = Profiler::start_with(config).context("starting the profiler")?;
@@ -426,15 +446,38 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
         let written = write_interval(iv, &profiler, &snap, &targets, &mut symbolizer, &args);
         return exit_as_command(written, command_status);
     }
-    let mut profile = Profile::build(
-        &profiler,
-        &snap,
-        &targets,
-        &mut symbolizer,
-        started_at,
-        started.elapsed(),
-        args.frequency,
-    );
+    if let Some(path) = &args.off_cpu_output {
+        let mut profile = Profile::build_off_cpu(
+            &profiler,
+            &snap,
+            &targets,
+            &mut symbolizer,
+            started_at,
+            started.elapsed(),
+        );
+        profile.group_by = args.group_by;
+        write_file(path, &profile, &args)?;
+    }
+    let mut profile = if args.no_on_cpu {
+        Profile::build_off_cpu(
+            &profiler,
+            &snap,
+            &targets,
+            &mut symbolizer,
+            started_at,
+            started.elapsed(),
+        )
+    } else {
+        Profile::build(
+            &profiler,
+            &snap,
+            &targets,
+            &mut symbolizer,
+            started_at,
+            started.elapsed(),
+            args.frequency,
+        )
+    };
     profile.group_by = args.group_by;
     let written = match &args.output {
         Some(path) => write_file(path, &profile, &args),
@@ -485,15 +528,40 @@ fn write_interval(
     args: &ProfileArgs,
 ) -> Result<()> {
     let delta = snapshot_delta(snap, &iv.previous);
-    let mut profile = Profile::build(
-        profiler,
-        &delta,
-        targets,
-        symbolizer,
-        iv.started_at,
-        iv.started.elapsed(),
-        args.frequency,
-    );
+    if let Some(base) = &args.off_cpu_output {
+        let mut profile = Profile::build_off_cpu(
+            profiler,
+            &delta,
+            targets,
+            symbolizer,
+            iv.started_at,
+            iv.started.elapsed(),
+        );
+        profile.group_by = args.group_by;
+        let path = timestamped_path(base, iv.started_at);
+        write_file(&path, &profile, args)?;
+        eprintln!("sframe-user: wrote {}", path.display());
+    }
+    let mut profile = if args.no_on_cpu {
+        Profile::build_off_cpu(
+            profiler,
+            &delta,
+            targets,
+            symbolizer,
+            iv.started_at,
+            iv.started.elapsed(),
+        )
+    } else {
+        Profile::build(
+            profiler,
+            &delta,
+            targets,
+            symbolizer,
+            iv.started_at,
+            iv.started.elapsed(),
+            args.frequency,
+        )
+    };
     profile.group_by = args.group_by;
     let path = timestamped_path(&iv.base, iv.started_at);
     write_file(&path, &profile, args)?;
@@ -508,6 +576,26 @@ fn write_file(path: &Path, profile: &Profile, args: &ProfileArgs) -> Result<()> 
     let mut buf = Vec::new();
     export::write(profile, args.format, args.top, &mut buf)?;
     export::write_file_safely(path, &buf).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Parses a duration: a number with a unit, ns, us, ms or s (`1ms`, `0.5s`).
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let n: f64 = number
+        .parse()
+        .map_err(|_| format!("not a duration: {text:?} (e.g. 1ms, 500us, 0.2s)"))?;
+    let scale = match unit {
+        "ns" => 1e-9,
+        "us" | "µs" => 1e-6,
+        "ms" => 1e-3,
+        "s" => 1.0,
+        _ => return Err(format!("unknown unit in {text:?} (use ns, us, ms or s)")),
+    };
+    Duration::try_from_secs_f64(n * scale).map_err(|_| format!("{text:?} is out of range"))
 }
 
 /// Parses a byte count with an optional K, M or G suffix (powers of 1024).
@@ -535,6 +623,22 @@ fn parse_bytes(text: &str) -> Result<u64, String> {
 mod tests {
     #[test]
     fn parses_byte_counts() {
+        assert_eq!(
+            super::parse_duration("1ms"),
+            Ok(std::time::Duration::from_millis(1))
+        );
+        assert_eq!(
+            super::parse_duration("500us"),
+            Ok(std::time::Duration::from_micros(500))
+        );
+        assert_eq!(
+            super::parse_duration("0.25s"),
+            Ok(std::time::Duration::from_millis(250))
+        );
+        assert_eq!(super::parse_duration("0ns"), Ok(std::time::Duration::ZERO));
+        assert!(super::parse_duration("5").is_err());
+        assert!(super::parse_duration("1h").is_err());
+        assert!(super::parse_duration("-1ms").is_err());
         assert_eq!(super::parse_bytes("20M"), Ok(20 << 20));
         assert_eq!(super::parse_bytes("1G"), Ok(1 << 30));
         assert_eq!(super::parse_bytes("512k"), Ok(512 << 10));

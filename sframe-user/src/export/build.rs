@@ -5,9 +5,9 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use sframe_common::WalkOutcome;
+use sframe_common::{WalkOutcome, offcpu};
 
-use super::{ProcessProfile, Profile, Stack};
+use super::{ProcessProfile, Profile, Sleep, Stack};
 use crate::{
     profiler::{
         Profiler, Snapshot, StackCount, TargetInfo, kernel_symbolization_addresses,
@@ -18,19 +18,21 @@ use crate::{
 
 /// The counts of `current` that `previous` did not have (one `--interval`).
 pub fn snapshot_delta(current: &Snapshot, previous: &Snapshot) -> Snapshot {
-    let before: HashMap<_, u64> = previous.counts.iter().map(|c| (c.key, c.count)).collect();
-    let counts = current
-        .counts
-        .iter()
-        .filter_map(|c| {
-            let count = c
-                .count
-                .saturating_sub(before.get(&c.key).copied().unwrap_or(0));
-            (count > 0).then_some(StackCount { key: c.key, count })
-        })
-        .collect();
+    let minus = |current: &[StackCount], previous: &[StackCount]| -> Vec<StackCount> {
+        let before: HashMap<_, u64> = previous.iter().map(|c| (c.key, c.count)).collect();
+        current
+            .iter()
+            .filter_map(|c| {
+                let count = c
+                    .count
+                    .saturating_sub(before.get(&c.key).copied().unwrap_or(0));
+                (count > 0).then_some(StackCount { key: c.key, count })
+            })
+            .collect()
+    };
     let mut delta = Snapshot {
-        counts,
+        counts: minus(&current.counts, &previous.counts),
+        off_cpu: minus(&current.off_cpu, &previous.off_cpu),
         ..Snapshot::default()
     };
     for (d, (c, p)) in delta
@@ -62,10 +64,45 @@ impl Profile {
         duration: Duration,
         frequency: u64,
     ) -> Profile {
+        Self::build_from(
+            profiler, snap, false, targets, symbolizer, start, duration, frequency,
+        )
+    }
+
+    /// The off-CPU profile of `snap` (nanoseconds asleep per stack; see
+    /// [`Profile::off_cpu`]), built like [`Profile::build`].
+    pub fn build_off_cpu(
+        profiler: &Profiler,
+        snap: &Snapshot,
+        targets: &[TargetInfo],
+        symbolizer: &mut Symbolizer,
+        start: SystemTime,
+        duration: Duration,
+    ) -> Profile {
+        Self::build_from(
+            profiler, snap, true, targets, symbolizer, start, duration, 0,
+        )
+    }
+
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the two public builders' arguments"
+    )]
+    fn build_from(
+        profiler: &Profiler,
+        snap: &Snapshot,
+        off_cpu: bool,
+        targets: &[TargetInfo],
+        symbolizer: &mut Symbolizer,
+        start: SystemTime,
+        duration: Duration,
+        frequency: u64,
+    ) -> Profile {
         // (pid, tid, thread name, user stack, kernel stack, outcome) → count.
         type Key = (u32, u32, [u8; 16], u64, i32, u32);
         let mut merged: BTreeMap<Key, u64> = BTreeMap::new();
-        for c in &snap.counts {
+        let counts = if off_cpu { &snap.off_cpu } else { &snap.counts };
+        for c in counts {
             let k = c.key;
             *merged
                 .entry((
@@ -94,7 +131,13 @@ impl Profile {
                     user: user_frames(profiler, symbolizer, t, user),
                     kernel: kernel_frames(profiler, symbolizer, kernel),
                     count,
-                    outcome: WalkOutcome::try_from(outcome).unwrap_or(WalkOutcome::Truncated),
+                    outcome: WalkOutcome::try_from(offcpu::outcome_code(outcome))
+                        .unwrap_or(WalkOutcome::Truncated),
+                    sleep: off_cpu.then_some(if outcome & offcpu::OFF_CPU_UNINTERRUPTIBLE != 0 {
+                        Sleep::Uninterruptible
+                    } else {
+                        Sleep::Interruptible
+                    }),
                 })
                 .collect();
             stacks.sort_by(|a, b| {
@@ -124,6 +167,7 @@ impl Profile {
             frequency,
             outcomes: snap.outcomes,
             counters: snap.counters,
+            off_cpu,
         }
     }
 }

@@ -50,6 +50,13 @@ pub(super) fn folded_lines(profile: &Profile) -> BTreeMap<String, u64> {
             *lines.entry(line).or_default() += s.count;
         }
     }
+    if profile.off_cpu {
+        // Off CPU: microseconds, as bcc's offcputime folds them.
+        lines.retain(|_, ns| {
+            *ns = (*ns + 500) / 1000;
+            *ns > 0
+        });
+    }
     lines
 }
 

@@ -113,6 +113,35 @@ pub struct Profile {
     /// Samples per walk outcome (every sample of a target, including lost ones).
     pub outcomes: [u64; WalkOutcome::COUNT],
     pub counters: [u64; Counter::COUNT],
+    /// An off-CPU profile: each stack's `count` is nanoseconds asleep, not samples.
+    pub off_cpu: bool,
+}
+
+/// How an off-CPU stack's thread slept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Sleep {
+    /// Interruptible (state S: locks, sleeps, waits for input or a child).
+    Interruptible,
+    /// Uninterruptible (state D: most often disk I/O).
+    Uninterruptible,
+}
+
+impl Sleep {
+    /// The pseudo-frame added under the stack's leaf in folded stacks and flame graphs.
+    pub fn frame(self) -> &'static str {
+        match self {
+            Self::Interruptible => "[sleep S]",
+            Self::Uninterruptible => "[sleep D]",
+        }
+    }
+
+    /// The `ps` state letter.
+    pub fn letter(self) -> &'static str {
+        match self {
+            Self::Interruptible => "S",
+            Self::Uninterruptible => "D",
+        }
+    }
 }
 
 /// One profiled process.
@@ -143,6 +172,8 @@ pub struct Stack {
     pub kernel: Vec<Frame>,
     pub count: u64,
     pub outcome: WalkOutcome,
+    /// Off-CPU stacks: how the thread slept.
+    pub sleep: Option<Sleep>,
 }
 
 impl Stack {
@@ -155,6 +186,9 @@ impl Stack {
                 .iter()
                 .map(|f| format!("{}_[k]", f.folded_name())),
         );
+        if let Some(sleep) = self.sleep {
+            names.push(sleep.frame().to_owned());
+        }
         names
     }
 }
@@ -310,6 +344,7 @@ pub(crate) mod tests {
                             kernel: vec![],
                             count: 7,
                             outcome: WalkOutcome::Complete,
+                            sleep: None,
                         },
                         Stack {
                             tid: 0,
@@ -318,6 +353,7 @@ pub(crate) mod tests {
                             kernel: vec![sys],
                             count: 3,
                             outcome: WalkOutcome::Complete,
+                            sleep: None,
                         },
                     ],
                 },
@@ -334,6 +370,7 @@ pub(crate) mod tests {
                         kernel: vec![],
                         count: 1,
                         outcome: WalkOutcome::NoMapping,
+                        sleep: None,
                     }],
                 },
             ],
@@ -342,6 +379,7 @@ pub(crate) mod tests {
             frequency: 100,
             outcomes: [0; WalkOutcome::COUNT],
             counters: [0; Counter::COUNT],
+            off_cpu: false,
         }
     }
 

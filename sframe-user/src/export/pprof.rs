@@ -153,23 +153,40 @@ pub fn encode(profile: &Profile) -> proto::Profile {
     let (key_tid, key_thread) = (b.string("thread_id"), b.string("thread_name"));
     let (key_cgroup, key_container) = (b.string("cgroup"), b.string("container_id"));
     let period = profile.period_ns() as i64;
-    let mut out = proto::Profile {
-        sample_type: vec![
-            proto::ValueType {
-                r#type: samples,
-                unit: count,
-            },
+    // Off CPU: one value, nanoseconds asleep (`off_cpu`, as Parca and Pyroscope name
+    // it), in a profile of its own: a sample's value is time, not a count of periods.
+    let (sample_type, period_type, period, default_sample_type) = if profile.off_cpu {
+        let off_cpu = b.string("off_cpu");
+        let t = proto::ValueType {
+            r#type: off_cpu,
+            unit: nanoseconds,
+        };
+        (vec![t.clone()], t, 1, off_cpu)
+    } else {
+        (
+            vec![
+                proto::ValueType {
+                    r#type: samples,
+                    unit: count,
+                },
+                proto::ValueType {
+                    r#type: cpu,
+                    unit: nanoseconds,
+                },
+            ],
             proto::ValueType {
                 r#type: cpu,
                 unit: nanoseconds,
             },
-        ],
-        period_type: Some(proto::ValueType {
-            r#type: cpu,
-            unit: nanoseconds,
-        }),
+            period,
+            cpu,
+        )
+    };
+    let mut out = proto::Profile {
+        sample_type,
+        period_type: Some(period_type),
         period,
-        default_sample_type: cpu,
+        default_sample_type,
         duration_nanos: i64::try_from(profile.duration.as_nanos()).unwrap_or(i64::MAX),
         time_nanos: profile
             .start
@@ -187,6 +204,9 @@ pub fn encode(profile: &Profile) -> proto::Profile {
         for s in &p.stacks {
             let count = i64::try_from(s.count).unwrap_or(i64::MAX);
             let outcome = b.string(s.outcome.name());
+            let state = s
+                .sleep
+                .map(|sleep| (b.string("state"), b.string(sleep.letter())));
             let thread = (!s.thread.is_empty()).then(|| b.string(&s.thread));
             // Leaf first: kernel frames innermost first, then user frames.
             let location_id = s
@@ -198,7 +218,11 @@ pub fn encode(profile: &Profile) -> proto::Profile {
                 .collect();
             out.sample.push(proto::Sample {
                 location_id,
-                value: vec![count, count.saturating_mul(period)],
+                value: if profile.off_cpu {
+                    vec![count]
+                } else {
+                    vec![count, count.saturating_mul(period)]
+                },
                 label: vec![
                     proto::Label {
                         key: key_pid,
@@ -234,6 +258,11 @@ pub fn encode(profile: &Profile) -> proto::Profile {
                 }))
                 .chain(container.map(|str| proto::Label {
                     key: key_container,
+                    str,
+                    ..Default::default()
+                }))
+                .chain(state.map(|(key, str)| proto::Label {
+                    key,
                     str,
                     ..Default::default()
                 }))

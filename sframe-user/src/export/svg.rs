@@ -15,12 +15,21 @@ pub fn svg(profile: &Profile, out: &mut dyn Write) -> Result<(), ExportError> {
         .collect();
     let mut options = Options::default();
     options.title = profile.title();
-    options.subtitle = Some(format!(
-        "{} samples at {} Hz (sframe-user)",
-        profile.total_samples(),
-        profile.frequency
-    ));
-    options.count_name = "samples".to_owned();
+    if profile.off_cpu {
+        options.title = format!("Off-CPU time: {}", profile.title());
+        options.subtitle = Some(format!(
+            "{:.3} s asleep, sleeps of at least the threshold (sframe-user)",
+            profile.total_samples() as f64 / 1e9
+        ));
+        options.count_name = "us".to_owned();
+    } else {
+        options.subtitle = Some(format!(
+            "{} samples at {} Hz (sframe-user)",
+            profile.total_samples(),
+            profile.frequency
+        ));
+        options.count_name = "samples".to_owned();
+    }
     // inferno refuses an empty profile: draw one placeholder frame under the title (the
     // subtitle says 0 samples).
     let placeholder = ["[no samples] 1".to_owned()];

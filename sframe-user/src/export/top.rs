@@ -11,26 +11,42 @@ use super::{ProcessProfile, Profile};
 pub fn top(profile: &Profile, n: usize) -> String {
     let total = profile.total_samples();
     let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "{total} samples in {:.1} s ({} in kernel mode)",
-        profile.duration.as_secs_f64(),
-        profile.counters[Counter::SamplesInKernel as usize]
-    );
-    let _ = writeln!(out, "\nwalk outcomes:");
-    for o in WalkOutcome::ALL {
-        let count = profile.outcomes[o as usize];
-        if count > 0 {
-            let pct = 100.0 * count as f64 / total.max(1) as f64;
-            let _ = writeln!(out, "  {:<22} {count:>8}  {pct:5.1}%", o.name());
-        }
+    if profile.off_cpu {
+        let c = |k: Counter| profile.counters[k as usize];
+        let _ = writeln!(
+            out,
+            "off CPU: {:.3} s asleep in {:.1} s ({} sleeps walked, {} shorter than the threshold, {} lost)",
+            total as f64 / 1e9,
+            profile.duration.as_secs_f64(),
+            c(Counter::OffCpuWalks),
+            c(Counter::OffCpuShort),
+            c(Counter::OffCpuLost) + c(Counter::OffCpuMapFull),
+        );
+    } else {
+        let _ = writeln!(
+            out,
+            "{total} samples in {:.1} s ({} in kernel mode)",
+            profile.duration.as_secs_f64(),
+            profile.counters[Counter::SamplesInKernel as usize]
+        );
     }
-    let _ = writeln!(
-        out,
-        "frames: {} from tables, {} from frame pointers",
-        profile.counters[Counter::FramesFromTable as usize],
-        profile.counters[Counter::FramesFromFramePointer as usize]
-    );
+    // The outcome and frame counts are the on-CPU samples'.
+    if !profile.off_cpu {
+        let _ = writeln!(out, "\nwalk outcomes:");
+        for o in WalkOutcome::ALL {
+            let count = profile.outcomes[o as usize];
+            if count > 0 {
+                let pct = 100.0 * count as f64 / total.max(1) as f64;
+                let _ = writeln!(out, "  {:<22} {count:>8}  {pct:5.1}%", o.name());
+            }
+        }
+        let _ = writeln!(
+            out,
+            "frames: {} from tables, {} from frame pointers",
+            profile.counters[Counter::FramesFromTable as usize],
+            profile.counters[Counter::FramesFromFramePointer as usize]
+        );
+    }
     // Stacks that differ only in addresses inside the same functions are one line here.
     let mut merged: HashMap<(u32, Vec<String>, WalkOutcome), (&ProcessProfile, u64)> =
         HashMap::new();
@@ -57,9 +73,14 @@ pub fn top(profile: &Profile, n: usize) -> String {
             .ns_pid
             .map(|n| format!(" (pid {n} in its namespace)"))
             .unwrap_or_default();
+        let amount = if profile.off_cpu {
+            format!("{:.1} ms", *count as f64 / 1e6)
+        } else {
+            format!("{count} samples")
+        };
         let _ = writeln!(
             out,
-            "\n#{} {count} samples ({pct:.1}%) {} pid {}{ns} [{}]",
+            "\n#{} {amount} ({pct:.1}%) {} pid {}{ns} [{}]",
             i + 1,
             p.comm,
             p.pid,

@@ -63,10 +63,19 @@ const BOUNDS: Bounds = Bounds {
     words_per_process: MAX_STACK_WORDS_PER_PROCESS,
 };
 
-/// The counts and user stacks kept in user space, within [`Bounds`].
+/// Which counts: samples on CPU, or nanoseconds off CPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    OnCpu = 0,
+    OffCpu = 1,
+}
+
+/// The counts and user stacks kept in user space, within [`Bounds`] (on- and off-CPU
+/// counts together; they share the stacks).
 struct Kept {
     bounds: Bounds,
-    counts: StdHashMap<CountKey, u64>,
+    /// By [`Kind`].
+    counts: [StdHashMap<CountKey, u64>; 2],
     /// User stacks by key, innermost first.
     stacks: StdHashMap<u64, Vec<u64>>,
     /// What each process holds of `counts` and `stacks` (a stack is charged to the
@@ -82,7 +91,7 @@ impl Kept {
     fn new(bounds: Bounds) -> Self {
         Self {
             bounds,
-            counts: StdHashMap::new(),
+            counts: [StdHashMap::new(), StdHashMap::new()],
             stacks: StdHashMap::new(),
             charges: StdHashMap::new(),
             words: 0,
@@ -92,8 +101,8 @@ impl Kept {
 
     /// Adds `n` samples to `key`, whose user stack is `frames` (when known and not
     /// stored yet). Past a bound, the samples go to the key's folded form.
-    fn add(&mut self, key: CountKey, n: u64, frames: Option<&[u64]>) {
-        if let Some(c) = self.counts.get_mut(&key) {
+    fn add(&mut self, kind: Kind, key: CountKey, n: u64, frames: Option<&[u64]>) {
+        if let Some(c) = self.counts[kind as usize].get_mut(&key) {
             *c += n;
             return;
         }
@@ -105,7 +114,7 @@ impl Kept {
         } else {
             0
         };
-        let fits = self.counts.len() < b.keys
+        let fits = self.counts[0].len() + self.counts[1].len() < b.keys
             && charge.keys < b.keys_per_process
             && (!new_stack
                 || (frames.is_some()
@@ -114,7 +123,7 @@ impl Kept {
         if !fits {
             self.folded += n;
             // The folded keys are kept beyond the bound: one per process and outcome.
-            *self.counts.entry(folded(key)).or_default() += n;
+            *self.counts[kind as usize].entry(folded(key)).or_default() += n;
             return;
         }
         if new_stack && let Some(frames) = frames {
@@ -124,18 +133,20 @@ impl Kept {
         let c = self.charges.entry(key.pid).or_default();
         c.keys += 1;
         c.words += words;
-        self.counts.insert(key, n);
+        self.counts[kind as usize].insert(key, n);
     }
 
     /// Drops the counts of the processes `gone`, and the stacks no count uses any more.
     fn forget(&mut self, gone: &HashSet<u32>) {
-        self.counts.retain(|k, _| !gone.contains(&k.pid));
-        let used: HashSet<u64> = self.counts.keys().map(|k| k.user_stack).collect();
+        for counts in &mut self.counts {
+            counts.retain(|k, _| !gone.contains(&k.pid));
+        }
+        let used: HashSet<u64> = self.keys().map(|k| k.user_stack).collect();
         self.stacks.retain(|id, _| used.contains(id));
         // Charges again from what is left: each stack to the lowest pid that uses it.
         self.charges.clear();
         let mut charged = HashSet::new();
-        let mut keys: Vec<&CountKey> = self.counts.keys().collect();
+        let mut keys: Vec<&CountKey> = self.counts[0].keys().chain(self.counts[1].keys()).collect();
         keys.sort_unstable_by_key(|k| k.pid);
         for k in keys {
             if *k == folded(*k) {
@@ -149,6 +160,10 @@ impl Kept {
         }
         self.words = self.stacks.values().map(Vec::len).sum();
     }
+
+    fn keys(&self) -> impl Iterator<Item = &CountKey> {
+        self.counts[0].keys().chain(self.counts[1].keys())
+    }
 }
 
 pub(super) struct Counts {
@@ -156,10 +171,27 @@ pub(super) struct Counts {
     stacks_map: HashMap<MapData, u64, UserStack>,
     outcomes_map: PerCpuArray<MapData, u64>,
     counters_map: PerCpuArray<MapData, u64>,
+    /// Off-CPU nanoseconds by key (`sframe_common::offcpu`).
+    off_cpu_map: HashMap<MapData, CountKey, u64>,
     /// Counts accumulated in user space (the kernel map is drained on each collect).
     kept: Kept,
     /// Outcomes of the samples walked in user space (added to the kernel's).
     walked_here: [u64; WalkOutcome::COUNT],
+}
+
+/// Every key of a kernel count map with its count, the map emptied. Read then delete:
+/// a count landing in between is lost (rare; on CPU it shows as the difference between
+/// `samples` and the sum of counts).
+fn drain(map: &mut HashMap<MapData, CountKey, u64>, kind: Kind) -> Vec<(Kind, CountKey, u64)> {
+    let keys: Vec<CountKey> = map.keys().filter_map(Result::ok).collect();
+    let mut drained = Vec::with_capacity(keys.len());
+    for key in keys {
+        if let Ok(n) = map.get(&key, 0) {
+            drained.push((kind, key, n));
+        }
+        let _ = map.remove(&key);
+    }
+    drained
 }
 
 impl Counts {
@@ -169,6 +201,7 @@ impl Counts {
             stacks_map: take(ebpf, maps::STACKS)?,
             outcomes_map: take(ebpf, maps::OUTCOMES)?,
             counters_map: take(ebpf, maps::COUNTERS)?,
+            off_cpu_map: take(ebpf, maps::OFF_CPU_COUNTS)?,
             kept: Kept::new(BOUNDS),
             walked_here: [0; WalkOutcome::COUNT],
         })
@@ -182,56 +215,72 @@ impl Counts {
 
     /// Counts one sample walked in user space: `frames` is its user stack (the key's).
     pub(super) fn add_walked(&mut self, key: CountKey, frames: &[u64]) {
-        self.kept.add(key, 1, Some(frames));
+        self.kept.add(Kind::OnCpu, key, 1, Some(frames));
         if let Some(n) = self.walked_here.get_mut(key.outcome as usize) {
             *n += 1;
         }
     }
 
+    /// Counts one off-CPU sleep walked in user space: `ns` asleep, `state` its flags
+    /// (`sframe_common::offcpu`), `frames` its user stack.
+    pub(super) fn add_walked_off_cpu(
+        &mut self,
+        key: CountKey,
+        state: u32,
+        ns: u64,
+        frames: &[u64],
+    ) {
+        let key = CountKey {
+            outcome: key.outcome | state,
+            ..key
+        };
+        self.kept.add(Kind::OffCpu, key, ns, Some(frames));
+    }
+
     /// Moves the kernel's counts into user space (their kernel stacks interned into
     /// `kernel_stacks`) and returns everything counted so far.
     pub(super) fn collect(&mut self, kernel_stacks: &mut KernelStacks) -> Snapshot {
-        let keys: Vec<CountKey> = self.counts_map.keys().filter_map(Result::ok).collect();
-        let mut round = StdHashMap::new();
-        let mut drained = Vec::with_capacity(keys.len());
-        for key in keys {
-            // Read then delete: a sample landing in between is lost (rare, counted as
-            // the difference between `samples` and the sum of counts).
-            if let Ok(n) = self.counts_map.get(&key, 0) {
-                drained.push((key, n));
-            }
-            let _ = self.counts_map.remove(&key);
-        }
-        // The user stacks not copied yet, read once each and removed from the kernel's
-        // map (which keeps only stacks not copied yet).
+        let mut drained = drain(&mut self.counts_map, Kind::OnCpu);
+        drained.extend(drain(&mut self.off_cpu_map, Kind::OffCpu));
+        // The user stacks not copied yet, read once each. Every stack the drained keys
+        // name is removed from the kernel's map, copied or not: the walker stores a
+        // stack again when it is missing, and the map must not fill up with stacks user
+        // space holds already.
         let mut read: StdHashMap<u64, Option<Vec<u64>>> = StdHashMap::new();
-        for (key, _) in &drained {
+        for (_, key, _) in &drained {
             let id = key.user_stack;
-            if id == 0 || self.kept.stacks.contains_key(&id) || read.contains_key(&id) {
+            if id == 0 || read.contains_key(&id) {
                 continue;
             }
-            let frames = self.stacks_map.get(&id, 0).ok().and_then(|stack| {
-                let len = (stack.len as usize).min(stack.frames.len());
-                stack.frames.get(..len).map(<[u64]>::to_vec)
-            });
+            let frames = if self.kept.stacks.contains_key(&id) {
+                None
+            } else {
+                self.stacks_map.get(&id, 0).ok().and_then(|stack| {
+                    let len = (stack.len as usize).min(stack.frames.len());
+                    stack.frames.get(..len).map(<[u64]>::to_vec)
+                })
+            };
             let _ = self.stacks_map.remove(&id);
             read.insert(id, frames);
         }
-        for (key, n) in drained {
+        let mut round = StdHashMap::new();
+        for (kind, key, n) in drained {
             let kernel_stack = kernel_stacks.intern(key.kernel_stack, &mut round);
             let key = CountKey {
                 kernel_stack,
                 ..key
             };
             let frames = read.get(&key.user_stack).and_then(Option::as_deref);
-            self.kept.add(key, n, frames);
+            self.kept.add(kind, key, n, frames);
         }
         let mut snap = Snapshot {
-            counts: self
-                .kept
-                .counts
+            counts: self.kept.counts[Kind::OnCpu as usize]
                 .iter()
                 .map(|(k, &count)| StackCount { key: *k, count })
+                .collect(),
+            off_cpu: self.kept.counts[Kind::OffCpu as usize]
+                .iter()
+                .map(|(k, &ns)| StackCount { key: *k, count: ns })
                 .collect(),
             ..Snapshot::default()
         };
@@ -284,7 +333,7 @@ mod tests {
     }
 
     fn total(kept: &Kept, pid: u32) -> u64 {
-        kept.counts
+        kept.counts[0]
             .iter()
             .filter(|(k, _)| k.pid == pid)
             .map(|(_, n)| n)
@@ -296,22 +345,22 @@ mod tests {
         let mut kept = Kept::new(SMALL);
         // A hostile process: a new thread and stack for every sample.
         for i in 0..1000u64 {
-            kept.add(key(666, i as u32, 1000 + i), 3, Some(&[i]));
+            kept.add(Kind::OnCpu, key(666, i as u32, 1000 + i), 3, Some(&[i]));
         }
         assert_eq!(total(&kept, 666), 3000, "every sample still counted");
-        let own = kept.counts.keys().filter(|k| k.pid == 666).count();
+        let own = kept.counts[0].keys().filter(|k| k.pid == 666).count();
         assert!(own <= SMALL.keys_per_process + 1, "{own} keys");
         assert_eq!(kept.folded, 3 * (1000 - SMALL.keys_per_process as u64));
         let root = folded(key(666, 0, 0));
         assert_eq!(root.user_stack, 0);
         assert_eq!(root.tid, 0);
         assert_eq!(root.kernel_stack, -1);
-        assert!(kept.counts[&root] > 0);
+        assert!(kept.counts[0][&root] > 0);
         // Another process's stacks are kept whole.
         for i in 0..5u64 {
-            kept.add(key(42, 1, 1 + i), 1, Some(&[1, 2, 3]));
+            kept.add(Kind::OnCpu, key(42, 1, 1 + i), 1, Some(&[1, 2, 3]));
         }
-        assert_eq!(kept.counts.keys().filter(|k| k.pid == 42).count(), 5);
+        assert_eq!(kept.counts[0].keys().filter(|k| k.pid == 42).count(), 5);
         assert!(kept.stacks.len() <= SMALL.keys_per_process + 5);
     }
 
@@ -320,18 +369,23 @@ mod tests {
         let mut kept = Kept::new(SMALL);
         let long = [9u64; 15];
         // 20 words per process: the second 15-word stack does not fit.
-        kept.add(key(1, 1, 1), 1, Some(&long));
-        kept.add(key(1, 1, 2), 1, Some(&long));
+        kept.add(Kind::OnCpu, key(1, 1, 1), 1, Some(&long));
+        kept.add(Kind::OnCpu, key(1, 1, 2), 1, Some(&long));
         assert_eq!(kept.words, 15);
         assert_eq!(kept.folded, 1);
         // A stack already kept costs another process nothing.
-        kept.add(key(2, 1, 1), 1, None);
-        assert_eq!(kept.counts[&key(2, 1, 1)], 1);
+        kept.add(Kind::OnCpu, key(2, 1, 1), 1, None);
+        assert_eq!(kept.counts[0][&key(2, 1, 1)], 1);
         // Without its frames a new stack cannot be kept.
-        kept.add(key(2, 1, 3), 1, None);
+        kept.add(Kind::OnCpu, key(2, 1, 3), 1, None);
         assert_eq!(kept.folded, 2);
         for pid in 3..10 {
-            kept.add(key(pid, 1, u64::from(pid) * 100), 1, Some(&long));
+            kept.add(
+                Kind::OnCpu,
+                key(pid, 1, u64::from(pid) * 100),
+                1,
+                Some(&long),
+            );
         }
         assert!(kept.words <= SMALL.words, "{} words", kept.words);
     }
@@ -340,18 +394,18 @@ mod tests {
     fn forgetting_a_process_gives_its_room_back() {
         let mut kept = Kept::new(SMALL);
         for i in 0..SMALL.keys_per_process as u64 {
-            kept.add(key(5, 1, 10 + i), 1, Some(&[1, 2]));
+            kept.add(Kind::OnCpu, key(5, 1, 10 + i), 1, Some(&[1, 2]));
         }
-        kept.add(key(5, 1, 99), 1, Some(&[1]));
+        kept.add(Kind::OnCpu, key(5, 1, 99), 1, Some(&[1]));
         assert_eq!(kept.folded, 1);
-        kept.add(key(6, 1, 10), 1, None);
+        kept.add(Kind::OnCpu, key(6, 1, 10), 1, None);
         kept.forget(&HashSet::from([5]));
-        assert_eq!(kept.counts.len(), 1, "pid 6's key is left");
+        assert_eq!(kept.counts[0].len(), 1, "pid 6's key is left");
         assert_eq!(kept.stacks.len(), 1, "and the stack it shares");
         assert_eq!(kept.words, 2);
         assert_eq!(kept.charges[&6].words, 2, "charged to its user now");
         for i in 0..SMALL.keys_per_process as u64 - 1 {
-            kept.add(key(6, 2, 200 + i), 1, Some(&[1]));
+            kept.add(Kind::OnCpu, key(6, 2, 200 + i), 1, Some(&[1]));
         }
         assert_eq!(kept.folded, 1, "room back for pid 6");
     }

@@ -68,6 +68,9 @@ pub struct StackCount {
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
     pub counts: Vec<StackCount>,
+    /// Off-CPU nanoseconds by key (with `--off-cpu`); the key's `outcome` carries the
+    /// sleep state (`sframe_common::offcpu`).
+    pub off_cpu: Vec<StackCount>,
     pub outcomes: [u64; WalkOutcome::COUNT],
     pub counters: [u64; Counter::COUNT],
 }
@@ -157,6 +160,10 @@ pub struct ProfilerConfig {
     pub map_sizes: bpf::MapSizes,
     /// The program attached to the perf events.
     pub program: SampleProgram,
+    /// Sample on CPU (perf events); false profiles off-CPU time only.
+    pub on_cpu: bool,
+    /// Profile off-CPU time: sleeps of at least this long are walked and counted.
+    pub off_cpu_min: Option<std::time::Duration>,
 }
 
 impl ProfilerConfig {
@@ -170,6 +177,8 @@ impl ProfilerConfig {
             cache_dir: None,
             map_sizes: bpf::MapSizes::default(),
             program: SampleProgram::Profile,
+            on_cpu: true,
+            off_cpu_min: None,
         }
     }
 }
@@ -357,6 +366,9 @@ impl Profiler {
             max_pages,
             cgroup_filters: v2.len() as u32,
             sizes: config.map_sizes,
+            off_cpu_min_ns: config
+                .off_cpu_min
+                .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
         })?;
         bpf::spawn_logger(&mut ebpf);
         bpf::load_perf_event(&mut ebpf, config.program.name())?;
@@ -420,11 +432,26 @@ impl Profiler {
                 .map_err(|source| LoadError::Pid { pid, source })?;
         }
         profiler.scan_named_targets();
-        profiler.links = bpf::attach_cpu_clock_all_cpus(
-            &mut profiler.ebpf,
-            profiler.program.name(),
-            config.frequency,
-        )?;
+        if config.off_cpu_min.is_some() {
+            for (program, tracepoint) in [
+                (programs::OFF_CPU_RETURN, "sys_exit"),
+                (programs::OFF_CPU_SWITCH, "sched_switch"),
+            ] {
+                bpf::attach_raw_tracepoint(&mut profiler.ebpf, program, tracepoint).map_err(
+                    |source| LoadError::Program {
+                        name: program,
+                        source,
+                    },
+                )?;
+            }
+        }
+        if config.on_cpu {
+            profiler.links = bpf::attach_cpu_clock_all_cpus(
+                &mut profiler.ebpf,
+                profiler.program.name(),
+                config.frequency,
+            )?;
+        }
         Ok(profiler)
     }
 
@@ -819,7 +846,16 @@ impl Profiler {
                     .intern(rec.kernel_stack, &mut StdHashMap::new()),
                 outcome: outcome as u32,
             };
-            self.counts.add_walked(key, &st.stack.frames[..len]);
+            if rec.off_cpu_ns > 0 {
+                self.counts.add_walked_off_cpu(
+                    key,
+                    rec.off_cpu_state & sframe_common::offcpu::OFF_CPU_UNINTERRUPTIBLE,
+                    rec.off_cpu_ns,
+                    &st.stack.frames[..len],
+                );
+            } else {
+                self.counts.add_walked(key, &st.stack.frames[..len]);
+            }
         }
     }
 

@@ -72,6 +72,7 @@ impl Feed {
                         kernel: build::kernel_frames(profiler, symbolizer, k.kernel_stack),
                         count: 0,
                         outcome: sframe_common::WalkOutcome::Complete,
+                        sleep: None,
                     };
                     let names: Vec<String> =
                         s.names().iter().map(|n| n.replace(';', ":")).collect();

@@ -1,0 +1,69 @@
+//! Off-CPU profiling: where threads of the targets sleep, and for how long.
+//!
+//! The kernel side follows each target thread that goes to sleep (`sched_switch` with a
+//! sleeping state): its start time and the user PC and SP it will return to are kept by
+//! task ([`OffCpuStart`]). When the thread is switched in again, the time it slept is
+//! known; a sleep shorter than the threshold costs nothing more. A longer one is handed
+//! to the CPU it runs on ([`OffCpuDue`]), and when the thread returns from its system
+//! call (`sys_exit`, in its own context, so its user memory can be read), its user stack
+//! is walked with the same tables and frame step as the on-CPU samples, and the sleep's
+//! nanoseconds are added to the stack's count.
+
+/// Flag in an off-CPU count key's `outcome` (beside the `WalkOutcome` in its low byte):
+/// the thread slept uninterruptibly (state D: most often disk I/O); without it, the
+/// sleep was interruptible (state S: locks, sleeps, waits for input).
+pub const OFF_CPU_UNINTERRUPTIBLE: u32 = 1 << 8;
+
+/// The `WalkOutcome` code of an off-CPU key's `outcome`.
+#[inline(always)]
+pub const fn outcome_code(outcome: u32) -> u32 {
+    outcome & 0xff
+}
+
+/// `TASK_INTERRUPTIBLE` of the task's state (Linux, every architecture).
+pub const TASK_INTERRUPTIBLE: u32 = 0x1;
+/// `TASK_UNINTERRUPTIBLE`.
+pub const TASK_UNINTERRUPTIBLE: u32 = 0x2;
+
+/// A sleeping thread, by task.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OffCpuStart {
+    /// When it went to sleep (ns, `bpf_ktime_get_ns`).
+    pub start_ns: u64,
+    /// Nanoseconds slept before, not charged yet (it was woken and went back to sleep
+    /// before it returned from its system call).
+    pub carried_ns: u64,
+    /// The user PC and SP it will return to.
+    pub pc: u64,
+    pub sp: u64,
+    pub pid: u32,
+    pub tid: u32,
+    /// `OFF_CPU_UNINTERRUPTIBLE` or 0.
+    pub state: u32,
+    pub _pad: u32,
+}
+
+/// A sleep over the threshold, to be walked and charged when its thread returns to user
+/// space on this CPU.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OffCpuDue {
+    /// The task (its `task_struct` address); 0 = none.
+    pub task: u64,
+    pub ns: u64,
+    pub pc: u64,
+    pub sp: u64,
+    pub pid: u32,
+    pub tid: u32,
+    pub state: u32,
+    pub _pad: u32,
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    use super::*;
+    // SAFETY: repr(C), integers only, explicit padding.
+    unsafe impl aya::Pod for OffCpuStart {}
+    unsafe impl aya::Pod for OffCpuDue {}
+}

@@ -1,0 +1,259 @@
+//! Off-CPU profiling (see `sframe_common::offcpu`): `off_cpu_switch` on the raw
+//! tracepoint `sched_switch` times the sleeps of target threads, and `off_cpu_return` on
+//! `sys_exit` walks the stack of a thread that slept at least `OFF_CPU_MIN_NS`, in its own
+//! context, and adds the nanoseconds to `OFF_CPU_COUNTS`.
+//!
+//! Raw tracepoints: the cheapest attachment the kernel offers for events this frequent
+//! (no record is formatted), and tasks are told apart by their `task_struct` address,
+//! so no field of a kernel structure is read at an offset that varies between kernels.
+
+use aya_ebpf::{
+    bindings::{BPF_ANY, BPF_NOEXIST, pt_regs},
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_ktime_get_ns,
+        generated::{bpf_get_current_task, bpf_probe_read_kernel as bpf_probe_read_kernel_raw},
+    },
+    macros::map,
+    maps::{HashMap, LruHashMap, PerCpuArray},
+    programs::RawTracePointContext,
+};
+use sframe_common::{
+    Counter, WalkOutcome,
+    budget::{MAX_OFF_CPU_COUNTS, MAX_OFF_CPU_THREADS},
+    offcpu::{
+        OFF_CPU_UNINTERRUPTIBLE, OffCpuDue, OffCpuStart, TASK_INTERRUPTIBLE, TASK_UNINTERRUPTIBLE,
+    },
+    stack::CountKey,
+    step::WalkState,
+    window::StackWindow,
+};
+
+use crate::{
+    filter_flags, is_target, lifecycle, regs,
+    unwind::{count, defer, needs_tables, walk_in},
+};
+
+/// Sleeps shorter than this (ns) are not walked; set at load time.
+#[unsafe(no_mangle)]
+static OFF_CPU_MIN_NS: u64 = 0;
+
+#[map]
+static OFF_CPU_START: LruHashMap<u64, OffCpuStart> =
+    LruHashMap::with_max_entries(MAX_OFF_CPU_THREADS, 0);
+#[map]
+static OFF_CPU_DUE: PerCpuArray<OffCpuDue> = PerCpuArray::with_max_entries(1, 0);
+#[map]
+static OFF_CPU_COUNTS: HashMap<CountKey, u64> = HashMap::with_max_entries(MAX_OFF_CPU_COUNTS, 0);
+/// The walker's own per-CPU state: `off_cpu_return` runs with interrupts enabled, and a
+/// `profile` run in an interrupt on the same CPU uses `SCRATCH` and `WINDOW`.
+#[map]
+static OFF_CPU_SCRATCH: PerCpuArray<WalkState> = PerCpuArray::with_max_entries(1, 0);
+#[map]
+static OFF_CPU_WINDOW: PerCpuArray<StackWindow> = PerCpuArray::with_max_entries(1, 0);
+#[map]
+static OFF_CPU_REGS: PerCpuArray<pt_regs> = PerCpuArray::with_max_entries(1, 0);
+
+/// `sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next,
+/// unsigned int prev_state)` (Linux 5.18 and later): `prev` is the current task.
+#[inline(always)]
+pub fn switch(ctx: &RawTracePointContext) -> i32 {
+    // SAFETY: helpers without arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let prev = unsafe { bpf_get_current_task() };
+    let preempt: u64 = ctx.arg(0);
+    let next: u64 = ctx.arg(2);
+    let prev_state = ctx.arg::<u64>(3) as u32;
+    let Some(due) = OFF_CPU_DUE.get_ptr_mut(0) else {
+        return 0;
+    };
+    // SAFETY: this CPU's slot; sched_switch runs with interrupts off.
+    let due = unsafe { &mut *due };
+    // The thread leaving. A sleep it was woken from but did not return from yet (woken,
+    // then back to sleep, or preempted, before its system call returned) is carried on.
+    let carried = due.task != 0 && due.task == prev;
+    let sleeps = preempt == 0 && prev_state & (TASK_INTERRUPTIBLE | TASK_UNINTERRUPTIBLE) != 0;
+    if carried {
+        let start = OffCpuStart {
+            start_ns: now,
+            carried_ns: due.ns,
+            pc: due.pc,
+            sp: due.sp,
+            pid: due.pid,
+            tid: due.tid,
+            state: due.state
+                | if sleeps && prev_state & TASK_UNINTERRUPTIBLE != 0 {
+                    OFF_CPU_UNINTERRUPTIBLE
+                } else {
+                    0
+                },
+            _pad: 0,
+        };
+        due.task = 0;
+        let _ = OFF_CPU_START.insert(prev, start, u64::from(BPF_ANY));
+    } else if sleeps {
+        leaving(prev, now, prev_state);
+    }
+    // The thread arriving.
+    // SAFETY: map lookup of a plain integer key.
+    if let Some(start) = unsafe { OFF_CPU_START.get(next) } {
+        let start = *start;
+        let _ = OFF_CPU_START.remove(next);
+        let ns = start.carried_ns + now.wrapping_sub(start.start_ns);
+        // SAFETY: a read of a global set at load time.
+        let min = unsafe { core::ptr::read_volatile(&OFF_CPU_MIN_NS) };
+        if ns < min {
+            count(Counter::OffCpuShort, 1);
+        } else {
+            if due.task != 0 {
+                // The last one never reached its walk (it slept in a page fault, or
+                // returned to user space without a system call).
+                count(Counter::OffCpuLost, 1);
+            }
+            *due = OffCpuDue {
+                task: next,
+                ns,
+                pc: start.pc,
+                sp: start.sp,
+                pid: start.pid,
+                tid: start.tid,
+                state: start.state,
+                _pad: 0,
+            };
+        }
+    }
+    0
+}
+
+/// Records that the current task, a thread going to sleep, left at `now`.
+#[inline(always)]
+fn leaving(task: u64, now: u64, prev_state: u32) {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    if !is_target(tgid) {
+        return;
+    }
+    // Its user registers, where it will return: a kernel thread has none.
+    let Some((pc, sp)) = (unsafe { regs::current_user_pc_sp() }) else {
+        return;
+    };
+    if filter_flags() != 0 && pc == 0 {
+        return;
+    }
+    count(Counter::OffCpuBlocks, 1);
+    let start = OffCpuStart {
+        start_ns: now,
+        carried_ns: 0,
+        pc,
+        sp,
+        pid: tgid,
+        tid: pid_tgid as u32,
+        state: if prev_state & TASK_UNINTERRUPTIBLE != 0 {
+            OFF_CPU_UNINTERRUPTIBLE
+        } else {
+            0
+        },
+        _pad: 0,
+    };
+    let _ = OFF_CPU_START.insert(task, start, u64::from(BPF_ANY));
+}
+
+/// `sys_exit(struct pt_regs *regs, long ret)`: the current task returns to user space
+/// with `regs`.
+#[inline(always)]
+pub fn ret(ctx: &RawTracePointContext) -> i32 {
+    let Some(slot) = OFF_CPU_DUE.get_ptr_mut(0) else {
+        return 0;
+    };
+    // SAFETY: this CPU's slot. Every system call of the machine passes here: the test
+    // that it is not the due thread's comes first and costs one load.
+    let due = unsafe { *slot };
+    if due.task == 0 {
+        return 0;
+    }
+    // SAFETY: helper without arguments.
+    let task = unsafe { bpf_get_current_task() };
+    if due.task != task {
+        return 0;
+    }
+    // SAFETY: as above; cleared before the walk, so it is charged once.
+    unsafe { (*slot).task = 0 };
+    let Some(regs_copy) = OFF_CPU_REGS.get_ptr_mut(0) else {
+        return 0;
+    };
+    let user: *const pt_regs = ctx.arg(0);
+    // SAFETY: `user` is the kernel's pt_regs of the returning task; read into this CPU's
+    // map value with bpf_probe_read_kernel.
+    let copied = unsafe {
+        bpf_probe_read_kernel_raw(
+            regs_copy.cast(),
+            core::mem::size_of::<pt_regs>() as u32,
+            user.cast(),
+        )
+    };
+    if copied != 0 {
+        count(Counter::OffCpuLost, 1);
+        return 0;
+    }
+    // SAFETY: this CPU's copy.
+    let pt = unsafe { &*regs_copy };
+    let r = regs::walk_regs(pt);
+    if r.pc != due.pc || r.sp != due.sp {
+        // It ran user code since it went to sleep: the stack is not the sleep's.
+        count(Counter::OffCpuLost, 1);
+        return 0;
+    }
+    count(Counter::OffCpuWalks, 1);
+    let mut key = CountKey {
+        pid: due.pid,
+        tid: due.tid,
+        user_stack: 0,
+        kernel_stack: -1,
+        outcome: WalkOutcome::NoUserRegs as u32,
+        comm: [0; 16],
+    };
+    // SAFETY: the helper writes at most `comm.len()` bytes into `key.comm`.
+    unsafe {
+        aya_ebpf::helpers::generated::bpf_get_current_comm(
+            key.comm.as_mut_ptr().cast(),
+            key.comm.len() as u32,
+        )
+    };
+    let outcome = walk_in(
+        &OFF_CPU_SCRATCH,
+        &OFF_CPU_WINDOW,
+        due.pid,
+        pt,
+        &mut key.user_stack,
+    );
+    if needs_tables(&OFF_CPU_SCRATCH, outcome) {
+        // No table yet for where it slept (a process or library new to user space): its
+        // stack goes to user space to be walked once the tables are loaded, as an
+        // on-CPU sample's does.
+        lifecycle::send_miss(due.pid);
+        key.outcome = outcome;
+        // (Not counted as `Deferred`, which counts on-CPU samples, whose outcomes
+        // user space adds to the kernel's.)
+        if defer(&key, pt, due.ns, due.state) {
+            return 0;
+        }
+    }
+    key.outcome = outcome | due.state;
+    add(&key, due.ns);
+    0
+}
+
+/// Adds `ns` to the key's count (one thread, one CPU at a time: see `unwind::bump`).
+#[inline(always)]
+fn add(key: &CountKey, ns: u64) {
+    if let Some(n) = OFF_CPU_COUNTS.get_ptr_mut(key) {
+        // SAFETY: an OFF_CPU_COUNTS value.
+        unsafe { *n += ns };
+        return;
+    }
+    if OFF_CPU_COUNTS
+        .insert(key, ns, u64::from(BPF_NOEXIST))
+        .is_err()
+    {
+        count(Counter::OffCpuMapFull, 1);
+    }
+}
