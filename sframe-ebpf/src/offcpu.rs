@@ -14,7 +14,7 @@ use aya_ebpf::{
         generated::{bpf_get_current_task, bpf_probe_read_kernel as bpf_probe_read_kernel_raw},
     },
     macros::map,
-    maps::{HashMap, LruHashMap, PerCpuArray},
+    maps::{HashMap, PerCpuArray},
     programs::RawTracePointContext,
 };
 use sframe_common::{
@@ -37,9 +37,12 @@ use crate::{
 #[unsafe(no_mangle)]
 static OFF_CPU_MIN_NS: u64 = 0;
 
+/// A plain (preallocated) hash, cheaper per update than an LRU one: every entry is
+/// removed when its task is switched in again (a task always runs again, if only to
+/// exit), so the map holds only the targets' threads asleep now; when it is full, a
+/// new sleep is not timed (`off_cpu_lost`).
 #[map]
-static OFF_CPU_START: LruHashMap<u64, OffCpuStart> =
-    LruHashMap::with_max_entries(MAX_OFF_CPU_THREADS, 0);
+static OFF_CPU_START: HashMap<u64, OffCpuStart> = HashMap::with_max_entries(MAX_OFF_CPU_THREADS, 0);
 #[map]
 static OFF_CPU_DUE: PerCpuArray<OffCpuDue> = PerCpuArray::with_max_entries(1, 0);
 #[map]
@@ -89,7 +92,12 @@ pub fn switch(ctx: &RawTracePointContext) -> i32 {
             _pad: 0,
         };
         due.task = 0;
-        let _ = OFF_CPU_START.insert(prev, start, u64::from(BPF_ANY));
+        if OFF_CPU_START
+            .insert(prev, start, u64::from(BPF_ANY))
+            .is_err()
+        {
+            count(Counter::OffCpuLost, 1);
+        }
     } else if sleeps {
         leaving(prev, now, prev_state);
     }
@@ -154,7 +162,12 @@ fn leaving(task: u64, now: u64, prev_state: u32) {
         },
         _pad: 0,
     };
-    let _ = OFF_CPU_START.insert(task, start, u64::from(BPF_ANY));
+    if OFF_CPU_START
+        .insert(task, start, u64::from(BPF_ANY))
+        .is_err()
+    {
+        count(Counter::OffCpuLost, 1);
+    }
 }
 
 /// `sys_exit(struct pt_regs *regs, long ret)`: the current task returns to user space

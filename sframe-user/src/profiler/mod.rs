@@ -1375,7 +1375,12 @@ impl Profiler {
     }
 
     pub fn program_stats(&self) -> Option<(u64, u64)> {
-        let info = self.ebpf.program(self.program.name())?.info().ok()?;
+        self.program_stats_of(self.program.name())
+    }
+
+    /// Run time (ns) and run count of program `name` (with `kernel.bpf_stats_enabled`).
+    pub fn program_stats_of(&self, name: &str) -> Option<(u64, u64)> {
+        let info = self.ebpf.program(name)?.info().ok()?;
         Some((info.run_time().as_nanos() as u64, info.run_count()))
     }
 }

@@ -22,6 +22,36 @@ __attribute__((noinline)) void level1(void) { level2(); sink++; }
 int main(void) { for (;;) level1(); }
 "#;
 
+/// Off CPU: `main → nap_loop → nap → nanosleep(10 ms)`, 100 times; prints `nap NS`,
+/// the time the loop spent off CPU: its wall-clock time less the thread's CPU time
+/// (around each call would count the system calls' entry and exit, on CPU, which
+/// emulation makes slow).
+const SLEEPER_C: &str = r#"
+#include <stdio.h>
+#include <time.h>
+static double clock_s(clockid_t c) {
+    struct timespec t;
+    clock_gettime(c, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
+__attribute__((noinline)) void nap(void) {
+    struct timespec t = {0, 10 * 1000 * 1000};
+    nanosleep(&t, 0);
+    __asm__ volatile("");
+}
+__attribute__((noinline)) void nap_loop(int n) {
+    for (int i = 0; i < n; i++) nap();
+    __asm__ volatile("");
+}
+int main(void) {
+    double w = clock_s(CLOCK_MONOTONIC), c = clock_s(CLOCK_THREAD_CPUTIME_ID);
+    nap_loop(100);
+    double off = (clock_s(CLOCK_MONOTONIC) - w) - (clock_s(CLOCK_THREAD_CPUTIME_ID) - c);
+    printf("nap %.0f\n", off * 1e9);
+    return 0;
+}
+"#;
+
 /// `main → recurse × (DEPTH + 1) → deep_spin`.
 const DEEP_C: &str = r#"
 #define DEPTH 220
@@ -152,6 +182,7 @@ pub const NAMES: &[&str] = &[
     "chain_eh",
     "chain_fp",
     "chain_fp_only",
+    "sleeper",
     "deep",
     "sysloop",
     "cpp_worker",
@@ -230,6 +261,7 @@ pub fn build(arch: Arch, dir: &Path) -> Result<Fixtures> {
         false,
     )?;
     compile(arch, dir, "deep", "deep.c", DEEP_C, &base, false)?;
+    compile(arch, dir, "sleeper", "sleeper.c", SLEEPER_C, &base, false)?;
     compile(arch, dir, "sysloop", "sysloop.c", SYSCALL_C, &base, false)?;
     compile(arch, dir, "cpp_worker", "cpp_worker.cc", CPP, &base, true)?;
     compile(arch, dir, "spawner", "spawner.c", SPAWNER_C, &base, false)?;

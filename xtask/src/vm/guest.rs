@@ -89,6 +89,7 @@ fn run_tests(ctx: &Ctx, only: Option<&str>) -> Result<()> {
         ("deferred", deferred),
         ("plt_call", plt_call),
         ("pac", pac),
+        ("off_cpu", off_cpu),
     ];
     let mut failed = 0;
     for (name, test) in tests {
@@ -958,4 +959,72 @@ fn pac(ctx: &Ctx) -> Result<String> {
     }
     let (pid, report, _) = profile_pid(ctx, &mut Command::new(exe), &[])?;
     check(&report, &|s| s.pid == pid, &chain_expect(true))
+}
+
+/// Off CPU (`--off-cpu`, raw tracepoints on `sched_switch` and `sys_exit`): the
+/// fixture's 100 sleeps of 10 ms are charged to their complete stack, within 5 % of the
+/// time the fixture measured off CPU (wall-clock less CPU time of its loop).
+fn off_cpu(ctx: &Ctx) -> Result<String> {
+    let out_path = std::env::temp_dir().join("off-cpu.folded");
+    let mut child = Command::new(&ctx.profiler)
+        .args([
+            "--off-cpu",
+            "--no-on-cpu",
+            "--no-cache",
+            "--format",
+            "folded",
+        ])
+        .arg("--output")
+        .arg(&out_path)
+        .arg("--")
+        .arg(ctx.fixture("sleeper"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting sframe-user")?;
+    let deadline = Instant::now() + ctx.limit;
+    while child.try_wait()?.is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output()?;
+            bail!(
+                "sframe-user did not end in {:?}:\n{}",
+                ctx.limit,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+    let out = child.wait_with_output()?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        bail!("sframe-user: {}:\n{stderr}", out.status);
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let fixture_us = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("nap "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .with_context(|| format!("no measurement in {stdout:?}"))?
+        / 1e3;
+    let folded = std::fs::read_to_string(&out_path).context("the off-CPU profile")?;
+    // Complete from `_start` (the guest's libc has no symbol for the frame between
+    // `__libc_start_main` and `main`).
+    let chain = ";main;nap_loop;nap;";
+    let reported: f64 = folded
+        .lines()
+        .filter(|l| l.starts_with("sleeper;_start;") && l.contains(chain))
+        .filter(|l| l.contains("[sleep S] "))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum();
+    if (reported - fixture_us).abs() > 0.05 * fixture_us {
+        bail!(
+            "{reported:.0} us off CPU in {chain} against the {fixture_us:.0} us the fixture \
+             measured:\n{folded}\n{stderr}"
+        );
+    }
+    Ok(format!(
+        "{reported:.0} us off CPU in the chain, the fixture measured {fixture_us:.0} us"
+    ))
 }

@@ -30,6 +30,7 @@ mod fixtures;
 mod heap;
 mod kmem;
 mod objects;
+mod offcpu;
 mod overhead;
 mod reader;
 mod startup;
@@ -87,6 +88,8 @@ enum Section {
     Accuracy,
     /// Section 6: a busy host.
     Busy,
+    /// Section 7: off-CPU profiling.
+    OffCpu,
 }
 
 impl Args {
@@ -178,6 +181,10 @@ fn main() -> Result<()> {
                 );
             }
         }
+    }
+    if args.runs(Section::OffCpu) && args.bpf() {
+        progress("7/7 off CPU");
+        offcpu::section(&mut doc, &args);
     }
     let _ = writeln!(
         doc,

@@ -1,0 +1,283 @@
+//! Off-CPU profiling with the real profiler binary (`--off-cpu`): the time threads of a
+//! no-frame-pointer program sleep is charged to the complete stacks they slept in, as
+//! much as the program itself measured; sleeps under the threshold cost no walk.
+
+mod support;
+
+use std::{collections::BTreeMap, path::Path, process::Command};
+
+use support::{bpf_or_skip, compile_c};
+
+/// Three threads, each sleeping from its own call chain; two measure the time their loop
+/// spent off CPU (wall-clock less the thread's CPU time) and print it in ns:
+/// - `napper`: 100 × `nanosleep(10 ms)` in `nap_loop` → `nap`;
+/// - the main thread: 50 × `read` of a pipe in `reader_loop` → `wait_input`;
+/// - `feeder`: writes the pipe every 20 ms (its own sleeps are in `feed`).
+///
+/// `asm volatile` after each call keeps the compiler from turning it into a tail call,
+/// which would leave its caller out of the stack.
+const SLEEPER: &str = r#"
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+static double clock_s(clockid_t c) {
+    struct timespec t;
+    clock_gettime(c, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
+static double off_cpu_since(double wall, double cpu) {
+    return (clock_s(CLOCK_MONOTONIC) - wall) - (clock_s(CLOCK_THREAD_CPUTIME_ID) - cpu);
+}
+static double nap_blocked, read_blocked;
+static int fds[2];
+__attribute__((noinline)) void nap(void) {
+    struct timespec t = {0, 10 * 1000 * 1000};
+    nanosleep(&t, 0);
+    __asm__ volatile("");
+}
+__attribute__((noinline)) void nap_loop(int n) {
+    for (int i = 0; i < n; i++) nap();
+    __asm__ volatile("");
+}
+void *napper(void *arg) {
+    double w = clock_s(CLOCK_MONOTONIC), c = clock_s(CLOCK_THREAD_CPUTIME_ID);
+    nap_loop(100);
+    nap_blocked = off_cpu_since(w, c);
+    return arg;
+}
+__attribute__((noinline)) void wait_input(void) {
+    char c;
+    if (read(fds[0], &c, 1) != 1) exit(3);
+    __asm__ volatile("");
+}
+__attribute__((noinline)) void reader_loop(int n) {
+    for (int i = 0; i < n; i++) wait_input();
+    __asm__ volatile("");
+}
+__attribute__((noinline)) void feed(void) {
+    for (int i = 0; i < 50; i++) {
+        struct timespec t = {0, 20 * 1000 * 1000};
+        nanosleep(&t, 0);
+        if (write(fds[1], "x", 1) != 1) exit(4);
+    }
+    __asm__ volatile("");
+}
+void *feeder(void *arg) { feed(); __asm__ volatile(""); return arg; }
+int main(void) {
+    if (pipe(fds)) return 2;
+    pthread_t a, b;
+    pthread_create(&a, 0, napper, 0);
+    pthread_create(&b, 0, feeder, 0);
+    double w = clock_s(CLOCK_MONOTONIC), c = clock_s(CLOCK_THREAD_CPUTIME_ID);
+    reader_loop(50);
+    read_blocked = off_cpu_since(w, c);
+    pthread_join(a, 0);
+    pthread_join(b, 0);
+    printf("nap %.0f\nread %.0f\n", nap_blocked * 1e9, read_blocked * 1e9);
+    return 0;
+}
+"#;
+
+/// A mutex held 20 × 30 ms by `holder` while two threads wait for it in `take_lock`
+/// (called from `waiter`), timing their waits.
+const LOCKS: &str = r#"
+#include <pthread.h>
+#include <stdio.h>
+#include <time.h>
+static pthread_mutex_t m = PTHREAD_MUTEX_INITIALIZER;
+static pthread_barrier_t ready;
+static volatile int done;
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
+static double waited[2];
+__attribute__((noinline)) void take_lock(int who) {
+    double a = now();
+    pthread_mutex_lock(&m);
+    waited[who] += now() - a;
+    pthread_mutex_unlock(&m);
+    __asm__ volatile("");
+}
+void *waiter(void *arg) {
+    int who = (int)(long)arg;
+    pthread_barrier_wait(&ready);
+    while (!done) take_lock(who);
+    __asm__ volatile("");
+    return 0;
+}
+__attribute__((noinline)) void hold(void) {
+    struct timespec t = {0, 30 * 1000 * 1000};
+    pthread_mutex_lock(&m);
+    nanosleep(&t, 0);
+    pthread_mutex_unlock(&m);
+    sched_yield();
+    __asm__ volatile("");
+}
+int main(void) {
+    pthread_t w[2];
+    pthread_barrier_init(&ready, 0, 3);
+    for (long i = 0; i < 2; i++) pthread_create(&w[i], 0, waiter, (void *)i);
+    pthread_barrier_wait(&ready);
+    for (int i = 0; i < 20; i++) hold();
+    done = 1;
+    for (int i = 0; i < 2; i++) pthread_join(w[i], 0);
+    printf("waited %.0f\n", (waited[0] + waited[1]) * 1e9);
+    return 0;
+}
+"#;
+
+/// 2,000 × `nanosleep(100 us)` in `tiny`.
+const TINY: &str = r#"
+#include <time.h>
+__attribute__((noinline)) void tiny(void) {
+    struct timespec t = {0, 100 * 1000};
+    for (int i = 0; i < 2000; i++) nanosleep(&t, 0);
+    __asm__ volatile("");
+}
+int main(void) { tiny(); __asm__ volatile(""); return 0; }
+"#;
+
+/// Runs `exe` under `sframe-user --off-cpu --no-on-cpu` with `extra` arguments; returns
+/// the off-CPU profile in `format` and the command's standard output.
+fn off_cpu_run(exe: &Path, format: &str, extra: &[&str]) -> (String, String) {
+    let out_path = exe.with_file_name(format!("off-cpu.{format}"));
+    let out = Command::new(env!("CARGO_BIN_EXE_sframe-user"))
+        .args(["--off-cpu", "--no-on-cpu", "--no-cache", "--format", format])
+        .arg("--output")
+        .arg(&out_path)
+        .args(extra)
+        .arg("--")
+        .arg(exe)
+        .output()
+        .expect("run sframe-user");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {stderr}", out.status);
+    let profile = std::fs::read_to_string(&out_path).expect("the off-CPU profile");
+    (profile, String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// `name value` lines of the fixture's output.
+fn measured(stdout: &str) -> BTreeMap<String, f64> {
+    stdout
+        .lines()
+        .filter_map(|l| {
+            let (k, v) = l.split_once(' ')?;
+            Some((k.to_owned(), v.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// Microseconds of the folded lines that contain `chain` (`;`-joined frames).
+fn folded_us(folded: &str, chain: &str) -> u64 {
+    folded
+        .lines()
+        .filter(|l| l.contains(chain))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok())
+        .sum()
+}
+
+fn sleeps_are_charged_to_their_complete_stacks(flags: &[&str], build: &str) {
+    let mut all = vec!["-O2", "-fomit-frame-pointer", "-pthread"];
+    all.extend_from_slice(flags);
+    let exe = compile_c(&format!("offcpu-sleeper-{build}"), SLEEPER, &all);
+    let (folded, stdout) = off_cpu_run(&exe, "folded", &[]);
+    let m = measured(&stdout);
+    let chains = [
+        (
+            "nap",
+            // Complete: from the thread's entry through the fixture's chain into libc.
+            "start_thread;napper;nap_loop;nap;",
+        ),
+        (
+            "read",
+            "__libc_start_call_main;main;reader_loop;wait_input;",
+        ),
+    ];
+    for (what, chain) in chains {
+        let fixture_us = m[what] / 1e3;
+        let reported = folded_us(&folded, chain) as f64;
+        assert!(
+            (reported - fixture_us).abs() <= 0.05 * fixture_us,
+            "{build}: {reported:.0} us off CPU in {chain} against the {fixture_us:.0} us the \
+             fixture measured:\n{folded}"
+        );
+        for line in folded.lines().filter(|l| l.contains(chain)) {
+            assert!(line.contains(";[sleep S] "), "{line}");
+        }
+    }
+    // The feeder's sleeps, which the fixture does not time, are there too.
+    assert!(folded_us(&folded, "feeder;feed;") > 0, "{folded}");
+}
+
+#[test]
+fn sleeps_are_charged_to_their_complete_stacks_with_sframe() {
+    if !bpf_or_skip("sleeps_are_charged_to_their_complete_stacks_with_sframe") {
+        return;
+    }
+    sleeps_are_charged_to_their_complete_stacks(&["-Wa,--gsframe"], "sframe");
+}
+
+#[test]
+fn sleeps_are_charged_to_their_complete_stacks_with_eh_frame_only() {
+    if !bpf_or_skip("sleeps_are_charged_to_their_complete_stacks_with_eh_frame_only") {
+        return;
+    }
+    sleeps_are_charged_to_their_complete_stacks(&[], "eh_frame");
+}
+
+#[test]
+fn threads_waiting_for_a_mutex_show_the_lock_call_chain() {
+    if !bpf_or_skip("threads_waiting_for_a_mutex_show_the_lock_call_chain") {
+        return;
+    }
+    let exe = compile_c(
+        "offcpu-locks",
+        LOCKS,
+        &["-O2", "-fomit-frame-pointer", "-pthread"],
+    );
+    let (folded, stdout) = off_cpu_run(&exe, "folded", &[]);
+    let waited_us = measured(&stdout)["waited"] / 1e3;
+    let chain = "start_thread;waiter;take_lock;";
+    let in_lock: u64 = folded
+        .lines()
+        .filter(|l| l.contains(chain) && l.contains("pthread_mutex_lock"))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok())
+        .sum();
+    // Both waiters wait for the whole 20 × 30 ms; what the profile does not have is the
+    // waits shorter than the 1 ms threshold (a waiter that finds the lock just freed).
+    assert!(
+        in_lock as f64 >= 0.9 * waited_us && in_lock as f64 <= 1.05 * waited_us,
+        "{in_lock} us off CPU in pthread_mutex_lock from {chain} against {waited_us:.0} us \
+         the waiters measured:\n{folded}"
+    );
+    // The holder sleeps holding it.
+    assert!(folded_us(&folded, "main;hold;") > 0, "{folded}");
+}
+
+#[test]
+fn sleeps_under_the_threshold_cost_no_walk() {
+    if !bpf_or_skip("sleeps_under_the_threshold_cost_no_walk") {
+        return;
+    }
+    let exe = compile_c("offcpu-tiny", TINY, &["-O2", "-fomit-frame-pointer"]);
+    let (top, _) = off_cpu_run(&exe, "top", &["--off-cpu-min", "20ms"]);
+    // "off CPU: X s asleep in Y s (W sleeps walked, S shorter than the threshold, L lost)"
+    let header = top.lines().next().expect("a header");
+    let numbers: Vec<u64> = header
+        .split(['(', ',', ' '])
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    let [walked, short, _lost] = numbers[..] else {
+        panic!("unexpected header {header:?}");
+    };
+    // 2,000 sleeps of 100 us: a few can take 20 ms on a loaded machine, not a tenth.
+    assert!(short >= 1800, "{short} short sleeps of 2000:\n{top}");
+    assert!(
+        walked * 10 <= short,
+        "{walked} walks, {short} short:\n{top}"
+    );
+}
