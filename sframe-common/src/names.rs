@@ -67,6 +67,8 @@ pub mod maps {
             OFF_CPU_WINDOW = "OFF_CPU_WINDOW",
             /// Off-CPU: per-CPU copy of the returning thread's user registers.
             OFF_CPU_REGS = "OFF_CPU_REGS",
+            /// Off-CPU: 1 in how many sleeps is timed (the governor's sampling).
+            OFF_CPU_EVERY = "OFF_CPU_EVERY",
             /// Raw samples (registers and stack bytes) for host-side walks.
             RAW_SAMPLES = "RAW_SAMPLES",
             /// The frame-pointer baseline's per-CPU stack buffer (benchmarks).

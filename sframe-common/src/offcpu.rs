@@ -41,8 +41,12 @@ pub struct OffCpuStart {
     pub tid: u32,
     /// `OFF_CPU_UNINTERRUPTIBLE` or 0.
     pub state: u32,
-    pub _pad: u32,
+    /// Sleeps this one stands for (1 in `weight` was timed: the governor's sampling).
+    pub weight: u32,
 }
+
+/// The most sleeps one timed sleep stands for (the governor's sampling stops there).
+pub const MAX_OFF_CPU_EVERY: u32 = 1024;
 
 /// A sleep over the threshold, to be walked and charged when its thread returns to user
 /// space on this CPU.
@@ -57,7 +61,8 @@ pub struct OffCpuDue {
     pub pid: u32,
     pub tid: u32,
     pub state: u32,
-    pub _pad: u32,
+    /// As [`OffCpuStart::weight`] (`ns` is weighted already).
+    pub weight: u32,
 }
 
 #[cfg(feature = "user")]

@@ -122,10 +122,13 @@ pub enum Counter {
     OffCpuLost = 14,
     /// Off-CPU: the count map was full (the sleep was lost).
     OffCpuMapFull = 15,
+    /// Off-CPU: sleeps not timed because the governor samples sleeps (1 in
+    /// `OFF_CPU_EVERY`; those timed count for the others).
+    OffCpuUnsampled = 16,
 }
 
 impl Counter {
-    pub const COUNT: usize = 16;
+    pub const COUNT: usize = 17;
     pub const ALL: [Counter; Self::COUNT] = [
         Self::Samples,
         Self::SamplesInKernel,
@@ -143,6 +146,7 @@ impl Counter {
         Self::OffCpuWalks,
         Self::OffCpuLost,
         Self::OffCpuMapFull,
+        Self::OffCpuUnsampled,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -163,6 +167,7 @@ impl Counter {
             Self::OffCpuWalks => "off_cpu_walks",
             Self::OffCpuLost => "off_cpu_lost",
             Self::OffCpuMapFull => "off_cpu_map_full",
+            Self::OffCpuUnsampled => "off_cpu_unsampled",
         }
     }
 }

@@ -11,17 +11,21 @@ use aya_ebpf::{
     bindings::{BPF_ANY, BPF_NOEXIST, pt_regs},
     helpers::{
         bpf_get_current_pid_tgid, bpf_ktime_get_ns,
-        generated::{bpf_get_current_task, bpf_probe_read_kernel as bpf_probe_read_kernel_raw},
+        generated::{
+            bpf_get_current_task, bpf_get_prandom_u32,
+            bpf_probe_read_kernel as bpf_probe_read_kernel_raw,
+        },
     },
     macros::map,
-    maps::{HashMap, PerCpuArray},
+    maps::{Array, HashMap, PerCpuArray},
     programs::RawTracePointContext,
 };
 use sframe_common::{
     Counter, WalkOutcome,
     budget::{MAX_OFF_CPU_COUNTS, MAX_OFF_CPU_THREADS},
     offcpu::{
-        OFF_CPU_UNINTERRUPTIBLE, OffCpuDue, OffCpuStart, TASK_INTERRUPTIBLE, TASK_UNINTERRUPTIBLE,
+        MAX_OFF_CPU_EVERY, OFF_CPU_UNINTERRUPTIBLE, OffCpuDue, OffCpuStart, TASK_INTERRUPTIBLE,
+        TASK_UNINTERRUPTIBLE,
     },
     stack::CountKey,
     step::WalkState,
@@ -45,6 +49,10 @@ static OFF_CPU_MIN_NS: u64 = 0;
 static OFF_CPU_START: HashMap<u64, OffCpuStart> = HashMap::with_max_entries(MAX_OFF_CPU_THREADS, 0);
 #[map]
 static OFF_CPU_DUE: PerCpuArray<OffCpuDue> = PerCpuArray::with_max_entries(1, 0);
+/// 1 in how many sleeps is timed (0 or 1: all), set by user space's governor when the
+/// switch programs cost more than its budget; a timed sleep then counts for as many.
+#[map]
+static OFF_CPU_EVERY: Array<u32> = Array::with_max_entries(1, 0);
 #[map]
 static OFF_CPU_COUNTS: HashMap<CountKey, u64> = HashMap::with_max_entries(MAX_OFF_CPU_COUNTS, 0);
 /// The walker's own per-CPU state: `off_cpu_return` runs with interrupts enabled, and a
@@ -60,8 +68,8 @@ static OFF_CPU_REGS: PerCpuArray<pt_regs> = PerCpuArray::with_max_entries(1, 0);
 /// unsigned int prev_state)` (Linux 5.18 and later): `prev` is the current task.
 #[inline(always)]
 pub fn switch(ctx: &RawTracePointContext) -> i32 {
-    // SAFETY: helpers without arguments.
-    let now = unsafe { bpf_ktime_get_ns() };
+    // SAFETY: helper without arguments. (The clock is read only where a sleep starts or
+    // ends: most switches of a busy machine concern no target.)
     let prev = unsafe { bpf_get_current_task() };
     let preempt: u64 = ctx.arg(0);
     let next: u64 = ctx.arg(2);
@@ -77,7 +85,8 @@ pub fn switch(ctx: &RawTracePointContext) -> i32 {
     let sleeps = preempt == 0 && prev_state & (TASK_INTERRUPTIBLE | TASK_UNINTERRUPTIBLE) != 0;
     if carried {
         let start = OffCpuStart {
-            start_ns: now,
+            // SAFETY: helper without arguments.
+            start_ns: unsafe { bpf_ktime_get_ns() },
             carried_ns: due.ns,
             pc: due.pc,
             sp: due.sp,
@@ -89,7 +98,7 @@ pub fn switch(ctx: &RawTracePointContext) -> i32 {
                 } else {
                     0
                 },
-            _pad: 0,
+            weight: due.weight,
         };
         due.task = 0;
         if OFF_CPU_START
@@ -99,17 +108,27 @@ pub fn switch(ctx: &RawTracePointContext) -> i32 {
             count(Counter::OffCpuLost, 1);
         }
     } else if sleeps {
-        leaving(prev, now, prev_state);
+        leaving(prev, prev_state);
     }
     // The thread arriving.
     // SAFETY: map lookup of a plain integer key.
     if let Some(start) = unsafe { OFF_CPU_START.get(next) } {
         let start = *start;
         let _ = OFF_CPU_START.remove(next);
-        let ns = start.carried_ns + now.wrapping_sub(start.start_ns);
+        // SAFETY: helper without arguments.
+        let now = unsafe { bpf_ktime_get_ns() };
+        // The sleep, and the unsampled ones it stands for (what it carries is weighted
+        // already).
+        // (No 128-bit multiply on BPF: the time is capped at 2^50 ns, 13 days, and the
+        // weight at MAX_OFF_CPU_EVERY, so the product fits.)
+        let slept = now.wrapping_sub(start.start_ns).min(1 << 50);
+        let weight = u64::from(start.weight.clamp(1, MAX_OFF_CPU_EVERY));
+        let ns = start.carried_ns.saturating_add(slept * weight);
         // SAFETY: a read of a global set at load time.
         let min = unsafe { core::ptr::read_volatile(&OFF_CPU_MIN_NS) };
-        if ns < min {
+        // The threshold applies to the sleep itself, not to what it stands for: both
+        // sides weighted (no division: one would need a divide-by-zero path).
+        if ns < min.min(1 << 50) * weight {
             count(Counter::OffCpuShort, 1);
         } else {
             if due.task != 0 {
@@ -125,19 +144,31 @@ pub fn switch(ctx: &RawTracePointContext) -> i32 {
                 pid: start.pid,
                 tid: start.tid,
                 state: start.state,
-                _pad: 0,
+                weight: start.weight,
             };
         }
     }
     0
 }
 
-/// Records that the current task, a thread going to sleep, left at `now`.
+/// Records that the current task, a thread going to sleep, leaves now.
 #[inline(always)]
-fn leaving(task: u64, now: u64, prev_state: u32) {
+fn leaving(task: u64, prev_state: u32) {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     if !is_target(tgid) {
+        return;
+    }
+    // Over the governor's budget, 1 in `every` sleeps is timed, at random (a thread's
+    // sleeps are not periodic with the sampling), and counts for `every`.
+    let every = OFF_CPU_EVERY
+        .get(0)
+        .copied()
+        .unwrap_or(1)
+        .clamp(1, MAX_OFF_CPU_EVERY);
+    // SAFETY: helper without arguments.
+    if every > 1 && unsafe { bpf_get_prandom_u32() } % every != 0 {
+        count(Counter::OffCpuUnsampled, 1);
         return;
     }
     // Its user registers, where it will return: a kernel thread has none.
@@ -149,7 +180,8 @@ fn leaving(task: u64, now: u64, prev_state: u32) {
     }
     count(Counter::OffCpuBlocks, 1);
     let start = OffCpuStart {
-        start_ns: now,
+        // SAFETY: helper without arguments.
+        start_ns: unsafe { bpf_ktime_get_ns() },
         carried_ns: 0,
         pc,
         sp,
@@ -160,7 +192,7 @@ fn leaving(task: u64, now: u64, prev_state: u32) {
         } else {
             0
         },
-        _pad: 0,
+        weight: every,
     };
     if OFF_CPU_START
         .insert(task, start, u64::from(BPF_ANY))

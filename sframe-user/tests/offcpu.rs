@@ -141,6 +141,51 @@ __attribute__((noinline)) void tiny(void) {
 int main(void) { tiny(); __asm__ volatile(""); return 0; }
 "#;
 
+/// A switch storm: two threads on one CPU passing a byte through two pipes as fast as
+/// they can, until the process has used `argv[1]` seconds of CPU.
+const STORM: &str = r#"
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+static int a[2], b[2];
+static volatile int done;
+static double cpu_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
+void *pong(void *arg) {
+    char c;
+    while (read(a[0], &c, 1) == 1 && c == 'x') {
+        if (write(b[1], &c, 1) != 1) exit(3);
+    }
+    return arg;
+}
+__attribute__((noinline)) void ping_loop(double budget) {
+    char c = 'x';
+    for (long i = 0;; i++) {
+        if (write(a[1], &c, 1) != 1 || read(b[0], &c, 1) != 1) exit(4);
+        if ((i & 1023) == 0 && cpu_s() > budget) break;
+    }
+    __asm__ volatile("");
+}
+int main(int argc, char **argv) {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(0, &one);
+    if (sched_setaffinity(0, sizeof one, &one) || pipe(a) || pipe(b)) return 2;
+    pthread_t t;
+    pthread_create(&t, 0, pong, 0);
+    ping_loop(atof(argv[1]));
+    if (write(a[1], "q", 1) != 1) return 5;
+    pthread_join(t, 0);
+    return 0;
+}
+"#;
+
 /// Runs `exe` under `sframe-user --off-cpu --no-on-cpu` with `extra` arguments; returns
 /// the off-CPU profile in `format` and the command's standard output.
 fn off_cpu_run(exe: &Path, format: &str, extra: &[&str]) -> (String, String) {
@@ -271,7 +316,7 @@ fn sleeps_under_the_threshold_cost_no_walk() {
         .split(['(', ',', ' '])
         .filter_map(|w| w.parse().ok())
         .collect();
-    let [walked, short, _lost] = numbers[..] else {
+    let [walked, short, _lost, _unsampled] = numbers[..] else {
         panic!("unexpected header {header:?}");
     };
     // 2,000 sleeps of 100 us: a few can take 20 ms on a loaded machine, not a tenth.
@@ -280,4 +325,63 @@ fn sleeps_under_the_threshold_cost_no_walk() {
         walked * 10 <= short,
         "{walked} walks, {short} short:\n{top}"
     );
+}
+
+/// A switch storm over the governor's budget: it times 1 in N sleeps (counted), and the
+/// off-CPU programs cost less once it does. The storm runs for its own CPU time (12 s,
+/// two and more governor periods however loaded the machine is).
+#[test]
+fn a_switch_storm_makes_the_governor_sample_sleeps() {
+    if !bpf_or_skip("a_switch_storm_makes_the_governor_sample_sleeps") {
+        return;
+    }
+    let exe = compile_c("offcpu-storm", STORM, &["-O2", "-pthread"]);
+    let out_path = exe.with_file_name("storm.top");
+    let out = Command::new(env!("CARGO_BIN_EXE_sframe-user"))
+        .args(["--off-cpu", "--no-on-cpu", "--no-cache", "--format", "top"])
+        .args(["--max-overhead", "0.5", "--output"])
+        .arg(&out_path)
+        .arg("--")
+        .arg(&exe)
+        .arg("12")
+        .env("RUST_LOG", "sframe_user::governor=debug")
+        .output()
+        .expect("run sframe-user");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {stderr}", out.status);
+    // "off-CPU period: programs X% of the CPUs, budget Y%, timing 1 in N sleeps"
+    let periods: Vec<(f64, u32)> = stderr
+        .lines()
+        .filter_map(|l| {
+            let rest = l.split("off-CPU period: programs ").nth(1)?;
+            let cost: f64 = rest.split('%').next()?.parse().ok()?;
+            let every: u32 = rest
+                .rsplit("timing 1 in ")
+                .next()?
+                .split(' ')
+                .next()?
+                .parse()
+                .ok()?;
+            Some((cost, every))
+        })
+        .collect();
+    let first = periods.first().copied();
+    let sampled = periods.iter().find(|(_, every)| *every > 1).copied();
+    let (Some((unsampled_cost, 1)), Some((sampled_cost, _))) = (first, sampled) else {
+        panic!("no period timed all sleeps and then sampled them: {periods:?}\n{stderr}");
+    };
+    assert!(
+        sampled_cost < unsampled_cost,
+        "sampling did not lower the cost: {periods:?}"
+    );
+    let top = std::fs::read_to_string(&out_path).expect("the report");
+    let header = top.lines().next().expect("a header");
+    let unsampled: u64 = header
+        .rsplit(", ")
+        .next()
+        .and_then(|w| w.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(unsampled > 0, "no sleep counted as not timed: {header}");
+    eprintln!("governor periods (cost %, 1 in N): {periods:?}; {header}");
 }

@@ -15,12 +15,13 @@ pub fn top(profile: &Profile, n: usize) -> String {
         let c = |k: Counter| profile.counters[k as usize];
         let _ = writeln!(
             out,
-            "off CPU: {:.3} s asleep in {:.1} s ({} sleeps walked, {} shorter than the threshold, {} lost)",
+            "off CPU: {:.3} s asleep in {:.1} s ({} sleeps walked, {} shorter than the threshold, {} lost, {} not timed by sampling)",
             total as f64 / 1e9,
             profile.duration.as_secs_f64(),
             c(Counter::OffCpuWalks),
             c(Counter::OffCpuShort),
             c(Counter::OffCpuLost) + c(Counter::OffCpuMapFull),
+            c(Counter::OffCpuUnsampled),
         );
     } else {
         let _ = writeln!(

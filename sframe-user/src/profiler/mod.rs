@@ -310,6 +310,12 @@ pub struct Profiler {
     pub lifecycle: LifecycleStats,
     frequency: u64,
     links: Vec<PerfEventLinkId>,
+    /// Samples on CPU (perf events attached).
+    on_cpu: bool,
+    /// Profiles off-CPU time.
+    off_cpu: bool,
+    /// 1 in how many sleeps the off-CPU programs time (the governor's sampling).
+    off_cpu_every: u32,
 }
 
 use crate::bpf::take_map as take;
@@ -424,6 +430,9 @@ impl Profiler {
             lifecycle: LifecycleStats::default(),
             frequency: config.frequency,
             links: Vec::new(),
+            on_cpu: config.on_cpu,
+            off_cpu: config.off_cpu_min.is_some(),
+            off_cpu_every: 1,
         };
         profiler.follow_lifecycle();
         for pid in profiler.spec.pids.clone() {
@@ -504,10 +513,54 @@ impl Profiler {
         self.frequency
     }
 
+    /// Whether it samples on CPU, and whether it profiles off-CPU time.
+    pub fn modes(&self) -> (bool, bool) {
+        (self.on_cpu, self.off_cpu)
+    }
+
+    /// 1 in how many sleeps the off-CPU programs time now.
+    pub fn off_cpu_every(&self) -> u32 {
+        self.off_cpu_every
+    }
+
+    /// Makes the off-CPU programs time 1 in `every` sleeps (at random), each timed one
+    /// counting for `every` (the governor's sampling when the switch programs cost
+    /// more than its budget); clamped to 1..=`MAX_OFF_CPU_EVERY`.
+    pub fn set_off_cpu_every(&mut self, every: u32) -> Result<(), LoadError> {
+        let every = every.clamp(1, sframe_common::offcpu::MAX_OFF_CPU_EVERY);
+        if every == self.off_cpu_every {
+            return Ok(());
+        }
+        let map = self
+            .ebpf
+            .map_mut(maps::OFF_CPU_EVERY)
+            .ok_or(LoadError::MissingMap {
+                name: maps::OFF_CPU_EVERY,
+            })?;
+        let mut array: Array<&mut MapData, u32> =
+            Array::try_from(map).map_err(|source| LoadError::Map {
+                name: maps::OFF_CPU_EVERY,
+                source,
+            })?;
+        array.set(0, every, 0).map_err(|source| LoadError::Map {
+            name: maps::OFF_CPU_EVERY,
+            source,
+        })?;
+        self.off_cpu_every = every;
+        Ok(())
+    }
+
+    /// Run time (ns) and runs of the off-CPU programs together.
+    pub fn off_cpu_program_stats(&self) -> Option<(u64, u64)> {
+        let a = self.program_stats_of(programs::OFF_CPU_SWITCH)?;
+        let b = self.program_stats_of(programs::OFF_CPU_RETURN)?;
+        Some((a.0 + b.0, a.1 + b.1))
+    }
+
     /// Changes the sampling frequency (re-attaches the perf events).
     pub fn set_frequency(&mut self, frequency: u64) -> Result<(), LoadError> {
         let frequency = frequency.max(1);
-        if frequency == self.frequency {
+        if frequency == self.frequency || !self.on_cpu {
             return Ok(());
         }
         let program = bpf::perf_event(&mut self.ebpf, self.program.name())?;
