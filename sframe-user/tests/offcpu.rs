@@ -385,3 +385,110 @@ fn a_switch_storm_makes_the_governor_sample_sleeps() {
     assert!(unsampled > 0, "no sleep counted as not timed: {header}");
     eprintln!("governor periods (cost %, 1 in N): {periods:?}; {header}");
 }
+
+/// `main → nap_loop → nap → nanosleep(10 ms)`, forever.
+const FOREVER: &str = r#"
+#include <time.h>
+__attribute__((noinline)) void nap(void) {
+    struct timespec t = {0, 10 * 1000 * 1000};
+    nanosleep(&t, 0);
+    __asm__ volatile("");
+}
+__attribute__((noinline)) void nap_loop(void) {
+    for (;;) nap();
+    __asm__ volatile("");
+}
+int main(void) { nap_loop(); return 0; }
+"#;
+
+/// The metrics page of the profiler listening at `addr`.
+fn scrape(addr: &str) -> String {
+    use std::io::{Read as _, Write as _};
+    let Ok(mut s) = std::net::TcpStream::connect(addr) else {
+        return String::new();
+    };
+    let _ = s.set_read_timeout(Some(std::time::Duration::from_secs(10)));
+    let _ = write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    );
+    let mut page = String::new();
+    let _ = s.read_to_string(&mut page);
+    page
+}
+
+/// Off-CPU time is a metric family of its own, in seconds, per stack.
+#[test]
+fn off_cpu_time_is_exported_to_prometheus_in_seconds() {
+    if !bpf_or_skip("off_cpu_time_is_exported_to_prometheus_in_seconds") {
+        return;
+    }
+    use std::io::BufRead as _;
+    let exe = compile_c("offcpu-forever", FOREVER, &["-O2", "-fomit-frame-pointer"]);
+    let mut profiler = Command::new(env!("CARGO_BIN_EXE_sframe-user"))
+        .args([
+            "--off-cpu",
+            "--no-on-cpu",
+            "--no-cache",
+            "--format",
+            "folded",
+        ])
+        .args(["--prometheus", "127.0.0.1:0", "--output"])
+        .arg(exe.with_file_name("forever.folded"))
+        .arg("--")
+        .arg(&exe)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run sframe-user");
+    let stderr = profiler.stderr.take().expect("stderr");
+    let mut lines = std::io::BufReader::new(stderr).lines();
+    let addr = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find_map(|l| {
+            let rest = l.split("serving metrics on http://").nth(1)?;
+            Some(rest.split('/').next()?.to_owned())
+        })
+        .expect("the metrics address");
+    std::thread::spawn(move || for _ in lines {});
+    // The page is rebuilt about once a second; the fixture sleeps 100 times a second.
+    // A safety net only: the series shows up within a few rebuilds.
+    let wanted = "main;nap_loop;nap;";
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut page = String::new();
+    let mut seconds = 0.0;
+    while std::time::Instant::now() < deadline {
+        page = scrape(&addr);
+        seconds = page
+            .lines()
+            .filter(|l| l.starts_with("sframe_off_cpu_seconds_total{") && l.contains(wanted))
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .sum();
+        if seconds > 0.0 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    // The fixture's end ends the profile.
+    let pid = profiler.id();
+    let children =
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+    for child in children
+        .split_whitespace()
+        .filter_map(|c| c.parse::<i32>().ok())
+    {
+        // SAFETY: kill(2) of the profiler's child, the fixture.
+        unsafe { libc::kill(child, libc::SIGKILL) };
+    }
+    let _ = profiler.wait();
+    assert!(seconds > 0.0, "no off-CPU seconds of {wanted}:\n{page}");
+    assert!(
+        page.contains("# UNIT sframe_off_cpu_seconds seconds"),
+        "{page}"
+    );
+    let line = page
+        .lines()
+        .find(|l| l.starts_with("sframe_off_cpu_seconds_total{") && l.contains(wanted))
+        .unwrap_or_default();
+    assert!(line.contains("[sleep S]"), "{line}");
+}

@@ -18,6 +18,10 @@ pub struct Feed {
     previous: HashMap<CountKey, u64>,
     /// (pid, user stack, kernel stack) → folded stack and user frame count.
     names: HashMap<(u32, u64, i32), (String, usize)>,
+    /// The same for the off-CPU counts (nanoseconds; the key's outcome carries the
+    /// sleep state, part of the name).
+    previous_off_cpu: HashMap<CountKey, u64>,
+    off_cpu_names: HashMap<(u32, u64, i32, u32), String>,
 }
 
 /// The value of `label` for process `t`: its cgroup path (sanitized like every name
@@ -89,6 +93,49 @@ impl Feed {
             );
         }
         self.previous = previous;
+        let mut previous = HashMap::with_capacity(snap.off_cpu.len());
+        for c in &snap.off_cpu {
+            let k = c.key;
+            previous.insert(k, c.count);
+            let seen = self.previous_off_cpu.get(&k).copied().unwrap_or(0);
+            let delta = c.count.saturating_sub(seen);
+            let Some((target, group)) = by_pid.get(&k.pid) else {
+                continue;
+            };
+            if delta == 0 {
+                continue;
+            }
+            let uninterruptible = k.outcome & sframe_common::offcpu::OFF_CPU_UNINTERRUPTIBLE;
+            let stack = self
+                .off_cpu_names
+                .entry((k.pid, k.user_stack, k.kernel_stack, uninterruptible))
+                .or_insert_with(|| {
+                    let s = Stack {
+                        tid: 0,
+                        thread: String::new(),
+                        user: build::user_frames(profiler, symbolizer, target, k.user_stack),
+                        kernel: build::kernel_frames(profiler, symbolizer, k.kernel_stack),
+                        count: 0,
+                        outcome: sframe_common::WalkOutcome::Complete,
+                        sleep: Some(if uninterruptible != 0 {
+                            crate::export::Sleep::Uninterruptible
+                        } else {
+                            crate::export::Sleep::Interruptible
+                        }),
+                    };
+                    let names: Vec<String> =
+                        s.names().iter().map(|n| n.replace(';', ":")).collect();
+                    names.join(";")
+                });
+            metrics.record_off_cpu(
+                k.pid,
+                &crate::sanitize::name(&target.comm),
+                group.as_deref(),
+                stack,
+                delta,
+            );
+        }
+        self.previous_off_cpu = previous;
         // Forget the stacks of processes that have no series any more.
         let live: std::collections::HashSet<u32> = metrics
             .pids()
@@ -96,6 +143,8 @@ impl Feed {
             .chain(targets.iter().map(|t| t.pid))
             .collect();
         self.names.retain(|(pid, _, _), _| live.contains(pid));
+        self.off_cpu_names
+            .retain(|(pid, _, _, _), _| live.contains(pid));
         let store = profiler.store().figures();
         let health = Health {
             outcomes: snap.outcomes,

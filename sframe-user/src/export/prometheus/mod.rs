@@ -126,6 +126,9 @@ pub struct Metrics {
     registry: Registry,
     window: StackWindow,
     stacks: Family<StackLabels, Counter>,
+    /// Off CPU (`--off-cpu`): nanoseconds asleep per stack, in a window of its own.
+    off_cpu_window: StackWindow,
+    off_cpu: Family<StackLabels, Counter<f64, AtomicU64>>,
     outcomes: Family<OutcomeLabels, Counter>,
     events: Family<EventLabels, Counter>,
     frames: Histogram,
@@ -160,6 +163,13 @@ impl Metrics {
             "sframe_stack_samples",
             "Samples per stack (folded, outermost first) of the top-K stacks of each process over a sliding window; the stack [other] sums the rest",
             stacks.clone(),
+        );
+        let off_cpu = Family::<StackLabels, Counter<f64, AtomicU64>>::default();
+        registry.register_with_unit(
+            "sframe_off_cpu",
+            "Time threads slept per stack (folded, outermost first, ending with [sleep S] or [sleep D]) of the top-K stacks of each process over a sliding window, with --off-cpu; the stack [other] sums the rest",
+            Unit::Seconds,
+            off_cpu.clone(),
         );
         let outcomes = Family::<OutcomeLabels, Counter>::default();
         registry.register(
@@ -295,6 +305,8 @@ impl Metrics {
             registry,
             window: StackWindow::new(top_k, window, grace),
             stacks,
+            off_cpu_window: StackWindow::new(top_k, window, grace),
+            off_cpu,
             outcomes,
             events,
             frames,
@@ -326,6 +338,7 @@ impl Metrics {
     pub fn with_group(mut self, label: GroupLabel, limit: usize) -> Self {
         self.group = Some(label);
         self.window = self.window.with_group_limit(limit);
+        self.off_cpu_window = self.off_cpu_window.with_group_limit(limit);
         self
     }
 
@@ -354,14 +367,36 @@ impl Metrics {
         }
     }
 
+    /// Records `ns` nanoseconds asleep in `stack` (folded, outermost first) of process
+    /// `pid` (off CPU). Applied at the next [`Self::update`].
+    pub fn record_off_cpu(
+        &mut self,
+        pid: u32,
+        comm: &str,
+        group: Option<&str>,
+        stack: &str,
+        ns: u64,
+    ) {
+        let group = self.group.and(group);
+        self.off_cpu_window.record(pid, comm, group, stack, ns);
+    }
+
     /// Process `pid` exited at `now`.
     pub fn exited(&mut self, pid: u32, now: Instant) {
         self.window.exited(pid, now);
+        self.off_cpu_window.exited(pid, now);
     }
 
     /// Pids that still have series.
     pub fn pids(&self) -> Vec<u32> {
-        self.window.pids().collect()
+        let mut pids: Vec<u32> = self
+            .window
+            .pids()
+            .chain(self.off_cpu_window.pids())
+            .collect();
+        pids.sort_unstable();
+        pids.dedup();
+        pids
     }
 
     /// Applies what was recorded and the new health values.
@@ -382,7 +417,23 @@ impl Metrics {
                 })
                 .inc_by(s.value);
         }
-        let overflow = self.window.group_overflow();
+        self.off_cpu_window.update(now);
+        self.off_cpu.clear();
+        for s in self.off_cpu_window.series() {
+            self.off_cpu
+                .get_or_create(&StackLabels {
+                    comm: s.comm,
+                    pid: s.pid,
+                    stack: s.stack,
+                    group: self
+                        .group
+                        .zip(s.group)
+                        .map(|(label, value)| vec![(label.key(), value)])
+                        .unwrap_or_default(),
+                })
+                .inc_by(s.value as f64 / 1e9);
+        }
+        let overflow = self.window.group_overflow() + self.off_cpu_window.group_overflow();
         self.group_overflow
             .inc_by(overflow.saturating_sub(self.group_overflow.get()));
         for o in WalkOutcome::ALL {
