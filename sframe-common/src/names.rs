@@ -69,6 +69,8 @@ pub mod maps {
             OFF_CPU_REGS = "OFF_CPU_REGS",
             /// Off-CPU: 1 in how many sleeps is timed (the governor's sampling).
             OFF_CPU_EVERY = "OFF_CPU_EVERY",
+            /// Off-CPU: per-CPU buffer of the kernel stack of a sleep.
+            OFF_CPU_KSTACK = "OFF_CPU_KSTACK",
             /// Raw samples (registers and stack bytes) for host-side walks.
             RAW_SAMPLES = "RAW_SAMPLES",
             /// The frame-pointer baseline's per-CPU stack buffer (benchmarks).
@@ -139,7 +141,7 @@ pub mod programs {
             ON_MMAP_ENTER = "on_mmap_enter",
             /// `syscalls:sys_exit_mmap`.
             ON_MMAP_EXIT = "on_mmap_exit",
-            /// Off-CPU: raw tracepoint `sched_switch`.
+            /// Off-CPU: BTF tracepoint `sched_switch`.
             OFF_CPU_SWITCH = "off_cpu_switch",
             /// Off-CPU: raw tracepoint `sys_exit`.
             OFF_CPU_RETURN = "off_cpu_return",

@@ -63,7 +63,34 @@ pub struct OffCpuDue {
     pub state: u32,
     /// As [`OffCpuStart::weight`] (`ns` is weighted already).
     pub weight: u32,
+    /// Key in `STACKS` of the kernel stack it slept in (0: none).
+    pub kernel_stack: u64,
 }
+
+/// Key of the off-CPU counts: as `CountKey`, with the kernel stack as a key in `STACKS`
+/// (the sleeping task's stack, taken with `bpf_get_task_stack` when it is switched in;
+/// the kernel's stack-trace map only takes the current task's).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct OffCpuKey {
+    pub pid: u32,
+    pub tid: u32,
+    /// Key of the user stack in `STACKS`; 0 = none.
+    pub user_stack: u64,
+    /// Key of the kernel stack in `STACKS`; 0 = none.
+    pub kernel_stack: u64,
+    /// A `WalkOutcome`, with `OFF_CPU_UNINTERRUPTIBLE`.
+    pub outcome: u32,
+    pub _pad: u32,
+    /// The thread's name (`comm`, NUL-padded).
+    pub comm: [u8; 16],
+}
+
+const _: () = assert!(core::mem::size_of::<OffCpuKey>() == 48);
+
+/// Kernel frames kept of an off-CPU sleep (`bpf_get_task_stack`; the kernel's default
+/// `perf_event_max_stack` is 127).
+pub const OFF_CPU_KERNEL_FRAMES: usize = 64;
 
 #[cfg(feature = "user")]
 mod pod {
@@ -71,4 +98,5 @@ mod pod {
     // SAFETY: repr(C), integers only, explicit padding.
     unsafe impl aya::Pod for OffCpuStart {}
     unsafe impl aya::Pod for OffCpuDue {}
+    unsafe impl aya::Pod for OffCpuKey {}
 }

@@ -63,6 +63,8 @@ pub struct DeferredSample {
     /// The off-CPU sleep's state flags (`OFF_CPU_UNINTERRUPTIBLE`).
     pub off_cpu_state: u32,
     pub _pad: u32,
+    /// The off-CPU sleep's kernel stack, a key in `STACKS` (0: none).
+    pub off_cpu_kernel_stack: u64,
     pub regs: crate::step::Regs,
     pub top: [u64; crate::step::TOP_REGS],
     pub stack: [u8; DEFERRED_STACK_BYTES],
@@ -74,5 +76,5 @@ unsafe impl aya::Pod for DeferredSample {}
 
 const _: () = assert!(
     core::mem::size_of::<DeferredSample>()
-        == 24 + 16 + 24 + 8 * crate::step::TOP_REGS + DEFERRED_STACK_BYTES
+        == 24 + 24 + 24 + 8 * crate::step::TOP_REGS + DEFERRED_STACK_BYTES
 );

@@ -12,9 +12,9 @@ use aya_ebpf::{
     bindings::pt_regs,
     helpers::generated::bpf_get_current_ancestor_cgroup_id,
     helpers::{bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_probe_read_user},
-    macros::{map, perf_event, raw_tracepoint},
+    macros::{btf_tracepoint, map, perf_event, raw_tracepoint},
     maps::{Array, HashMap, RingBuf},
-    programs::{PerfEventContext, RawTracePointContext},
+    programs::{BtfTracePointContext, PerfEventContext, RawTracePointContext},
 };
 use aya_log_ebpf::warn;
 use sframe_common::sample::{
@@ -44,8 +44,8 @@ pub fn profile_no_thread_names(ctx: PerfEventContext) -> u32 {
 }
 
 /// Off-CPU: times the sleeps of target threads (see `offcpu`).
-#[raw_tracepoint(tracepoint = "sched_switch")]
-pub fn off_cpu_switch(ctx: RawTracePointContext) -> i32 {
+#[btf_tracepoint(function = "sched_switch")]
+pub fn off_cpu_switch(ctx: BtfTracePointContext) -> i32 {
     offcpu::switch(&ctx)
 }
 

@@ -1,40 +1,43 @@
-//! Off-CPU profiling (see `sframe_common::offcpu`): `off_cpu_switch` on the raw
-//! tracepoint `sched_switch` times the sleeps of target threads, and `off_cpu_return` on
-//! `sys_exit` walks the stack of a thread that slept at least `OFF_CPU_MIN_NS`, in its own
-//! context, and adds the nanoseconds to `OFF_CPU_COUNTS`.
+//! Off-CPU profiling (see `sframe_common::offcpu`): `off_cpu_switch` on the BTF
+//! tracepoint `sched_switch` times the sleeps of target threads (and takes the kernel
+//! stack of one that slept long enough, as it is switched in), and `off_cpu_return` on
+//! the raw tracepoint `sys_exit` walks the stack of a thread that slept at least
+//! `OFF_CPU_MIN_NS`, in its own context, and adds the nanoseconds to `OFF_CPU_COUNTS`.
 //!
-//! Raw tracepoints: the cheapest attachment the kernel offers for events this frequent
-//! (no record is formatted), and tasks are told apart by their `task_struct` address,
-//! so no field of a kernel structure is read at an offset that varies between kernels.
+//! Tracepoints without a formatted record, the cheapest attachments for events this
+//! frequent; tasks are told apart by their `task_struct` address, so no field of a
+//! kernel structure is read at an offset that varies between kernels. `sched_switch`
+//! is a BTF tracepoint for `bpf_get_task_stack`, which wants the task as a typed pointer.
 
 use aya_ebpf::{
+    bindings::task_struct,
     bindings::{BPF_ANY, BPF_NOEXIST, pt_regs},
     helpers::{
         bpf_get_current_pid_tgid, bpf_ktime_get_ns,
         generated::{
-            bpf_get_current_task, bpf_get_prandom_u32,
+            bpf_get_current_task, bpf_get_prandom_u32, bpf_get_task_stack,
             bpf_probe_read_kernel as bpf_probe_read_kernel_raw,
         },
     },
     macros::map,
     maps::{Array, HashMap, PerCpuArray},
-    programs::RawTracePointContext,
+    programs::{BtfTracePointContext, RawTracePointContext},
 };
 use sframe_common::{
     Counter, WalkOutcome,
     budget::{MAX_OFF_CPU_COUNTS, MAX_OFF_CPU_THREADS},
     offcpu::{
-        MAX_OFF_CPU_EVERY, OFF_CPU_UNINTERRUPTIBLE, OffCpuDue, OffCpuStart, TASK_INTERRUPTIBLE,
-        TASK_UNINTERRUPTIBLE,
+        MAX_OFF_CPU_EVERY, OFF_CPU_KERNEL_FRAMES, OFF_CPU_UNINTERRUPTIBLE, OffCpuDue, OffCpuKey,
+        OffCpuStart, TASK_INTERRUPTIBLE, TASK_UNINTERRUPTIBLE,
     },
-    stack::CountKey,
+    stack::{CountKey, HASH_SEED, UserStack, finish, mix},
     step::WalkState,
     window::StackWindow,
 };
 
 use crate::{
     filter_flags, is_target, lifecycle, regs,
-    unwind::{count, defer, needs_tables, walk_in},
+    unwind::{STACKS, count, defer, needs_tables, walk_in},
 };
 
 /// Sleeps shorter than this (ns) are not walked; set at load time.
@@ -54,7 +57,10 @@ static OFF_CPU_DUE: PerCpuArray<OffCpuDue> = PerCpuArray::with_max_entries(1, 0)
 #[map]
 static OFF_CPU_EVERY: Array<u32> = Array::with_max_entries(1, 0);
 #[map]
-static OFF_CPU_COUNTS: HashMap<CountKey, u64> = HashMap::with_max_entries(MAX_OFF_CPU_COUNTS, 0);
+static OFF_CPU_COUNTS: HashMap<OffCpuKey, u64> = HashMap::with_max_entries(MAX_OFF_CPU_COUNTS, 0);
+/// The kernel stack of the sleep being charged, before it goes into `STACKS`.
+#[map]
+static OFF_CPU_KSTACK: PerCpuArray<UserStack> = PerCpuArray::with_max_entries(1, 0);
 /// The walker's own per-CPU state: `off_cpu_return` runs with interrupts enabled, and a
 /// `profile` run in an interrupt on the same CPU uses `SCRATCH` and `WINDOW`.
 #[map]
@@ -67,12 +73,13 @@ static OFF_CPU_REGS: PerCpuArray<pt_regs> = PerCpuArray::with_max_entries(1, 0);
 /// `sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next,
 /// unsigned int prev_state)` (Linux 5.18 and later): `prev` is the current task.
 #[inline(always)]
-pub fn switch(ctx: &RawTracePointContext) -> i32 {
+pub fn switch(ctx: &BtfTracePointContext) -> i32 {
     // SAFETY: helper without arguments. (The clock is read only where a sleep starts or
     // ends: most switches of a busy machine concern no target.)
     let prev = unsafe { bpf_get_current_task() };
     let preempt: u64 = ctx.arg(0);
-    let next: u64 = ctx.arg(2);
+    let next_task: *mut task_struct = ctx.arg(2);
+    let next = next_task as u64;
     let prev_state = ctx.arg::<u64>(3) as u32;
     let Some(due) = OFF_CPU_DUE.get_ptr_mut(0) else {
         return 0;
@@ -145,10 +152,64 @@ pub fn switch(ctx: &RawTracePointContext) -> i32 {
                 tid: start.tid,
                 state: start.state,
                 weight: start.weight,
+                kernel_stack: kernel_stack(next_task),
             };
         }
     }
     0
+}
+
+/// The kernel stack `task` sleeps in, stored in `STACKS`; its key, or 0.
+#[inline(always)]
+fn kernel_stack(task: *mut task_struct) -> u64 {
+    let Some(buf) = OFF_CPU_KSTACK.get_ptr_mut(0) else {
+        return 0;
+    };
+    // SAFETY: this CPU's buffer (sched_switch runs with interrupts off).
+    let st = unsafe { &mut *buf };
+    // SAFETY: `task` is the tracepoint's typed task pointer; the helper writes at most
+    // the given size into the buffer's frames.
+    let n = unsafe {
+        bpf_get_task_stack(
+            task,
+            st.frames.as_mut_ptr().cast(),
+            (OFF_CPU_KERNEL_FRAMES * 8) as u32,
+            0,
+        )
+    };
+    if n <= 0 {
+        count(Counter::KernelStackFailed, 1);
+        return 0;
+    }
+    let len = (n as u64 / 8).min(OFF_CPU_KERNEL_FRAMES as u64) as u32;
+    st.len = len;
+    // Hashed as user stacks are, from another seed: kernel and user stacks share the
+    // map.
+    let mut h = !HASH_SEED;
+    let mut i = 0;
+    while i < OFF_CPU_KERNEL_FRAMES {
+        if i as u32 >= len {
+            break;
+        }
+        h = mix(h, st.frames[i]);
+        i += 1;
+    }
+    let key = finish(h, len);
+    if STACKS.get_ptr(key).is_some() {
+        return key;
+    }
+    #[allow(
+        clippy::needless_borrows_for_generic_args,
+        reason = "by value would copy the stack onto the BPF stack"
+    )]
+    match STACKS.insert(key, &*st, u64::from(BPF_NOEXIST)) {
+        Ok(()) => key,
+        Err(e) if e == -crate::unwind::EEXIST => key,
+        Err(_) => {
+            count(Counter::StackMapFull, 1);
+            0
+        }
+    }
 }
 
 /// Records that the current task, a thread going to sleep, leaves now.
@@ -248,12 +309,13 @@ pub fn ret(ctx: &RawTracePointContext) -> i32 {
         return 0;
     }
     count(Counter::OffCpuWalks, 1);
-    let mut key = CountKey {
+    let mut key = OffCpuKey {
         pid: due.pid,
         tid: due.tid,
         user_stack: 0,
-        kernel_stack: -1,
+        kernel_stack: due.kernel_stack,
         outcome: WalkOutcome::NoUserRegs as u32,
+        _pad: 0,
         comm: [0; 16],
     };
     // SAFETY: the helper writes at most `comm.len()` bytes into `key.comm`.
@@ -275,10 +337,17 @@ pub fn ret(ctx: &RawTracePointContext) -> i32 {
         // stack goes to user space to be walked once the tables are loaded, as an
         // on-CPU sample's does.
         lifecycle::send_miss(due.pid);
-        key.outcome = outcome;
+        let deferred = CountKey {
+            pid: due.pid,
+            tid: due.tid,
+            user_stack: 0,
+            kernel_stack: -1,
+            outcome,
+            comm: key.comm,
+        };
         // (Not counted as `Deferred`, which counts on-CPU samples, whose outcomes
         // user space adds to the kernel's.)
-        if defer(&key, pt, due.ns, due.state) {
+        if defer(&deferred, pt, due.ns, due.state, due.kernel_stack) {
             return 0;
         }
     }
@@ -289,7 +358,7 @@ pub fn ret(ctx: &RawTracePointContext) -> i32 {
 
 /// Adds `ns` to the key's count (one thread, one CPU at a time: see `unwind::bump`).
 #[inline(always)]
-fn add(key: &CountKey, ns: u64) {
+fn add(key: &OffCpuKey, ns: u64) {
     if let Some(n) = OFF_CPU_COUNTS.get_ptr_mut(key) {
         // SAFETY: an OFF_CPU_COUNTS value.
         unsafe { *n += ns };

@@ -36,7 +36,7 @@ use crate::{
 };
 
 /// `errno` of a `BPF_NOEXIST` insert whose key exists (Linux, every architecture).
-const EEXIST: i32 = 17;
+pub(crate) const EEXIST: i32 = 17;
 
 #[map]
 pub(crate) static PROCESSES: HashMap<u32, ProcessEntry> =
@@ -57,7 +57,7 @@ static SCRATCH: PerCpuArray<WalkState> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 static WINDOW: PerCpuArray<StackWindow> = PerCpuArray::with_max_entries(1, 0);
 #[map]
-static STACKS: HashMap<u64, UserStack> = HashMap::with_max_entries(MAX_STACKS, 0);
+pub(crate) static STACKS: HashMap<u64, UserStack> = HashMap::with_max_entries(MAX_STACKS, 0);
 #[map]
 static COUNTS: HashMap<CountKey, u64> = HashMap::with_max_entries(MAX_COUNTS, 0);
 #[map]
@@ -226,7 +226,7 @@ pub fn profile<const THREAD_NAMES: bool>(ctx: &PerfEventContext) -> u32 {
         key.outcome = walk(tgid, pt, &mut key.user_stack);
         if needs_tables(&SCRATCH, key.outcome) {
             lifecycle::send_miss(tgid);
-            if defer(&key, pt, 0, 0) {
+            if defer(&key, pt, 0, 0, 0) {
                 count(Counter::Deferred, 1);
                 return 0;
             }
@@ -263,7 +263,13 @@ static DEFERRED: RingBuf = RingBuf::with_byte_size(DEFERRED_RING_BYTES, 0);
 /// with the nanoseconds of an off-CPU sleep (0 for an on-CPU sample) and its state;
 /// false when the ring buffer is full.
 #[inline(always)]
-pub(crate) fn defer(key: &CountKey, pt: &pt_regs, off_cpu_ns: u64, off_cpu_state: u32) -> bool {
+pub(crate) fn defer(
+    key: &CountKey,
+    pt: &pt_regs,
+    off_cpu_ns: u64,
+    off_cpu_state: u32,
+    off_cpu_kernel_stack: u64,
+) -> bool {
     let Some(mut entry) = DEFERRED.reserve::<DeferredSample>(0) else {
         count(Counter::DeferredLost, 1);
         return false;
@@ -281,6 +287,7 @@ pub(crate) fn defer(key: &CountKey, pt: &pt_regs, off_cpu_ns: u64, off_cpu_state
         (*rec).off_cpu_ns = off_cpu_ns;
         (*rec).off_cpu_state = off_cpu_state;
         (*rec)._pad = 0;
+        (*rec).off_cpu_kernel_stack = off_cpu_kernel_stack;
         (*rec).regs = regs;
         regs::dwarf_regs(pt, &mut (*rec).top);
         let mut len = 0u32;

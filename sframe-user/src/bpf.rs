@@ -323,6 +323,27 @@ pub fn attach_raw_tracepoint(
     Ok(())
 }
 
+/// Loads and attaches the BTF tracepoint program `name` to `function` (the kernel's
+/// BTF from /sys/kernel/btf/vmlinux).
+pub fn attach_btf_tracepoint(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+    function: &str,
+) -> Result<(), aya::programs::ProgramError> {
+    let btf = aya::Btf::from_sys_fs().map_err(|e| {
+        aya::programs::ProgramError::IOError(std::io::Error::other(format!(
+            "reading the kernel's BTF: {e}"
+        )))
+    })?;
+    let program: &mut aya::programs::BtfTracePoint = ebpf
+        .program_mut(name)
+        .ok_or(aya::programs::ProgramError::NotLoaded)?
+        .try_into()?;
+    program.load(function, &btf)?;
+    program.attach()?;
+    Ok(())
+}
+
 /// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; raise it so they load there too.
 fn raise_memlock_limit() {
     let rlim = libc::rlimit {

@@ -231,18 +231,22 @@ fn sleeps_are_charged_to_their_complete_stacks(flags: &[&str], build: &str) {
     let exe = compile_c(&format!("offcpu-sleeper-{build}"), SLEEPER, &all);
     let (folded, stdout) = off_cpu_run(&exe, "folded", &[]);
     let m = measured(&stdout);
+    // Each with the kernel function it slept in (the kernel's stack of a sleeping task
+    // leaves out the scheduler's own functions).
     let chains = [
         (
             "nap",
             // Complete: from the thread's entry through the fixture's chain into libc.
             "start_thread;napper;nap_loop;nap;",
+            "clock_nanosleep_[k]",
         ),
         (
             "read",
             "__libc_start_call_main;main;reader_loop;wait_input;",
+            "pipe_read_[k]",
         ),
     ];
-    for (what, chain) in chains {
+    for (what, chain, kernel) in chains {
         let fixture_us = m[what] / 1e3;
         let reported = folded_us(&folded, chain) as f64;
         assert!(
@@ -252,6 +256,7 @@ fn sleeps_are_charged_to_their_complete_stacks(flags: &[&str], build: &str) {
         );
         for line in folded.lines().filter(|l| l.contains(chain)) {
             assert!(line.contains(";[sleep S] "), "{line}");
+            assert!(line.contains(kernel), "no {kernel} in {line}");
         }
     }
     // The feeder's sleeps, which the fixture does not time, are there too.

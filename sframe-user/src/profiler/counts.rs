@@ -10,6 +10,7 @@ use aya::{
 use sframe_common::{
     Counter, WalkOutcome,
     names::maps,
+    offcpu::OffCpuKey,
     stack::{CountKey, UserStack},
 };
 
@@ -172,7 +173,7 @@ pub(super) struct Counts {
     outcomes_map: PerCpuArray<MapData, u64>,
     counters_map: PerCpuArray<MapData, u64>,
     /// Off-CPU nanoseconds by key (`sframe_common::offcpu`).
-    off_cpu_map: HashMap<MapData, CountKey, u64>,
+    off_cpu_map: HashMap<MapData, OffCpuKey, u64>,
     /// Counts accumulated in user space (the kernel map is drained on each collect).
     kept: Kept,
     /// Outcomes of the samples walked in user space (added to the kernel's).
@@ -182,16 +183,23 @@ pub(super) struct Counts {
 /// Every key of a kernel count map with its count, the map emptied. Read then delete:
 /// a count landing in between is lost (rare; on CPU it shows as the difference between
 /// `samples` and the sum of counts).
-fn drain(map: &mut HashMap<MapData, CountKey, u64>, kind: Kind) -> Vec<(Kind, CountKey, u64)> {
-    let keys: Vec<CountKey> = map.keys().filter_map(Result::ok).collect();
+fn drain_keys<K: aya::Pod + Copy>(map: &mut HashMap<MapData, K, u64>) -> Vec<(K, u64)> {
+    let keys: Vec<K> = map.keys().filter_map(Result::ok).collect();
     let mut drained = Vec::with_capacity(keys.len());
     for key in keys {
         if let Ok(n) = map.get(&key, 0) {
-            drained.push((kind, key, n));
+            drained.push((key, n));
         }
         let _ = map.remove(&key);
     }
     drained
+}
+
+fn drain(map: &mut HashMap<MapData, CountKey, u64>, kind: Kind) -> Vec<(Kind, CountKey, u64)> {
+    drain_keys(map)
+        .into_iter()
+        .map(|(key, n)| (kind, key, n))
+        .collect()
 }
 
 impl Counts {
@@ -221,6 +229,22 @@ impl Counts {
         }
     }
 
+    /// The id in `kernel_stacks` of the off-CPU kernel stack stored under `key` in
+    /// `STACKS` (read and removed from the map the first time; -1: none).
+    pub(super) fn off_cpu_kernel_stack(
+        &mut self,
+        key: u64,
+        kernel_stacks: &mut KernelStacks,
+    ) -> i32 {
+        let stacks_map = &mut self.stacks_map;
+        kernel_stacks.intern_stored(key, |key| {
+            let stack = stacks_map.get(&key, 0).ok()?;
+            let _ = stacks_map.remove(&key);
+            let len = (stack.len as usize).min(stack.frames.len());
+            stack.frames.get(..len).map(<[u64]>::to_vec)
+        })
+    }
+
     /// Counts one off-CPU sleep walked in user space: `ns` asleep, `state` its flags
     /// (`sframe_common::offcpu`), `frames` its user stack.
     pub(super) fn add_walked_off_cpu(
@@ -241,7 +265,23 @@ impl Counts {
     /// `kernel_stacks`) and returns everything counted so far.
     pub(super) fn collect(&mut self, kernel_stacks: &mut KernelStacks) -> Snapshot {
         let mut drained = drain(&mut self.counts_map, Kind::OnCpu);
-        drained.extend(drain(&mut self.off_cpu_map, Kind::OffCpu));
+        // Off CPU: the kernel stack is a key in `STACKS`, made an id of `kernel_stacks`
+        // here (-1 meaning none, as for on-CPU keys).
+        for (key, ns) in drain_keys(&mut self.off_cpu_map) {
+            let kernel_stack = self.off_cpu_kernel_stack(key.kernel_stack, kernel_stacks);
+            drained.push((
+                Kind::OffCpu,
+                CountKey {
+                    pid: key.pid,
+                    tid: key.tid,
+                    user_stack: key.user_stack,
+                    kernel_stack,
+                    outcome: key.outcome,
+                    comm: key.comm,
+                },
+                ns,
+            ));
+        }
         // The user stacks not copied yet, read once each. Every stack the drained keys
         // name is removed from the kernel's map, copied or not: the walker stores a
         // stack again when it is missing, and the map must not fill up with stacks user
@@ -265,10 +305,14 @@ impl Counts {
         }
         let mut round = StdHashMap::new();
         for (kind, key, n) in drained {
-            let kernel_stack = kernel_stacks.intern(key.kernel_stack, &mut round);
-            let key = CountKey {
-                kernel_stack,
-                ..key
+            // On CPU, the kernel stack is an id of the kernel's stack-trace map (off CPU
+            // it was made one of `kernel_stacks` above).
+            let key = match kind {
+                Kind::OnCpu => CountKey {
+                    kernel_stack: kernel_stacks.intern(key.kernel_stack, &mut round),
+                    ..key
+                },
+                Kind::OffCpu => key,
             };
             let frames = read.get(&key.user_stack).and_then(Option::as_deref);
             self.kept.add(kind, key, n, frames);

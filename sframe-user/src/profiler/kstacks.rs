@@ -27,6 +27,8 @@ pub(super) struct KernelStacks {
     failures: u64,
     /// Samples whose kernel stack was new when `MAX_KERNEL_STACKS_KEPT` were kept.
     pub(super) dropped: u64,
+    /// Off-CPU kernel stacks: this profiler's id by their key in `STACKS`.
+    by_key: HashMap<u64, i32>,
 }
 
 impl KernelStacks {
@@ -39,6 +41,7 @@ impl KernelStacks {
             capacity,
             failures: 0,
             dropped: 0,
+            by_key: HashMap::new(),
         }
     }
 
@@ -55,8 +58,14 @@ impl KernelStacks {
             return -1;
         };
         self.read.insert(id as u32);
-        let frames: Arc<[u64]> = trace.frames().iter().map(|f| f.ip).collect();
-        let mine = match self.ids.get(&frames) {
+        let mine = self.intern_frames(trace.frames().iter().map(|f| f.ip).collect());
+        round.insert(id, mine);
+        mine
+    }
+
+    /// This profiler's id of a stack of `frames` (innermost first); -1 past the bound.
+    fn intern_frames(&mut self, frames: Arc<[u64]>) -> i32 {
+        match self.ids.get(&frames) {
             Some(&mine) => mine,
             None if self.frames.len() >= MAX_KERNEL_STACKS_KEPT => {
                 self.dropped += 1;
@@ -68,8 +77,32 @@ impl KernelStacks {
                 self.ids.insert(frames, mine);
                 mine
             }
+        }
+    }
+
+    /// This profiler's id of the off-CPU kernel stack stored under `key` in `STACKS`
+    /// (0: none), `read` taking its frames out of the map the first time.
+    pub(super) fn intern_stored(
+        &mut self,
+        key: u64,
+        read: impl FnOnce(u64) -> Option<Vec<u64>>,
+    ) -> i32 {
+        if key == 0 {
+            return -1;
+        }
+        // Read (and so taken out of the kernel's map, which must not fill up with
+        // stacks user space holds) every time the key comes back.
+        let frames = read(key);
+        if let Some(&mine) = self.by_key.get(&key) {
+            return mine;
+        }
+        let Some(frames) = frames else {
+            return -1;
         };
-        round.insert(id, mine);
+        let mine = self.intern_frames(frames.into());
+        if mine >= 0 {
+            self.by_key.insert(key, mine);
+        }
         mine
     }
 

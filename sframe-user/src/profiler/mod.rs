@@ -442,17 +442,20 @@ impl Profiler {
         }
         profiler.scan_named_targets();
         if config.off_cpu_min.is_some() {
-            for (program, tracepoint) in [
-                (programs::OFF_CPU_RETURN, "sys_exit"),
-                (programs::OFF_CPU_SWITCH, "sched_switch"),
-            ] {
-                bpf::attach_raw_tracepoint(&mut profiler.ebpf, program, tracepoint).map_err(
-                    |source| LoadError::Program {
-                        name: program,
-                        source,
-                    },
-                )?;
-            }
+            bpf::attach_raw_tracepoint(&mut profiler.ebpf, programs::OFF_CPU_RETURN, "sys_exit")
+                .map_err(|source| LoadError::Program {
+                    name: programs::OFF_CPU_RETURN,
+                    source,
+                })?;
+            bpf::attach_btf_tracepoint(
+                &mut profiler.ebpf,
+                programs::OFF_CPU_SWITCH,
+                "sched_switch",
+            )
+            .map_err(|source| LoadError::Program {
+                name: programs::OFF_CPU_SWITCH,
+                source,
+            })?;
         }
         if config.on_cpu {
             profiler.links = bpf::attach_cpu_clock_all_cpus(
@@ -900,8 +903,14 @@ impl Profiler {
                 outcome: outcome as u32,
             };
             if rec.off_cpu_ns > 0 {
+                let kernel_stack = self
+                    .counts
+                    .off_cpu_kernel_stack(rec.off_cpu_kernel_stack, &mut self.kernel_stacks);
                 self.counts.add_walked_off_cpu(
-                    key,
+                    CountKey {
+                        kernel_stack,
+                        ..key
+                    },
                     rec.off_cpu_state & sframe_common::offcpu::OFF_CPU_UNINTERRUPTIBLE,
                     rec.off_cpu_ns,
                     &st.stack.frames[..len],

@@ -1015,7 +1015,8 @@ fn off_cpu(ctx: &Ctx) -> Result<String> {
     let reported: f64 = folded
         .lines()
         .filter(|l| l.starts_with("sleeper;_start;") && l.contains(chain))
-        .filter(|l| l.contains("[sleep S] "))
+        // With the kernel stack it slept in.
+        .filter(|l| l.contains("_[k];[sleep S] "))
         .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
         .sum();
     if (reported - fixture_us).abs() > 0.05 * fixture_us {
