@@ -467,11 +467,23 @@ pub struct ProgramCheck {
 pub fn check_kernel() -> Result<Vec<ProgramCheck>, LoadError> {
     use aya::programs::Program;
     let mut ebpf = load()?;
+    let btf = aya::Btf::from_sys_fs();
     let mut out = Vec::new();
     for (name, program) in ebpf.programs_mut() {
         let (kind, loaded) = match program {
             Program::PerfEvent(p) => ("perf_event", p.load()),
             Program::TracePoint(p) => ("tracepoint", p.load()),
+            Program::RawTracePoint(p) => ("raw_tracepoint", p.load()),
+            // The one BTF tracepoint, off CPU's, is on `sched_switch`.
+            Program::BtfTracePoint(p) => (
+                "btf_tracepoint",
+                match &btf {
+                    Ok(btf) => p.load("sched_switch", btf),
+                    Err(e) => Err(aya::programs::ProgramError::IOError(std::io::Error::other(
+                        format!("reading the kernel's BTF: {e}"),
+                    ))),
+                },
+            ),
             other => {
                 out.push(ProgramCheck {
                     name: name.to_owned(),
