@@ -29,6 +29,9 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     // A real Prometheus server scrapes the exporter in the export tests; promtool (same
     // package) lints the exposition.
     ("prometheus", "prometheus"),
+    // libbpf-tools' offcputime (the CO-RE build of bcc's tool, which needs no kernel
+    // headers): the off-CPU bench section measures it beside the profiler.
+    ("libbpf-tools", "/usr/sbin/offcputime"),
 ];
 
 pub fn setup() -> Result<()> {
