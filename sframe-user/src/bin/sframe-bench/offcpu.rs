@@ -107,8 +107,8 @@ pub fn section(doc: &mut String, args: &Args) {
     doc.push_str("\n## 7. Off CPU\n\n");
     let _ = writeln!(
         doc,
-        "`--off-cpu`: `off_cpu_switch` runs at every context switch of the machine (raw \
-         tracepoint `sched_switch`), `off_cpu_return` at every system call return \
+        "`--off-cpu`: `off_cpu_switch` runs at every context switch of the machine (BTF \
+         tracepoint `sched_switch`; past the threshold it also takes the kernel stack), `off_cpu_return` at every system call return \
          (`sys_exit`; it walks only for a thread that slept at least `--off-cpu-min`). The \
          workload: two threads of a no-frame-pointer C program passing a byte through two \
          pipes, both on one CPU (every round trip puts both to sleep: two context \
