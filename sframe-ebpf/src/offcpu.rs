@@ -271,16 +271,19 @@ pub fn ret(ctx: &RawTracePointContext) -> i32 {
         return 0;
     };
     // SAFETY: this CPU's slot. Every system call of the machine passes here: the test
-    // that it is not the due thread's comes first and costs one load.
-    let due = unsafe { *slot };
-    if due.task == 0 {
+    // that it is not the due thread's comes first, one load (the rest of the slot is
+    // read only for the due thread).
+    let due_task = unsafe { core::ptr::read_volatile(core::ptr::addr_of!((*slot).task)) };
+    if due_task == 0 {
         return 0;
     }
     // SAFETY: helper without arguments.
     let task = unsafe { bpf_get_current_task() };
-    if due.task != task {
+    if due_task != task {
         return 0;
     }
+    // SAFETY: as above.
+    let due = unsafe { *slot };
     // SAFETY: as above; cleared before the walk, so it is charged once.
     unsafe { (*slot).task = 0 };
     let Some(regs_copy) = OFF_CPU_REGS.get_ptr_mut(0) else {

@@ -8,6 +8,16 @@ use std::{collections::BTreeMap, path::Path, process::Command};
 
 use support::{bpf_or_skip, compile_c};
 
+/// One test at a time: the switch storm keeps a CPU busy with context switches, which
+/// the other tests' fixtures would share.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// Three threads, each sleeping from its own call chain; two measure the time their loop
 /// spent off CPU (wall-clock less the thread's CPU time) and print it in ns:
 /// - `napper`: 100 × `nanosleep(10 ms)` in `nap_loop` → `nap`;
@@ -187,11 +197,15 @@ int main(int argc, char **argv) {
 "#;
 
 /// Runs `exe` under `sframe-user --off-cpu --no-on-cpu` with `extra` arguments; returns
-/// the off-CPU profile in `format` and the command's standard output.
+/// the off-CPU profile in `format` and the command's standard output. The governor is
+/// off: the switch programs run for every switch of the machine, so another test's
+/// switch storm (or any busy host) would make it sample sleeps, and these tests check
+/// what every sleep adds up to.
 fn off_cpu_run(exe: &Path, format: &str, extra: &[&str]) -> (String, String) {
     let out_path = exe.with_file_name(format!("off-cpu.{format}"));
     let out = Command::new(env!("CARGO_BIN_EXE_sframe-user"))
         .args(["--off-cpu", "--no-on-cpu", "--no-cache", "--format", format])
+        .args(["--max-overhead", "0"])
         .arg("--output")
         .arg(&out_path)
         .args(extra)
@@ -268,6 +282,7 @@ fn sleeps_are_charged_to_their_complete_stacks_with_sframe() {
     if !bpf_or_skip("sleeps_are_charged_to_their_complete_stacks_with_sframe") {
         return;
     }
+    let _serial = serial();
     sleeps_are_charged_to_their_complete_stacks(&["-Wa,--gsframe"], "sframe");
 }
 
@@ -276,6 +291,7 @@ fn sleeps_are_charged_to_their_complete_stacks_with_eh_frame_only() {
     if !bpf_or_skip("sleeps_are_charged_to_their_complete_stacks_with_eh_frame_only") {
         return;
     }
+    let _serial = serial();
     sleeps_are_charged_to_their_complete_stacks(&[], "eh_frame");
 }
 
@@ -284,6 +300,7 @@ fn threads_waiting_for_a_mutex_show_the_lock_call_chain() {
     if !bpf_or_skip("threads_waiting_for_a_mutex_show_the_lock_call_chain") {
         return;
     }
+    let _serial = serial();
     let exe = compile_c(
         "offcpu-locks",
         LOCKS,
@@ -313,6 +330,7 @@ fn sleeps_under_the_threshold_cost_no_walk() {
     if !bpf_or_skip("sleeps_under_the_threshold_cost_no_walk") {
         return;
     }
+    let _serial = serial();
     let exe = compile_c("offcpu-tiny", TINY, &["-O2", "-fomit-frame-pointer"]);
     let (top, _) = off_cpu_run(&exe, "top", &["--off-cpu-min", "20ms"]);
     // "off CPU: X s asleep in Y s (W sleeps walked, S shorter than the threshold, L lost)"
@@ -340,6 +358,7 @@ fn a_switch_storm_makes_the_governor_sample_sleeps() {
     if !bpf_or_skip("a_switch_storm_makes_the_governor_sample_sleeps") {
         return;
     }
+    let _serial = serial();
     let exe = compile_c("offcpu-storm", STORM, &["-O2", "-pthread"]);
     let out_path = exe.with_file_name("storm.top");
     let out = Command::new(env!("CARGO_BIN_EXE_sframe-user"))
@@ -428,6 +447,7 @@ fn off_cpu_time_is_exported_to_prometheus_in_seconds() {
     if !bpf_or_skip("off_cpu_time_is_exported_to_prometheus_in_seconds") {
         return;
     }
+    let _serial = serial();
     use std::io::BufRead as _;
     let exe = compile_c("offcpu-forever", FOREVER, &["-O2", "-fomit-frame-pointer"]);
     let mut profiler = Command::new(env!("CARGO_BIN_EXE_sframe-user"))
@@ -438,7 +458,13 @@ fn off_cpu_time_is_exported_to_prometheus_in_seconds() {
             "--format",
             "folded",
         ])
-        .args(["--prometheus", "127.0.0.1:0", "--output"])
+        .args([
+            "--max-overhead",
+            "0",
+            "--prometheus",
+            "127.0.0.1:0",
+            "--output",
+        ])
         .arg(exe.with_file_name("forever.folded"))
         .arg("--")
         .arg(&exe)

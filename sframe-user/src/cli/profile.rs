@@ -78,6 +78,13 @@ pub struct ProfileArgs {
     #[arg(long, value_name = "N", default_value_t = sframe_common::budget::MAX_COUNTS,
           value_parser = clap::value_parser!(u32).range(16..=1 << 24))]
     pub max_counts: u32,
+    /// Distinct (thread, stack, outcome) counts kept for the whole profile (its memory
+    /// bound), a sixteenth of them per process, with 16 frame words of stacks per count
+    /// on average; beyond it a process's new stacks are counted at its root
+    /// (count_folded).
+    #[arg(long, value_name = "N", default_value_t = 131_072,
+          value_parser = clap::value_parser!(u64).range(16..=1 << 24))]
+    pub max_profile_counts: u64,
     /// Exited processes whose samples and mappings are kept for the report; beyond it
     /// the oldest are forgotten (bounds memory under endless process churn).
     #[arg(long, value_name = "N", default_value_t = 10_000)]
@@ -209,6 +216,7 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
         targets,
         max_table_memory: Some(args.max_table_memory),
         max_exited: args.keep_exited,
+        max_kept_counts: usize::try_from(args.max_profile_counts).ok(),
         cache_dir: (!args.no_cache).then(|| args.cache_dir.clone()),
         map_sizes: sframe_user::bpf::MapSizes {
             processes: Some(args.max_processes),

@@ -57,12 +57,23 @@ struct Bounds {
     words_per_process: usize,
 }
 
-const BOUNDS: Bounds = Bounds {
-    keys: MAX_KEYS,
-    keys_per_process: MAX_KEYS_PER_PROCESS,
-    words: MAX_STACK_WORDS,
-    words_per_process: MAX_STACK_WORDS_PER_PROCESS,
-};
+impl Bounds {
+    /// For `keys` distinct keys in all (the default [`MAX_KEYS`]): a sixteenth of them
+    /// per process, 16 frame words per key on average.
+    fn for_keys(keys: usize) -> Self {
+        let keys = keys.max(1);
+        let words = keys.saturating_mul(MAX_STACK_WORDS / MAX_KEYS);
+        Self {
+            keys,
+            keys_per_process: (keys / 16).max(1),
+            words,
+            words_per_process: (words / 16).max(1),
+        }
+    }
+}
+
+const _: () = assert!(MAX_KEYS_PER_PROCESS == MAX_KEYS / 16);
+const _: () = assert!(MAX_STACK_WORDS_PER_PROCESS == MAX_STACK_WORDS / 16);
 
 /// Which counts: samples on CPU, or nanoseconds off CPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -203,14 +214,15 @@ fn drain(map: &mut HashMap<MapData, CountKey, u64>, kind: Kind) -> Vec<(Kind, Co
 }
 
 impl Counts {
-    pub(super) fn new(ebpf: &mut Ebpf) -> Result<Self, LoadError> {
+    /// `max_keys`: distinct count keys kept in all (`None`: [`MAX_KEYS`]).
+    pub(super) fn new(ebpf: &mut Ebpf, max_keys: Option<usize>) -> Result<Self, LoadError> {
         Ok(Self {
             counts_map: take(ebpf, maps::COUNTS)?,
             stacks_map: take(ebpf, maps::STACKS)?,
             outcomes_map: take(ebpf, maps::OUTCOMES)?,
             counters_map: take(ebpf, maps::COUNTERS)?,
             off_cpu_map: take(ebpf, maps::OFF_CPU_COUNTS)?,
-            kept: Kept::new(BOUNDS),
+            kept: Kept::new(Bounds::for_keys(max_keys.unwrap_or(MAX_KEYS))),
             walked_here: [0; WalkOutcome::COUNT],
         })
     }

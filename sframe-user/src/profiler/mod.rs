@@ -154,6 +154,9 @@ pub struct ProfilerConfig {
     pub max_table_memory: Option<u64>,
     /// Exited processes whose mappings are kept for symbolizing their samples.
     pub max_exited: usize,
+    /// Distinct counts (thread, stack, outcome) kept for the whole profile, a sixteenth
+    /// per process (`None`: `counts::MAX_KEYS`).
+    pub max_kept_counts: Option<usize>,
     /// Directory of the on-disk table cache (`None`: no cache).
     pub cache_dir: Option<PathBuf>,
     /// Sizes of the kernel maps that grow with the workload.
@@ -174,6 +177,7 @@ impl ProfilerConfig {
             targets: TargetSpec::default(),
             max_table_memory: None,
             max_exited: 10_000,
+            max_kept_counts: None,
             cache_dir: None,
             map_sizes: bpf::MapSizes::default(),
             program: SampleProgram::Profile,
@@ -399,7 +403,7 @@ impl Profiler {
             program: config.program,
             store,
             targets: take(&mut ebpf, maps::TARGET_TGIDS)?,
-            counts: Counts::new(&mut ebpf)?,
+            counts: Counts::new(&mut ebpf, config.max_kept_counts)?,
             kernel_stacks: KernelStacks::new(
                 take(&mut ebpf, maps::KERNEL_STACKS)?,
                 config

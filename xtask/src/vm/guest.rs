@@ -973,6 +973,8 @@ fn off_cpu(ctx: &Ctx) -> Result<String> {
             "--no-cache",
             "--format",
             "folded",
+            "--max-overhead",
+            "0",
         ])
         .arg("--output")
         .arg(&out_path)

@@ -379,6 +379,8 @@ fn measure(args: &Args) -> Result<String> {
             "--no-cache",
             "--format",
             "folded",
+            "--max-overhead",
+            "0",
         ])
         .arg("--output")
         .arg(&folded)
