@@ -125,10 +125,14 @@ pub enum Counter {
     /// Off-CPU: sleeps not timed because the governor samples sleeps (1 in
     /// `OFF_CPU_EVERY`; those timed count for the others).
     OffCpuUnsampled = 16,
+    /// Off-CPU: the sleeping task's kernel stack could not be taken (the sleep is
+    /// counted without it). Apart from `KernelStackFailed`, which tells user space
+    /// the stack-trace map is full.
+    OffCpuKernelStackFailed = 17,
 }
 
 impl Counter {
-    pub const COUNT: usize = 17;
+    pub const COUNT: usize = 18;
     pub const ALL: [Counter; Self::COUNT] = [
         Self::Samples,
         Self::SamplesInKernel,
@@ -147,6 +151,7 @@ impl Counter {
         Self::OffCpuLost,
         Self::OffCpuMapFull,
         Self::OffCpuUnsampled,
+        Self::OffCpuKernelStackFailed,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -168,6 +173,7 @@ impl Counter {
             Self::OffCpuLost => "off_cpu_lost",
             Self::OffCpuMapFull => "off_cpu_map_full",
             Self::OffCpuUnsampled => "off_cpu_unsampled",
+            Self::OffCpuKernelStackFailed => "off_cpu_kernel_stack_failed",
         }
     }
 }

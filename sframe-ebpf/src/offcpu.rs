@@ -178,7 +178,7 @@ fn kernel_stack(task: *mut task_struct) -> u64 {
         )
     };
     if n <= 0 {
-        count(Counter::KernelStackFailed, 1);
+        count(Counter::OffCpuKernelStackFailed, 1);
         return 0;
     }
     let len = (n as u64 / 8).min(OFF_CPU_KERNEL_FRAMES as u64) as u32;

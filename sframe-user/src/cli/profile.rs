@@ -454,39 +454,28 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
         let written = write_interval(iv, &profiler, &snap, &targets, &mut symbolizer, &args);
         return exit_as_command(written, command_status);
     }
+    let span = (started_at, started.elapsed());
     if let Some(path) = &args.off_cpu_output {
-        let mut profile = Profile::build_off_cpu(
+        let profile = profile_of(
+            true,
             &profiler,
             &snap,
             &targets,
             &mut symbolizer,
-            started_at,
-            started.elapsed(),
+            span,
+            &args,
         );
-        profile.group_by = args.group_by;
         write_file(path, &profile, &args)?;
     }
-    let mut profile = if args.no_on_cpu {
-        Profile::build_off_cpu(
-            &profiler,
-            &snap,
-            &targets,
-            &mut symbolizer,
-            started_at,
-            started.elapsed(),
-        )
-    } else {
-        Profile::build(
-            &profiler,
-            &snap,
-            &targets,
-            &mut symbolizer,
-            started_at,
-            started.elapsed(),
-            args.frequency,
-        )
-    };
-    profile.group_by = args.group_by;
+    let profile = profile_of(
+        args.no_on_cpu,
+        &profiler,
+        &snap,
+        &targets,
+        &mut symbolizer,
+        span,
+        &args,
+    );
     let written = match &args.output {
         Some(path) => write_file(path, &profile, &args),
         None => (|| {
@@ -536,41 +525,22 @@ fn write_interval(
     args: &ProfileArgs,
 ) -> Result<()> {
     let delta = snapshot_delta(snap, &iv.previous);
+    let span = (iv.started_at, iv.started.elapsed());
     if let Some(base) = &args.off_cpu_output {
-        let mut profile = Profile::build_off_cpu(
-            profiler,
-            &delta,
-            targets,
-            symbolizer,
-            iv.started_at,
-            iv.started.elapsed(),
-        );
-        profile.group_by = args.group_by;
+        let profile = profile_of(true, profiler, &delta, targets, symbolizer, span, args);
         let path = timestamped_path(base, iv.started_at);
         write_file(&path, &profile, args)?;
         eprintln!("sframe-user: wrote {}", path.display());
     }
-    let mut profile = if args.no_on_cpu {
-        Profile::build_off_cpu(
-            profiler,
-            &delta,
-            targets,
-            symbolizer,
-            iv.started_at,
-            iv.started.elapsed(),
-        )
-    } else {
-        Profile::build(
-            profiler,
-            &delta,
-            targets,
-            symbolizer,
-            iv.started_at,
-            iv.started.elapsed(),
-            args.frequency,
-        )
-    };
-    profile.group_by = args.group_by;
+    let profile = profile_of(
+        args.no_on_cpu,
+        profiler,
+        &delta,
+        targets,
+        symbolizer,
+        span,
+        args,
+    );
     let path = timestamped_path(&iv.base, iv.started_at);
     write_file(&path, &profile, args)?;
     eprintln!("sframe-user: wrote {}", path.display());
@@ -578,6 +548,34 @@ fn write_interval(
     iv.started = Instant::now();
     iv.started_at = SystemTime::now();
     Ok(())
+}
+
+/// The off-CPU (`off_cpu`) or on-CPU profile of `snap` over `span` (its start and
+/// length), grouped as `--group-by` asks.
+fn profile_of(
+    off_cpu: bool,
+    profiler: &Profiler,
+    snap: &Snapshot,
+    targets: &[TargetInfo],
+    symbolizer: &mut Symbolizer,
+    (start, duration): (SystemTime, Duration),
+    args: &ProfileArgs,
+) -> Profile {
+    let mut profile = if off_cpu {
+        Profile::build_off_cpu(profiler, snap, targets, symbolizer, start, duration)
+    } else {
+        Profile::build(
+            profiler,
+            snap,
+            targets,
+            symbolizer,
+            start,
+            duration,
+            args.frequency,
+        )
+    };
+    profile.group_by = args.group_by;
+    profile
 }
 
 fn write_file(path: &Path, profile: &Profile, args: &ProfileArgs) -> Result<()> {

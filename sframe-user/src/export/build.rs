@@ -133,11 +133,7 @@ impl Profile {
                     count,
                     outcome: WalkOutcome::try_from(offcpu::outcome_code(outcome))
                         .unwrap_or(WalkOutcome::Truncated),
-                    sleep: off_cpu.then_some(if outcome & offcpu::OFF_CPU_UNINTERRUPTIBLE != 0 {
-                        Sleep::Uninterruptible
-                    } else {
-                        Sleep::Interruptible
-                    }),
+                    sleep: off_cpu.then(|| Sleep::of_outcome(outcome)),
                 })
                 .collect();
             stacks.sort_by(|a, b| {

@@ -127,6 +127,15 @@ pub enum Sleep {
 }
 
 impl Sleep {
+    /// The sleep of an off-CPU count key's `outcome` (`sframe_common::offcpu`).
+    pub fn of_outcome(outcome: u32) -> Self {
+        if outcome & sframe_common::offcpu::OFF_CPU_UNINTERRUPTIBLE != 0 {
+            Self::Uninterruptible
+        } else {
+            Self::Interruptible
+        }
+    }
+
     /// The pseudo-frame added under the stack's leaf in folded stacks and flame graphs.
     pub fn frame(self) -> &'static str {
         match self {

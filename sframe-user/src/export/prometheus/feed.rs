@@ -7,8 +7,8 @@ use sframe_common::stack::CountKey;
 
 use super::{GroupLabel, Health, Metrics, bpf_stats_enabled};
 use crate::{
-    export::{Stack, build},
-    profiler::{Profiler, Snapshot, TargetInfo},
+    export::{Sleep, Stack, build},
+    profiler::{Profiler, Snapshot, StackCount, TargetInfo},
     symbolize::Symbolizer,
 };
 
@@ -16,12 +16,35 @@ use crate::{
 #[derive(Debug, Default)]
 pub struct Feed {
     previous: HashMap<CountKey, u64>,
-    /// (pid, user stack, kernel stack) → folded stack and user frame count.
-    names: HashMap<(u32, u64, i32), (String, usize)>,
-    /// The same for the off-CPU counts (nanoseconds; the key's outcome carries the
-    /// sleep state, part of the name).
+    /// The same for the off-CPU counts (nanoseconds asleep).
     previous_off_cpu: HashMap<CountKey, u64>,
-    off_cpu_names: HashMap<(u32, u64, i32, u32), String>,
+    /// (pid, user stack, kernel stack, off-CPU sleep) → folded stack and user frame
+    /// count.
+    names: HashMap<NameKey, (String, usize)>,
+}
+
+/// (pid, user stack, kernel stack, off-CPU sleep).
+type NameKey = (u32, u64, i32, Option<Sleep>);
+
+/// The keys of `counts` whose count grew since `previous`, with how much; `previous`
+/// becomes `counts`.
+fn new_counts(
+    previous: &mut HashMap<CountKey, u64>,
+    counts: &[StackCount],
+) -> Vec<(CountKey, u64)> {
+    let mut now = HashMap::with_capacity(counts.len());
+    let mut grown = Vec::new();
+    for c in counts {
+        now.insert(c.key, c.count);
+        let delta = c
+            .count
+            .saturating_sub(previous.get(&c.key).copied().unwrap_or(0));
+        if delta > 0 {
+            grown.push((c.key, delta));
+        }
+    }
+    *previous = now;
+    grown
 }
 
 /// The value of `label` for process `t`: its cgroup path (sanitized like every name
@@ -35,6 +58,36 @@ fn group_value(label: GroupLabel, t: &TargetInfo) -> Option<String> {
 }
 
 impl Feed {
+    /// The folded name of a stack of process `target` (`;` inside names made `:`), and
+    /// its user frame count, symbolized once.
+    fn name(
+        &mut self,
+        profiler: &Profiler,
+        symbolizer: &mut Symbolizer,
+        target: &TargetInfo,
+        user_stack: u64,
+        kernel_stack: i32,
+        sleep: Option<Sleep>,
+    ) -> (String, usize) {
+        self.names
+            .entry((target.pid, user_stack, kernel_stack, sleep))
+            .or_insert_with(|| {
+                let s = Stack {
+                    tid: 0,
+                    thread: String::new(),
+                    user: build::user_frames(profiler, symbolizer, target, user_stack),
+                    kernel: build::kernel_frames(profiler, symbolizer, kernel_stack),
+                    count: 0,
+                    outcome: sframe_common::WalkOutcome::Complete,
+                    sleep,
+                };
+                let names: Vec<String> = s.names().iter().map(|n| n.replace(';', ":")).collect();
+                let frames = profiler.stack(user_stack).map_or(0, <[u64]>::len);
+                (names.join(";"), frames)
+            })
+            .clone()
+    }
+
     /// Records the samples of `snap` not seen before and the health of `profiler`,
     /// then updates `metrics`. Only pids in `targets` are exported.
     pub fn update(
@@ -51,100 +104,59 @@ impl Feed {
             .iter()
             .map(|t| (t.pid, (t, group.and_then(|g| group_value(g, t)))))
             .collect();
-        // The counts of this snapshot replace the last ones: keys of processes the
-        // profiler has forgotten are forgotten here too.
-        let mut previous = HashMap::with_capacity(snap.counts.len());
-        for c in &snap.counts {
-            let k = c.key;
-            previous.insert(k, c.count);
-            let seen = self.previous.get(&k).copied().unwrap_or(0);
-            let delta = c.count.saturating_sub(seen);
+        // On CPU (samples) then off CPU (nanoseconds asleep); the counts of this
+        // snapshot replace the last ones, so keys of processes the profiler has
+        // forgotten are forgotten here too.
+        for (k, delta) in new_counts(&mut self.previous, &snap.counts) {
             let Some((target, group)) = by_pid.get(&k.pid) else {
                 continue;
             };
-            if delta == 0 {
-                continue;
-            }
-            let (stack, frames) = self
-                .names
-                .entry((k.pid, k.user_stack, k.kernel_stack))
-                .or_insert_with(|| {
-                    let s = Stack {
-                        tid: 0,
-                        thread: String::new(),
-                        user: build::user_frames(profiler, symbolizer, target, k.user_stack),
-                        kernel: build::kernel_frames(profiler, symbolizer, k.kernel_stack),
-                        count: 0,
-                        outcome: sframe_common::WalkOutcome::Complete,
-                        sleep: None,
-                    };
-                    let names: Vec<String> =
-                        s.names().iter().map(|n| n.replace(';', ":")).collect();
-                    let frames = profiler.stack(k.user_stack).map_or(0, <[u64]>::len);
-                    (names.join(";"), frames)
-                });
+            let (stack, frames) = self.name(
+                profiler,
+                symbolizer,
+                target,
+                k.user_stack,
+                k.kernel_stack,
+                None,
+            );
             metrics.record(
                 k.pid,
                 &crate::sanitize::name(&target.comm),
                 group.as_deref(),
-                stack,
-                *frames,
+                &stack,
+                frames,
                 delta,
             );
         }
-        self.previous = previous;
-        let mut previous = HashMap::with_capacity(snap.off_cpu.len());
-        for c in &snap.off_cpu {
-            let k = c.key;
-            previous.insert(k, c.count);
-            let seen = self.previous_off_cpu.get(&k).copied().unwrap_or(0);
-            let delta = c.count.saturating_sub(seen);
+        for (k, delta) in new_counts(&mut self.previous_off_cpu, &snap.off_cpu) {
             let Some((target, group)) = by_pid.get(&k.pid) else {
                 continue;
             };
-            if delta == 0 {
-                continue;
-            }
-            let uninterruptible = k.outcome & sframe_common::offcpu::OFF_CPU_UNINTERRUPTIBLE;
-            let stack = self
-                .off_cpu_names
-                .entry((k.pid, k.user_stack, k.kernel_stack, uninterruptible))
-                .or_insert_with(|| {
-                    let s = Stack {
-                        tid: 0,
-                        thread: String::new(),
-                        user: build::user_frames(profiler, symbolizer, target, k.user_stack),
-                        kernel: build::kernel_frames(profiler, symbolizer, k.kernel_stack),
-                        count: 0,
-                        outcome: sframe_common::WalkOutcome::Complete,
-                        sleep: Some(if uninterruptible != 0 {
-                            crate::export::Sleep::Uninterruptible
-                        } else {
-                            crate::export::Sleep::Interruptible
-                        }),
-                    };
-                    let names: Vec<String> =
-                        s.names().iter().map(|n| n.replace(';', ":")).collect();
-                    names.join(";")
-                });
+            let sleep = Some(Sleep::of_outcome(k.outcome));
+            let (stack, _) = self.name(
+                profiler,
+                symbolizer,
+                target,
+                k.user_stack,
+                k.kernel_stack,
+                sleep,
+            );
             metrics.record_off_cpu(
                 k.pid,
                 &crate::sanitize::name(&target.comm),
                 group.as_deref(),
-                stack,
+                &stack,
                 delta,
             );
         }
-        self.previous_off_cpu = previous;
         // Forget the stacks of processes that have no series any more.
         let live: std::collections::HashSet<u32> = metrics
             .pids()
             .into_iter()
             .chain(targets.iter().map(|t| t.pid))
             .collect();
-        self.names.retain(|(pid, _, _), _| live.contains(pid));
-        self.off_cpu_names
-            .retain(|(pid, _, _, _), _| live.contains(pid));
+        self.names.retain(|(pid, _, _, _), _| live.contains(pid));
+
         let store = profiler.store().figures();
         let health = Health {
             outcomes: snap.outcomes,

@@ -399,39 +399,38 @@ impl Metrics {
         pids
     }
 
+    /// The series of `window` with their labels (the group label when grouping).
+    fn series(&self, window: &StackWindow) -> Vec<(StackLabels, u64)> {
+        window
+            .series()
+            .into_iter()
+            .map(|s| {
+                let labels = StackLabels {
+                    comm: s.comm,
+                    pid: s.pid,
+                    stack: s.stack,
+                    group: self
+                        .group
+                        .zip(s.group)
+                        .map(|(label, value)| vec![(label.key(), value)])
+                        .unwrap_or_default(),
+                };
+                (labels, s.value)
+            })
+            .collect()
+    }
+
     /// Applies what was recorded and the new health values.
     pub fn update(&mut self, now: Instant, health: &Health) {
         self.window.update(now);
         self.stacks.clear();
-        for s in self.window.series() {
-            self.stacks
-                .get_or_create(&StackLabels {
-                    comm: s.comm,
-                    pid: s.pid,
-                    stack: s.stack,
-                    group: self
-                        .group
-                        .zip(s.group)
-                        .map(|(label, value)| vec![(label.key(), value)])
-                        .unwrap_or_default(),
-                })
-                .inc_by(s.value);
+        for (labels, value) in self.series(&self.window) {
+            self.stacks.get_or_create(&labels).inc_by(value);
         }
         self.off_cpu_window.update(now);
         self.off_cpu.clear();
-        for s in self.off_cpu_window.series() {
-            self.off_cpu
-                .get_or_create(&StackLabels {
-                    comm: s.comm,
-                    pid: s.pid,
-                    stack: s.stack,
-                    group: self
-                        .group
-                        .zip(s.group)
-                        .map(|(label, value)| vec![(label.key(), value)])
-                        .unwrap_or_default(),
-                })
-                .inc_by(s.value as f64 / 1e9);
+        for (labels, ns) in self.series(&self.off_cpu_window) {
+            self.off_cpu.get_or_create(&labels).inc_by(ns as f64 / 1e9);
         }
         let overflow = self.window.group_overflow() + self.off_cpu_window.group_overflow();
         self.group_overflow
