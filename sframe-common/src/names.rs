@@ -145,6 +145,9 @@ pub mod programs {
             OFF_CPU_SWITCH = "off_cpu_switch",
             /// Off-CPU: raw tracepoint `sys_exit`.
             OFF_CPU_RETURN = "off_cpu_return",
+            /// Off-CPU: fexit of `schedule`, in place of `OFF_CPU_RETURN` where the
+            /// kernel can attach it.
+            OFF_CPU_WAKE = "off_cpu_wake",
         }
     }
 }

@@ -12,9 +12,9 @@ use aya_ebpf::{
     bindings::pt_regs,
     helpers::generated::bpf_get_current_ancestor_cgroup_id,
     helpers::{bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_probe_read_user},
-    macros::{btf_tracepoint, map, perf_event, raw_tracepoint},
+    macros::{btf_tracepoint, fexit, map, perf_event, raw_tracepoint},
     maps::{Array, HashMap, RingBuf},
-    programs::{BtfTracePointContext, PerfEventContext, RawTracePointContext},
+    programs::{BtfTracePointContext, FExitContext, PerfEventContext, RawTracePointContext},
 };
 use aya_log_ebpf::warn;
 use sframe_common::sample::{
@@ -53,6 +53,13 @@ pub fn off_cpu_switch(ctx: BtfTracePointContext) -> i32 {
 #[raw_tracepoint(tracepoint = "sys_exit")]
 pub fn off_cpu_return(ctx: RawTracePointContext) -> i32 {
     offcpu::ret(&ctx)
+}
+
+/// Off-CPU: the same, as `schedule()` returns (where the kernel can trace it: once per
+/// sleep rather than at every system call of the machine).
+#[fexit(function = "schedule")]
+pub fn off_cpu_wake(_ctx: FExitContext) -> i32 {
+    offcpu::woken()
 }
 
 /// The baseline of `cargo xtask bench`: the kernel's frame-pointer walker

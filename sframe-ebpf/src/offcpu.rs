@@ -15,8 +15,9 @@ use aya_ebpf::{
     helpers::{
         bpf_get_current_pid_tgid, bpf_ktime_get_ns,
         generated::{
-            bpf_get_current_task, bpf_get_prandom_u32, bpf_get_task_stack,
-            bpf_probe_read_kernel as bpf_probe_read_kernel_raw,
+            bpf_get_current_task, bpf_get_current_task_btf, bpf_get_prandom_u32,
+            bpf_get_task_stack, bpf_probe_read_kernel as bpf_probe_read_kernel_raw,
+            bpf_task_pt_regs,
         },
     },
     macros::map,
@@ -267,6 +268,27 @@ fn leaving(task: u64, prev_state: u32) {
 /// with `regs`.
 #[inline(always)]
 pub fn ret(ctx: &RawTracePointContext) -> i32 {
+    walk_due(ctx.arg(0))
+}
+
+/// After `schedule()` returns: the current task runs again, with its user registers
+/// saved where `bpf_task_pt_regs` finds them.
+#[inline(always)]
+pub fn woken() -> i32 {
+    // SAFETY: helper without arguments.
+    let task = unsafe { bpf_get_current_task_btf() };
+    if task.is_null() {
+        return 0;
+    }
+    // SAFETY: the current task as a typed pointer.
+    let user = unsafe { bpf_task_pt_regs(task) } as *const pt_regs;
+    walk_due(user)
+}
+
+/// Walks the current task's stack if it is this CPU's due task, from its user
+/// registers at `user`.
+#[inline(always)]
+fn walk_due(user: *const pt_regs) -> i32 {
     let Some(slot) = OFF_CPU_DUE.get_ptr_mut(0) else {
         return 0;
     };
@@ -289,7 +311,6 @@ pub fn ret(ctx: &RawTracePointContext) -> i32 {
     let Some(regs_copy) = OFF_CPU_REGS.get_ptr_mut(0) else {
         return 0;
     };
-    let user: *const pt_regs = ctx.arg(0);
     // SAFETY: `user` is the kernel's pt_regs of the returning task; read into this CPU's
     // map value with bpf_probe_read_kernel.
     let copied = unsafe {

@@ -323,6 +323,31 @@ pub fn attach_raw_tracepoint(
     Ok(())
 }
 
+/// Loads and attaches the fexit program `name` to the kernel function `function` (the
+/// kernel's BTF from /sys/kernel/btf/vmlinux).
+pub fn attach_fexit(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+    function: &str,
+) -> Result<(), aya::programs::ProgramError> {
+    let btf = vmlinux_btf()?;
+    let program: &mut aya::programs::FExit = ebpf
+        .program_mut(name)
+        .ok_or(aya::programs::ProgramError::NotLoaded)?
+        .try_into()?;
+    program.load(function, &btf)?;
+    program.attach()?;
+    Ok(())
+}
+
+fn vmlinux_btf() -> Result<aya::Btf, aya::programs::ProgramError> {
+    aya::Btf::from_sys_fs().map_err(|e| {
+        aya::programs::ProgramError::IOError(std::io::Error::other(format!(
+            "reading the kernel's BTF: {e}"
+        )))
+    })
+}
+
 /// Loads and attaches the BTF tracepoint program `name` to `function` (the kernel's
 /// BTF from /sys/kernel/btf/vmlinux).
 pub fn attach_btf_tracepoint(
@@ -330,11 +355,7 @@ pub fn attach_btf_tracepoint(
     name: &'static str,
     function: &str,
 ) -> Result<(), aya::programs::ProgramError> {
-    let btf = aya::Btf::from_sys_fs().map_err(|e| {
-        aya::programs::ProgramError::IOError(std::io::Error::other(format!(
-            "reading the kernel's BTF: {e}"
-        )))
-    })?;
+    let btf = vmlinux_btf()?;
     let program: &mut aya::programs::BtfTracePoint = ebpf
         .program_mut(name)
         .ok_or(aya::programs::ProgramError::NotLoaded)?
@@ -454,8 +475,10 @@ mod tests {
 #[derive(Debug)]
 pub struct ProgramCheck {
     pub name: String,
-    /// `perf_event` or `tracepoint`.
+    /// `perf_event`, `tracepoint`, `raw_tracepoint`, `btf_tracepoint` or `fexit`.
     pub kind: &'static str,
+    /// The profiler does without it where the kernel rejects it (a fallback exists).
+    pub optional: bool,
     /// Instructions the verifier processed (its limit is 1,000,000), when the kernel
     /// reports it (5.16 and later).
     pub verified_instructions: Result<Option<u32>, String>,
@@ -484,10 +507,34 @@ pub fn check_kernel() -> Result<Vec<ProgramCheck>, LoadError> {
                     ))),
                 },
             ),
+            // Off CPU's fexit of `schedule()`: where the kernel cannot trace it, the
+            // profiler walks at `sys_exit` instead, so its absence is not a failure.
+            Program::FExit(p) => {
+                let loaded = match &btf {
+                    Ok(btf) => p.load("schedule", btf),
+                    Err(e) => Err(aya::programs::ProgramError::IOError(std::io::Error::other(
+                        format!("reading the kernel's BTF: {e}"),
+                    ))),
+                };
+                out.push(ProgramCheck {
+                    name: name.to_owned(),
+                    kind: "fexit",
+                    optional: true,
+                    verified_instructions: match loaded {
+                        Ok(()) => Ok(program
+                            .info()
+                            .ok()
+                            .and_then(|i| i.verified_instruction_count())),
+                        Err(err) => Err(verifier_report(&err)),
+                    },
+                });
+                continue;
+            }
             other => {
                 out.push(ProgramCheck {
                     name: name.to_owned(),
                     kind: "other",
+                    optional: false,
                     verified_instructions: Err(format!(
                         "unexpected program type {:?}",
                         other.prog_type()
@@ -506,6 +553,7 @@ pub fn check_kernel() -> Result<Vec<ProgramCheck>, LoadError> {
         out.push(ProgramCheck {
             name: name.to_owned(),
             kind,
+            optional: false,
             verified_instructions,
         });
     }

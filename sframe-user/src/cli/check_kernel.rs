@@ -1,8 +1,9 @@
 //! `sframe-user check-kernel`: loads every BPF program into the running kernel without
 //! attaching it and prints what the verifier said of each.
 
-/// Prints one line per program (`NAME KIND INSTRUCTIONS`, or `NAME KIND FAILED` and the
-/// verifier's log) and returns the exit code: 0 when every program loaded.
+/// Prints one line per program (`NAME KIND INSTRUCTIONS`, `NAME KIND FAILED` and the
+/// verifier's log, or `NAME KIND UNAVAILABLE` for a program with a fallback) and returns
+/// the exit code: 0 when every program without a fallback loaded.
 pub fn run() -> i32 {
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     println!("kernel {}", release.trim());
@@ -14,10 +15,19 @@ pub fn run() -> i32 {
         }
     };
     let mut failed = 0;
+    let mut unavailable = 0;
     for c in &checks {
         match &c.verified_instructions {
             Ok(Some(n)) => println!("program {} {} {n}", c.name, c.kind),
             Ok(None) => println!("program {} {} loaded", c.name, c.kind),
+            Err(log) if c.optional => {
+                unavailable += 1;
+                println!("program {} {} UNAVAILABLE", c.name, c.kind);
+                eprintln!(
+                    "sframe-user: {} is not available here (a fallback is used):\n{log}",
+                    c.name
+                );
+            }
             Err(log) => {
                 failed += 1;
                 println!("program {} {} FAILED", c.name, c.kind);
@@ -27,8 +37,11 @@ pub fn run() -> i32 {
     }
     println!(
         "{} of {} programs loaded (verifier limit: 1000000 instructions each)",
-        checks.len() - failed,
+        checks.len() - failed - unavailable,
         checks.len()
     );
+    if unavailable > 0 {
+        println!("{unavailable} optional program(s) unavailable (their fallbacks are used)");
+    }
     i32::from(failed > 0)
 }

@@ -320,6 +320,9 @@ pub struct Profiler {
     off_cpu: bool,
     /// 1 in how many sleeps the off-CPU programs time (the governor's sampling).
     off_cpu_every: u32,
+    /// The off-CPU program that walks a woken thread's stack: `OFF_CPU_WAKE` (fexit of
+    /// `schedule`) or, where that cannot attach, `OFF_CPU_RETURN` (`sys_exit`).
+    off_cpu_walker: &'static str,
 }
 
 use crate::bpf::take_map as take;
@@ -437,6 +440,7 @@ impl Profiler {
             on_cpu: config.on_cpu,
             off_cpu: config.off_cpu_min.is_some(),
             off_cpu_every: 1,
+            off_cpu_walker: programs::OFF_CPU_RETURN,
         };
         profiler.follow_lifecycle();
         for pid in profiler.spec.pids.clone() {
@@ -446,11 +450,34 @@ impl Profiler {
         }
         profiler.scan_named_targets();
         if config.off_cpu_min.is_some() {
-            bpf::attach_raw_tracepoint(&mut profiler.ebpf, programs::OFF_CPU_RETURN, "sys_exit")
-                .map_err(|source| LoadError::Program {
-                    name: programs::OFF_CPU_RETURN,
-                    source,
-                })?;
+            // The walk runs as the woken thread leaves `schedule()` where the kernel
+            // can trace that function (once per sleep), else at every system call's
+            // return (arm64 before Linux 6.4 has no fexit on ftrace-managed functions).
+            profiler.off_cpu_walker = match bpf::attach_fexit(
+                &mut profiler.ebpf,
+                programs::OFF_CPU_WAKE,
+                "schedule",
+            ) {
+                Ok(()) => {
+                    log::info!("off-CPU: walking woken threads as schedule() returns (fexit)");
+                    programs::OFF_CPU_WAKE
+                }
+                Err(err) => {
+                    log::info!(
+                        "off-CPU: no fexit on schedule() ({err}); walking at system call returns"
+                    );
+                    bpf::attach_raw_tracepoint(
+                        &mut profiler.ebpf,
+                        programs::OFF_CPU_RETURN,
+                        "sys_exit",
+                    )
+                    .map_err(|source| LoadError::Program {
+                        name: programs::OFF_CPU_RETURN,
+                        source,
+                    })?;
+                    programs::OFF_CPU_RETURN
+                }
+            };
             bpf::attach_btf_tracepoint(
                 &mut profiler.ebpf,
                 programs::OFF_CPU_SWITCH,
@@ -557,10 +584,15 @@ impl Profiler {
         Ok(())
     }
 
+    /// The off-CPU program that walks woken threads (see [`Profiler::off_cpu_program_stats`]).
+    pub fn off_cpu_walker(&self) -> &'static str {
+        self.off_cpu_walker
+    }
+
     /// Run time (ns) and runs of the off-CPU programs together.
     pub fn off_cpu_program_stats(&self) -> Option<(u64, u64)> {
         let a = self.program_stats_of(programs::OFF_CPU_SWITCH)?;
-        let b = self.program_stats_of(programs::OFF_CPU_RETURN)?;
+        let b = self.program_stats_of(self.off_cpu_walker)?;
         Some((a.0 + b.0, a.1 + b.1))
     }
 

@@ -967,6 +967,7 @@ fn pac(ctx: &Ctx) -> Result<String> {
 fn off_cpu(ctx: &Ctx) -> Result<String> {
     let out_path = std::env::temp_dir().join("off-cpu.folded");
     let mut child = Command::new(&ctx.profiler)
+        .env("RUST_LOG", "sframe_user=info")
         .args([
             "--off-cpu",
             "--no-on-cpu",
@@ -1027,7 +1028,37 @@ fn off_cpu(ctx: &Ctx) -> Result<String> {
              measured:\n{folded}\n{stderr}"
         );
     }
+    // Where the kernel can trace `schedule()` (x86-64; arm64 from Linux 6.4, which
+    // brought ftrace direct calls there), the walk runs as it returns, not at every
+    // system call's return.
+    let fexit = stderr.contains("as schedule() returns (fexit)");
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let version: Vec<u32> = release
+        .split(|c: char| !c.is_ascii_digit())
+        .take(2)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    let want_fexit = cfg!(target_arch = "x86_64") || version >= vec![6, 4];
+    if fexit != want_fexit {
+        bail!(
+            "on {} {}, the off-CPU walker is {} (want {}):\n{stderr}",
+            std::env::consts::ARCH,
+            release.trim(),
+            if fexit { "fexit schedule" } else { "sys_exit" },
+            if want_fexit {
+                "fexit schedule"
+            } else {
+                "sys_exit"
+            },
+        );
+    }
     Ok(format!(
-        "{reported:.0} us off CPU in the chain, the fixture measured {fixture_us:.0} us"
+        "{reported:.0} us off CPU in the chain, the fixture measured {fixture_us:.0} us \
+         (walked {})",
+        if fexit {
+            "as schedule() returns"
+        } else {
+            "at system call returns"
+        }
     ))
 }

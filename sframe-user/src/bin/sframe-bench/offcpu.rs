@@ -194,12 +194,12 @@ fn pingpong(exe: &Path, round_trips: &str, off_cpu_min: Option<Duration>) -> Res
     let mut profiler = Profiler::start_with(config).context("starting the profiler")?;
     let before = (
         profiler.program_stats_of(programs::OFF_CPU_SWITCH),
-        profiler.program_stats_of(programs::OFF_CPU_RETURN),
+        profiler.program_stats_of(profiler.off_cpu_walker()),
     );
     let ns = go(&mut f)?;
     let after = (
         profiler.program_stats_of(programs::OFF_CPU_SWITCH),
-        profiler.program_stats_of(programs::OFF_CPU_RETURN),
+        profiler.program_stats_of(profiler.off_cpu_walker()),
     );
     let delta = |a: Option<(u64, u64)>, b: Option<(u64, u64)>| match (a, b) {
         (Some(a), Some(b)) => Some((b.0 - a.0, b.1 - a.1)),
