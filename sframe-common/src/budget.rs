@@ -32,9 +32,6 @@ pub const MAX_COUNTS: u32 = 32768;
 /// Kernel stacks (`bpf_get_stackid`).
 pub const MAX_KERNEL_STACKS: u32 = 8192;
 
-/// Sleeping threads whose off-CPU start is kept (`OFF_CPU_START`, least recently used
-/// dropped).
-pub const MAX_OFF_CPU_THREADS: u32 = 16384;
 /// Distinct off-CPU (process, thread, stack, state) counters between two reads.
 pub const MAX_OFF_CPU_COUNTS: u32 = 16384;
 

@@ -56,7 +56,7 @@ pub mod maps {
             /// Per-CPU copy of the interrupted user registers.
             USER_REGS = "USER_REGS",
             /// Off-CPU: sleeping target threads by task.
-            OFF_CPU_START = "OFF_CPU_START",
+            OFF_CPU_TASKS = "OFF_CPU_TASKS",
             /// Off-CPU: the sleep to walk when its thread returns, per CPU.
             OFF_CPU_DUE = "OFF_CPU_DUE",
             /// Off-CPU: nanoseconds slept by (process, thread, stack, state).

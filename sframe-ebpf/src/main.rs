@@ -6,6 +6,7 @@ mod baseline;
 mod lifecycle;
 mod offcpu;
 mod regs;
+mod task_storage;
 mod unwind;
 
 use aya_ebpf::{

@@ -11,7 +11,7 @@
 
 use aya_ebpf::{
     bindings::task_struct,
-    bindings::{BPF_ANY, BPF_NOEXIST, pt_regs},
+    bindings::{BPF_NOEXIST, pt_regs},
     helpers::{
         bpf_get_current_pid_tgid, bpf_ktime_get_ns,
         generated::{
@@ -20,13 +20,13 @@ use aya_ebpf::{
             bpf_task_pt_regs,
         },
     },
-    macros::map,
+    macros::{btf_map, map},
     maps::{Array, HashMap, PerCpuArray},
     programs::{BtfTracePointContext, RawTracePointContext},
 };
 use sframe_common::{
     Counter, WalkOutcome,
-    budget::{MAX_OFF_CPU_COUNTS, MAX_OFF_CPU_THREADS},
+    budget::MAX_OFF_CPU_COUNTS,
     offcpu::{
         MAX_OFF_CPU_EVERY, OFF_CPU_KERNEL_FRAMES, OFF_CPU_UNINTERRUPTIBLE, OffCpuDue, OffCpuKey,
         OffCpuStart, TASK_INTERRUPTIBLE, TASK_UNINTERRUPTIBLE,
@@ -37,7 +37,8 @@ use sframe_common::{
 };
 
 use crate::{
-    filter_flags, is_target, lifecycle, regs,
+    is_target, lifecycle, regs,
+    task_storage::TaskStorage,
     unwind::{STACKS, count, defer, needs_tables, walk_in},
 };
 
@@ -45,12 +46,11 @@ use crate::{
 #[unsafe(no_mangle)]
 static OFF_CPU_MIN_NS: u64 = 0;
 
-/// A plain (preallocated) hash, cheaper per update than an LRU one: every entry is
-/// removed when its task is switched in again (a task always runs again, if only to
-/// exit), so the map holds only the targets' threads asleep now; when it is full, a
-/// new sleep is not timed (`off_cpu_lost`).
-#[map]
-static OFF_CPU_START: HashMap<u64, OffCpuStart> = HashMap::with_max_entries(MAX_OFF_CPU_THREADS, 0);
+/// The sleep of each target thread, kept in the task itself (`start_ns` 0: awake): no
+/// hashing at each context switch, no capacity shared between processes; created at a
+/// thread's first timed sleep, freed with the thread (or the map).
+#[btf_map]
+static OFF_CPU_TASKS: TaskStorage<OffCpuStart> = TaskStorage::new();
 #[map]
 static OFF_CPU_DUE: PerCpuArray<OffCpuDue> = PerCpuArray::with_max_entries(1, 0);
 /// 1 in how many sleeps is timed (0 or 1: all), set by user space's governor when the
@@ -75,10 +75,9 @@ static OFF_CPU_REGS: PerCpuArray<pt_regs> = PerCpuArray::with_max_entries(1, 0);
 /// unsigned int prev_state)` (Linux 5.18 and later): `prev` is the current task.
 #[inline(always)]
 pub fn switch(ctx: &BtfTracePointContext) -> i32 {
-    // SAFETY: helper without arguments. (The clock is read only where a sleep starts or
-    // ends: most switches of a busy machine concern no target.)
-    let prev = unsafe { bpf_get_current_task() };
     let preempt: u64 = ctx.arg(0);
+    let prev_task: *mut task_struct = ctx.arg(1);
+    let prev = prev_task as u64;
     let next_task: *mut task_struct = ctx.arg(2);
     let next = next_task as u64;
     let prev_state = ctx.arg::<u64>(3) as u32;
@@ -88,75 +87,83 @@ pub fn switch(ctx: &BtfTracePointContext) -> i32 {
     // SAFETY: this CPU's slot; sched_switch runs with interrupts off.
     let due = unsafe { &mut *due };
     // The thread leaving. A sleep it was woken from but did not return from yet (woken,
-    // then back to sleep, or preempted, before its system call returned) is carried on.
+    // then back to sleep, or preempted, before its walk) is carried on.
     let carried = due.task != 0 && due.task == prev;
     let sleeps = preempt == 0 && prev_state & (TASK_INTERRUPTIBLE | TASK_UNINTERRUPTIBLE) != 0;
     if carried {
-        let start = OffCpuStart {
-            // SAFETY: helper without arguments.
-            start_ns: unsafe { bpf_ktime_get_ns() },
-            carried_ns: due.ns,
-            pc: due.pc,
-            sp: due.sp,
-            pid: due.pid,
-            tid: due.tid,
-            state: due.state
-                | if sleeps && prev_state & TASK_UNINTERRUPTIBLE != 0 {
-                    OFF_CPU_UNINTERRUPTIBLE
-                } else {
-                    0
-                },
-            weight: due.weight,
-        };
         due.task = 0;
-        if OFF_CPU_START
-            .insert(prev, start, u64::from(BPF_ANY))
-            .is_err()
-        {
-            count(Counter::OffCpuLost, 1);
+        match OFF_CPU_TASKS.get_or_create(prev_task) {
+            Some(slot) => {
+                // SAFETY: the task's own value; this CPU runs the task's switches.
+                unsafe {
+                    *slot = OffCpuStart {
+                        // SAFETY: helper without arguments.
+                        start_ns: bpf_ktime_get_ns(),
+                        carried_ns: due.ns,
+                        pc: due.pc,
+                        sp: due.sp,
+                        pid: due.pid,
+                        tid: due.tid,
+                        state: due.state
+                            | if sleeps && prev_state & TASK_UNINTERRUPTIBLE != 0 {
+                                OFF_CPU_UNINTERRUPTIBLE
+                            } else {
+                                0
+                            },
+                        weight: due.weight,
+                    }
+                };
+            }
+            None => count(Counter::OffCpuLost, 1),
         }
     } else if sleeps {
-        leaving(prev, prev_state);
+        leaving(prev_task, prev_state);
     }
-    // The thread arriving.
-    // SAFETY: map lookup of a plain integer key.
-    if let Some(start) = unsafe { OFF_CPU_START.get(next) } {
-        let start = *start;
-        let _ = OFF_CPU_START.remove(next);
-        // SAFETY: helper without arguments.
-        let now = unsafe { bpf_ktime_get_ns() };
-        // The sleep, and the unsampled ones it stands for (what it carries is weighted
-        // already).
-        // (No 128-bit multiply on BPF: the time is capped at 2^50 ns, 13 days, and the
-        // weight at MAX_OFF_CPU_EVERY, so the product fits.)
-        let slept = now.wrapping_sub(start.start_ns).min(1 << 50);
-        let weight = u64::from(start.weight.clamp(1, MAX_OFF_CPU_EVERY));
-        let ns = start.carried_ns.saturating_add(slept * weight);
-        // SAFETY: a read of a global set at load time.
-        let min = unsafe { core::ptr::read_volatile(&OFF_CPU_MIN_NS) };
-        // The threshold applies to the sleep itself, not to what it stands for: both
-        // sides weighted (no division: one would need a divide-by-zero path).
-        if ns < min.min(1 << 50) * weight {
-            count(Counter::OffCpuShort, 1);
-        } else {
-            if due.task != 0 {
-                // The last one never reached its walk (it slept in a page fault, or
-                // returned to user space without a system call).
-                count(Counter::OffCpuLost, 1);
-            }
-            *due = OffCpuDue {
-                task: next,
-                ns,
-                pc: start.pc,
-                sp: start.sp,
-                pid: start.pid,
-                tid: start.tid,
-                state: start.state,
-                weight: start.weight,
-                kernel_stack: kernel_stack(next_task),
-            };
-        }
+    // The thread arriving: one pointer chase in the task for most switches of a busy
+    // machine (no value, or not asleep).
+    let Some(slot) = OFF_CPU_TASKS.get(next_task) else {
+        return 0;
+    };
+    // SAFETY: the task's own value.
+    let slot = unsafe { &mut *slot };
+    if slot.start_ns == 0 {
+        return 0;
     }
+    let start = *slot;
+    slot.start_ns = 0;
+    // SAFETY: helper without arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    // The sleep, and the unsampled ones it stands for (what it carries is weighted
+    // already).
+    // (No 128-bit multiply on BPF: the time is capped at 2^50 ns, 13 days, and the
+    // weight at MAX_OFF_CPU_EVERY, so the product fits.)
+    let slept = now.wrapping_sub(start.start_ns).min(1 << 50);
+    let weight = u64::from(start.weight.clamp(1, MAX_OFF_CPU_EVERY));
+    let ns = start.carried_ns.saturating_add(slept * weight);
+    // SAFETY: a read of a global set at load time.
+    let min = unsafe { core::ptr::read_volatile(&OFF_CPU_MIN_NS) };
+    // The threshold applies to the sleep itself, not to what it stands for: both
+    // sides weighted (no division: one would need a divide-by-zero path).
+    if ns < min.min(1 << 50) * weight {
+        count(Counter::OffCpuShort, 1);
+        return 0;
+    }
+    if due.task != 0 {
+        // The last one never reached its walk (with the `sys_exit` walker: it slept in
+        // a page fault, or returned to user space without a system call).
+        count(Counter::OffCpuLost, 1);
+    }
+    *due = OffCpuDue {
+        task: next,
+        ns,
+        pc: start.pc,
+        sp: start.sp,
+        pid: start.pid,
+        tid: start.tid,
+        state: start.state,
+        weight: start.weight,
+        kernel_stack: kernel_stack(next_task),
+    };
     0
 }
 
@@ -213,9 +220,9 @@ fn kernel_stack(task: *mut task_struct) -> u64 {
     }
 }
 
-/// Records that the current task, a thread going to sleep, leaves now.
+/// Records that `task`, the current task, a thread going to sleep, leaves now.
 #[inline(always)]
-fn leaving(task: u64, prev_state: u32) {
+fn leaving(task: *mut task_struct, prev_state: u32) {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     if !is_target(tgid) {
@@ -234,13 +241,17 @@ fn leaving(task: u64, prev_state: u32) {
         return;
     }
     // Its user registers, where it will return: a kernel thread has none.
-    let Some((pc, sp)) = (unsafe { regs::current_user_pc_sp() }) else {
-        return;
-    };
-    if filter_flags() != 0 && pc == 0 {
+    // SAFETY: `task` is the tracepoint's typed pointer to the current task.
+    let (pc, sp) = unsafe { regs::user_pc_sp(task) };
+    if pc == 0 || sp == 0 {
         return;
     }
     count(Counter::OffCpuBlocks, 1);
+    let Some(slot) = OFF_CPU_TASKS.get_or_create(task) else {
+        // No memory for the task's value.
+        count(Counter::OffCpuLost, 1);
+        return;
+    };
     let start = OffCpuStart {
         // SAFETY: helper without arguments.
         start_ns: unsafe { bpf_ktime_get_ns() },
@@ -256,12 +267,8 @@ fn leaving(task: u64, prev_state: u32) {
         },
         weight: every,
     };
-    if OFF_CPU_START
-        .insert(task, start, u64::from(BPF_ANY))
-        .is_err()
-    {
-        count(Counter::OffCpuLost, 1);
-    }
+    // SAFETY: the task's own value; this CPU runs the task's switch.
+    unsafe { *slot = start };
 }
 
 /// `sys_exit(struct pt_regs *regs, long ret)`: the current task returns to user space

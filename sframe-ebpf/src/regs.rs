@@ -5,7 +5,7 @@
 //! ones the kernel saved on entry, found with `bpf_task_pt_regs(current)`.
 
 use aya_ebpf::{
-    bindings::pt_regs,
+    bindings::{pt_regs, task_struct},
     helpers::generated::{
         bpf_get_current_task_btf, bpf_probe_read_kernel as bpf_probe_read_kernel_raw,
         bpf_task_pt_regs,
@@ -196,26 +196,21 @@ pub unsafe fn user_regs(ctx_regs: *const pt_regs) -> Option<(&'static pt_regs, R
     Some((out, RegsSource::Task))
 }
 
-/// The current task's saved user PC and SP (`None` when they cannot be read; zeros for
-/// a kernel thread).
+/// The saved user PC and SP of `task` (a typed task pointer: a tracing program's
+/// argument), read straight from the kernel's `pt_regs` (the verifier makes the loads
+/// fault-safe): zeros for a kernel thread.
 ///
 /// # Safety
-/// A plain helper sequence; the reads are checked by `bpf_probe_read_kernel`.
+/// `task` must be a typed task pointer the verifier knows as such.
 #[inline(always)]
-pub unsafe fn current_user_pc_sp() -> Option<(u64, u64)> {
-    let task = unsafe { bpf_get_current_task_btf() };
-    if task.is_null() {
-        return None;
-    }
+pub unsafe fn user_pc_sp(task: *mut task_struct) -> (u64, u64) {
     let saved = unsafe { bpf_task_pt_regs(task) } as *const pt_regs;
     if saved.is_null() {
-        return None;
+        return (0, 0);
     }
     let (pc, sp) = pc_sp_fields(saved);
-    // SAFETY: kernel addresses inside the task's saved registers.
-    let pc = unsafe { aya_ebpf::helpers::bpf_probe_read_kernel(pc) }.ok()?;
-    let sp = unsafe { aya_ebpf::helpers::bpf_probe_read_kernel(sp) }.ok()?;
-    Some((pc, sp))
+    // SAFETY: loads through a typed kernel pointer, checked by the verifier.
+    unsafe { (core::ptr::read_volatile(pc), core::ptr::read_volatile(sp)) }
 }
 
 #[cfg(bpf_target_arch = "x86_64")]

@@ -133,6 +133,9 @@ pub fn load_with(config: &LoadConfig) -> Result<Ebpf, LoadError> {
             loader.map_max_entries(map, n.max(1));
         }
     }
+    // `OFF_CPU_TASKS` is a task-storage map, which aya creates but has no type for
+    // (the profiler never reads it).
+    loader.allow_unsupported_maps();
     Ok(loader.load(EBPF_OBJECT)?)
 }
 
