@@ -68,7 +68,7 @@ pub mod maps {
             /// Off-CPU: per-CPU copy of the returning thread's user registers.
             OFF_CPU_REGS = "OFF_CPU_REGS",
             /// Off-CPU: 1 in how many sleeps is timed (the governor's sampling).
-            OFF_CPU_EVERY = "OFF_CPU_EVERY",
+            OFF_CPU_CONTROL = "OFF_CPU_CONTROL",
             /// Off-CPU: per-CPU buffer of the kernel stack of a sleep.
             OFF_CPU_KSTACK = "OFF_CPU_KSTACK",
             /// Raw samples (registers and stack bytes) for host-side walks.

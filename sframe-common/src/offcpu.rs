@@ -41,12 +41,38 @@ pub struct OffCpuStart {
     pub tid: u32,
     /// `OFF_CPU_UNINTERRUPTIBLE` or 0.
     pub state: u32,
-    /// Sleeps this one stands for (1 in `weight` was timed: the governor's sampling).
+    /// Sleeps this one stands for (1 in `weight` was timed: the governor's sampling,
+    /// times its pause factor).
     pub weight: u32,
+    /// The observation window it started in ([`OFF_CPU_CONTROL_WINDOW`]): a sleep is
+    /// charged only if it ends in the same one.
+    pub window: u32,
+    pub _pad: u32,
 }
 
-/// The most sleeps one timed sleep stands for (the governor's sampling stops there).
+/// The most sleeps one timed sleep stands for by sampling (the governor stops there).
 pub const MAX_OFF_CPU_EVERY: u32 = 1024;
+/// The governor's last resort, when even 1 in `MAX_OFF_CPU_EVERY` costs more than its
+/// budget (what watching every context switch costs, whatever is sampled): the off-CPU
+/// programs are attached for one observation window in `pause` and detached for the
+/// rest; a sleep seen starting and ending in one window counts for `pause`. At most this.
+pub const MAX_OFF_CPU_PAUSE: u32 = 8;
+/// The most one timed sleep stands for (its time is capped at 2^50 ns, so the weighted
+/// time fits 64 bits).
+pub const MAX_OFF_CPU_WEIGHT: u32 = MAX_OFF_CPU_EVERY * MAX_OFF_CPU_PAUSE;
+const _: () = assert!(MAX_OFF_CPU_WEIGHT <= 1 << 13);
+
+/// Slots of the `OFF_CPU_CONTROL` array, written by user space's governor.
+/// 1 in how many sleeps is timed (0 or 1: all).
+pub const OFF_CPU_CONTROL_EVERY: u32 = 0;
+/// The observation window: raised each time the programs are attached again after a
+/// pause, so that a sleep that began before the pause is not charged (its end, or a
+/// wake and another sleep, may have been missed).
+pub const OFF_CPU_CONTROL_WINDOW: u32 = 1;
+/// The pause factor (see [`MAX_OFF_CPU_PAUSE`]; 0 or 1: no pause).
+pub const OFF_CPU_CONTROL_PAUSE: u32 = 2;
+/// Slots of `OFF_CPU_CONTROL`.
+pub const OFF_CPU_CONTROL_LEN: u32 = 3;
 
 /// A sleep over the threshold, to be walked and charged when its thread returns to user
 /// space on this CPU.

@@ -123,16 +123,20 @@ pub enum Counter {
     /// Off-CPU: the count map was full (the sleep was lost).
     OffCpuMapFull = 15,
     /// Off-CPU: sleeps not timed because the governor samples sleeps (1 in
-    /// `OFF_CPU_EVERY`; those timed count for the others).
+    /// `OFF_CPU_CONTROL[OFF_CPU_CONTROL_EVERY]`; those timed count for the others).
     OffCpuUnsampled = 16,
     /// Off-CPU: the sleeping task's kernel stack could not be taken (the sleep is
     /// counted without it). Apart from `KernelStackFailed`, which tells user space
     /// the stack-trace map is full.
     OffCpuKernelStackFailed = 17,
+    /// Off-CPU: sleeps that began before the governor paused the off-CPU programs and
+    /// ended after (not charged: their end, or a wake and another sleep, may have been
+    /// missed).
+    OffCpuPaused = 18,
 }
 
 impl Counter {
-    pub const COUNT: usize = 18;
+    pub const COUNT: usize = 19;
     pub const ALL: [Counter; Self::COUNT] = [
         Self::Samples,
         Self::SamplesInKernel,
@@ -152,6 +156,7 @@ impl Counter {
         Self::OffCpuMapFull,
         Self::OffCpuUnsampled,
         Self::OffCpuKernelStackFailed,
+        Self::OffCpuPaused,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -174,6 +179,7 @@ impl Counter {
             Self::OffCpuMapFull => "off_cpu_map_full",
             Self::OffCpuUnsampled => "off_cpu_unsampled",
             Self::OffCpuKernelStackFailed => "off_cpu_kernel_stack_failed",
+            Self::OffCpuPaused => "off_cpu_paused",
         }
     }
 }

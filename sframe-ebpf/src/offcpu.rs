@@ -28,8 +28,10 @@ use sframe_common::{
     Counter, WalkOutcome,
     budget::MAX_OFF_CPU_COUNTS,
     offcpu::{
-        MAX_OFF_CPU_EVERY, OFF_CPU_KERNEL_FRAMES, OFF_CPU_UNINTERRUPTIBLE, OffCpuDue, OffCpuKey,
-        OffCpuStart, TASK_INTERRUPTIBLE, TASK_UNINTERRUPTIBLE,
+        MAX_OFF_CPU_EVERY, MAX_OFF_CPU_PAUSE, MAX_OFF_CPU_WEIGHT, OFF_CPU_CONTROL_EVERY,
+        OFF_CPU_CONTROL_LEN, OFF_CPU_CONTROL_PAUSE, OFF_CPU_CONTROL_WINDOW, OFF_CPU_KERNEL_FRAMES,
+        OFF_CPU_UNINTERRUPTIBLE, OffCpuDue, OffCpuKey, OffCpuStart, TASK_INTERRUPTIBLE,
+        TASK_UNINTERRUPTIBLE,
     },
     stack::{CountKey, HASH_SEED, UserStack, finish, mix},
     step::WalkState,
@@ -53,10 +55,17 @@ static OFF_CPU_MIN_NS: u64 = 0;
 static OFF_CPU_TASKS: TaskStorage<OffCpuStart> = TaskStorage::new();
 #[map]
 static OFF_CPU_DUE: PerCpuArray<OffCpuDue> = PerCpuArray::with_max_entries(1, 0);
-/// 1 in how many sleeps is timed (0 or 1: all), set by user space's governor when the
-/// switch programs cost more than its budget; a timed sleep then counts for as many.
+/// The governor's settings (`OFF_CPU_CONTROL_*`): 1 in how many sleeps is timed (set
+/// when the programs cost more than its budget; a timed sleep then counts for as
+/// many), the observation window, the pause factor.
 #[map]
-static OFF_CPU_EVERY: Array<u32> = Array::with_max_entries(1, 0);
+static OFF_CPU_CONTROL: Array<u32> = Array::with_max_entries(OFF_CPU_CONTROL_LEN, 0);
+
+/// A slot of `OFF_CPU_CONTROL` (0 if unreadable).
+#[inline(always)]
+fn control(slot: u32) -> u32 {
+    OFF_CPU_CONTROL.get(slot).copied().unwrap_or(0)
+}
 #[map]
 static OFF_CPU_COUNTS: HashMap<OffCpuKey, u64> = HashMap::with_max_entries(MAX_OFF_CPU_COUNTS, 0);
 /// The kernel stack of the sleep being charged, before it goes into `STACKS`.
@@ -111,6 +120,8 @@ pub fn switch(ctx: &BtfTracePointContext) -> i32 {
                                 0
                             },
                         weight: due.weight,
+                        window: control(OFF_CPU_CONTROL_WINDOW),
+                        _pad: 0,
                     }
                 };
             }
@@ -131,14 +142,20 @@ pub fn switch(ctx: &BtfTracePointContext) -> i32 {
     }
     let start = *slot;
     slot.start_ns = 0;
+    if start.window != control(OFF_CPU_CONTROL_WINDOW) {
+        // It began before a pause: its end, or a wake and another sleep, may have
+        // been missed.
+        count(Counter::OffCpuPaused, 1);
+        return 0;
+    }
     // SAFETY: helper without arguments.
     let now = unsafe { bpf_ktime_get_ns() };
     // The sleep, and the unsampled ones it stands for (what it carries is weighted
     // already).
     // (No 128-bit multiply on BPF: the time is capped at 2^50 ns, 13 days, and the
-    // weight at MAX_OFF_CPU_EVERY, so the product fits.)
+    // weight at MAX_OFF_CPU_WEIGHT, 2^13, so the product fits.)
     let slept = now.wrapping_sub(start.start_ns).min(1 << 50);
-    let weight = u64::from(start.weight.clamp(1, MAX_OFF_CPU_EVERY));
+    let weight = u64::from(start.weight.clamp(1, MAX_OFF_CPU_WEIGHT));
     let ns = start.carried_ns.saturating_add(slept * weight);
     // SAFETY: a read of a global set at load time.
     let min = unsafe { core::ptr::read_volatile(&OFF_CPU_MIN_NS) };
@@ -230,11 +247,7 @@ fn leaving(task: *mut task_struct, prev_state: u32) {
     }
     // Over the governor's budget, 1 in `every` sleeps is timed, at random (a thread's
     // sleeps are not periodic with the sampling), and counts for `every`.
-    let every = OFF_CPU_EVERY
-        .get(0)
-        .copied()
-        .unwrap_or(1)
-        .clamp(1, MAX_OFF_CPU_EVERY);
+    let every = control(OFF_CPU_CONTROL_EVERY).clamp(1, MAX_OFF_CPU_EVERY);
     // SAFETY: helper without arguments.
     if every > 1 && unsafe { bpf_get_prandom_u32() } % every != 0 {
         count(Counter::OffCpuUnsampled, 1);
@@ -265,7 +278,11 @@ fn leaving(task: *mut task_struct, prev_state: u32) {
         } else {
             0
         },
-        weight: every,
+        // A pause factor k: the programs watch one window in k, and a sleep seen
+        // whole in one stands for k.
+        weight: every * control(OFF_CPU_CONTROL_PAUSE).clamp(1, MAX_OFF_CPU_PAUSE),
+        window: control(OFF_CPU_CONTROL_WINDOW),
+        _pad: 0,
     };
     // SAFETY: the task's own value; this CPU runs the task's switch.
     unsafe { *slot = start };

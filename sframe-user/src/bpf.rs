@@ -316,14 +316,13 @@ pub fn attach_raw_tracepoint(
     ebpf: &mut Ebpf,
     name: &'static str,
     tracepoint: &str,
-) -> Result<(), aya::programs::ProgramError> {
+) -> Result<aya::programs::raw_trace_point::RawTracePointLinkId, aya::programs::ProgramError> {
     let program: &mut aya::programs::RawTracePoint = ebpf
         .program_mut(name)
         .ok_or(aya::programs::ProgramError::NotLoaded)?
         .try_into()?;
     program.load()?;
-    program.attach(tracepoint)?;
-    Ok(())
+    program.attach(tracepoint)
 }
 
 /// Loads and attaches the fexit program `name` to the kernel function `function` (the
@@ -332,15 +331,14 @@ pub fn attach_fexit(
     ebpf: &mut Ebpf,
     name: &'static str,
     function: &str,
-) -> Result<(), aya::programs::ProgramError> {
+) -> Result<aya::programs::fexit::FExitLinkId, aya::programs::ProgramError> {
     let btf = vmlinux_btf()?;
     let program: &mut aya::programs::FExit = ebpf
         .program_mut(name)
         .ok_or(aya::programs::ProgramError::NotLoaded)?
         .try_into()?;
     program.load(function, &btf)?;
-    program.attach()?;
-    Ok(())
+    program.attach()
 }
 
 fn vmlinux_btf() -> Result<aya::Btf, aya::programs::ProgramError> {
@@ -357,15 +355,14 @@ pub fn attach_btf_tracepoint(
     ebpf: &mut Ebpf,
     name: &'static str,
     function: &str,
-) -> Result<(), aya::programs::ProgramError> {
+) -> Result<aya::programs::tp_btf::BtfTracePointLinkId, aya::programs::ProgramError> {
     let btf = vmlinux_btf()?;
     let program: &mut aya::programs::BtfTracePoint = ebpf
         .program_mut(name)
         .ok_or(aya::programs::ProgramError::NotLoaded)?
         .try_into()?;
     program.load(function, &btf)?;
-    program.attach()?;
-    Ok(())
+    program.attach()
 }
 
 /// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; raise it so they load there too.

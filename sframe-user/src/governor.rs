@@ -16,10 +16,13 @@
 //! run time, which scales with the host's context-switch and system-call rates, not
 //! with the sampling frequency. It is kept under its share of the budget (half of it
 //! beside on-CPU sampling, all of it alone) by timing 1 in N sleeps at random (each
-//! counting for N; the others are counted, `off_cpu_unsampled`), N raised in proportion
-//! when over budget and lowered by steps when well under. What the programs cost for
-//! every switch and system call whatever N (a map lookup, a compare) is a floor that
-//! sampling does not lower.
+//! counting for N; the others are counted, `off_cpu_unsampled`), N raised to fit when
+//! over budget and lowered by steps when well under, decided at the end of each
+//! observation window ([`OFF_CPU_WINDOW_SECS`]). What the programs cost at every switch
+//! and system call whatever N is a floor that sampling does not lower; when it alone is
+//! over the budget ([`decide_off_cpu`] tells it from two windows), the programs are
+//! detached for all but one window in K, and a sleep seen whole in a window counts for
+//! N × K.
 
 use std::{os::fd::OwnedFd, time::Instant};
 
@@ -52,25 +55,71 @@ pub fn decide(current: u64, requested: u64, overhead: f64, budget: f64) -> u64 {
     current
 }
 
-/// 1 in how many sleeps to time next: raised in proportion when `overhead` is above
-/// `budget` (aiming 10 % under it, as [`decide`]), lowered by 1.5× when it is under half
-/// the budget; within 1..=`MAX_OFF_CPU_EVERY`.
-pub fn decide_every(current: u32, overhead: f64, budget: f64) -> u32 {
-    use sframe_common::offcpu::MAX_OFF_CPU_EVERY;
-    let current = current.max(1);
-    if !(overhead.is_finite() && budget > 0.0) {
-        return current;
+/// Seconds of an off-CPU observation window: the governor measures the off-CPU
+/// programs' cost over each and decides at its end.
+pub const OFF_CPU_WINDOW_SECS: f64 = 3.0;
+
+/// The off-CPU sampling to use next, `(every, pause)`: 1 in `every` sleeps timed, and
+/// the programs attached for one observation window in `pause`. `cost` is what the
+/// programs cost (share of all CPUs) while attached, at `current`; `last` the previous
+/// window's `(every, cost)`.
+///
+/// Over `budget` (counting the pause: `cost / pause`), the cost is modelled as a
+/// floor — running at every context switch and system call, whatever is sampled — plus
+/// what the timed sleeps cost, in proportion to 1/`every`; two windows at different
+/// `every` give both parts (one window: all of it taken as the sleeps'). The sampling is
+/// raised to fit 10 % under the budget; if the floor alone does not fit, `every` goes to
+/// its maximum and the pause makes up the rest (up to `MAX_OFF_CPU_PAUSE`). Under half
+/// the budget, one step back: a shorter pause first, then 1.5× less sampling.
+pub fn decide_off_cpu(
+    current: (u32, u32),
+    cost: f64,
+    last: Option<(u32, f64)>,
+    budget: f64,
+) -> (u32, u32) {
+    use sframe_common::offcpu::{MAX_OFF_CPU_EVERY, MAX_OFF_CPU_PAUSE};
+    let (every, pause) = (current.0.max(1), current.1.max(1));
+    if !(cost.is_finite() && cost >= 0.0 && budget > 0.0) {
+        return (every, pause);
     }
-    if overhead > budget {
-        let scaled = (f64::from(current) * overhead / budget / 0.9).ceil();
-        return (scaled.min(f64::from(MAX_OFF_CPU_EVERY)) as u32)
-            .max(current + 1)
-            .min(MAX_OFF_CPU_EVERY);
+    let effective = cost / f64::from(pause);
+    if effective <= budget {
+        if effective < budget / 2.0 {
+            if pause > 1 {
+                return (every, pause - 1);
+            }
+            if every > 1 {
+                return (((f64::from(every) / 1.5).floor() as u32).max(1), 1);
+            }
+        }
+        return (every, pause);
     }
-    if overhead < budget / 2.0 && current > 1 {
-        return ((f64::from(current) / 1.5).floor() as u32).max(1);
+    let (floor, sleeps) = match last {
+        Some((e0, c0)) if e0.max(1) != every && c0.is_finite() => {
+            let d = 1.0 / f64::from(e0.max(1)) - 1.0 / f64::from(every);
+            let sleeps = ((c0 - cost) / d).max(0.0);
+            ((cost - sleeps / f64::from(every)).max(0.0), sleeps)
+        }
+        _ => (0.0, cost * f64::from(every)),
+    };
+    let target = 0.9 * budget;
+    let max_every = f64::from(MAX_OFF_CPU_EVERY);
+    if floor < target {
+        let needed = (sleeps / (target - floor)).ceil();
+        if needed <= max_every {
+            // Over budget always raises the sampling.
+            return ((needed as u32).max(every + 1).min(MAX_OFF_CPU_EVERY), 1);
+        }
     }
-    current
+    let at_max = floor + sleeps / max_every;
+    let mut next = (at_max / target)
+        .ceil()
+        .clamp(1.0, f64::from(MAX_OFF_CPU_PAUSE)) as u32;
+    if every == MAX_OFF_CPU_EVERY {
+        // Over budget at the most sampling: always a longer pause.
+        next = next.max(pause + 1).min(MAX_OFF_CPU_PAUSE);
+    }
+    (MAX_OFF_CPU_EVERY, next)
 }
 
 /// Shares of the machine's CPU over a period.
@@ -111,17 +160,30 @@ pub struct Governor {
     /// The last measured overhead of everything else in user space (symbolization,
     /// export; share of all CPUs), not budgeted.
     pub other_overhead: Option<f64>,
-    /// The last measured cost of the off-CPU programs (share of all CPUs).
+    /// The last measured cost of the off-CPU programs (share of all CPUs, over the
+    /// last observation window and the pause before it).
     pub off_cpu_overhead: Option<f64>,
+    off_cpu: Option<OffCpuWindow>,
+}
+
+/// The off-CPU observation window under way, or the pause after one.
+struct OffCpuWindow {
+    /// When it (or the pause) began.
+    since: Instant,
+    /// The off-CPU programs' run time then (ns).
+    ns: u64,
+    /// When the last window ended, and the run time then: the cycle's cost.
+    cycle: (Instant, u64),
+    /// The last window's `(every, cost while attached)`.
+    last: Option<(u32, f64)>,
 }
 
 /// What the governor reads at each tick.
 #[derive(Clone, Copy)]
 struct Reading {
     at: Instant,
-    /// BPF run time of the sampling program, and of the off-CPU programs (ns).
+    /// BPF run time of the sampling program (ns).
     bpf_ns: u64,
-    off_cpu_ns: u64,
     cpu: f64,
     load: f64,
     collect: f64,
@@ -146,15 +208,26 @@ impl Governor {
             load_overhead: None,
             other_overhead: None,
             off_cpu_overhead: None,
+            off_cpu: None,
         }
     }
 
-    /// Measures and, every `PERIOD_SECS`, adjusts the profiler's frequency.
+    /// Measures and, every `PERIOD_SECS`, adjusts the profiler's frequency; at the end
+    /// of each off-CPU observation window, the off-CPU sampling.
     pub fn tick(&mut self, profiler: &mut Profiler) {
+        let (on_cpu, off_cpu) = profiler.modes();
+        // Each mode keeps to its share: half the budget each when both run.
+        let share = if on_cpu && off_cpu {
+            self.budget / 2.0
+        } else {
+            self.budget
+        };
+        if off_cpu {
+            self.off_cpu_tick(profiler, share);
+        }
         let now = Reading {
             at: Instant::now(),
             bpf_ns: profiler.program_stats().map_or(0, |(ns, _)| ns),
-            off_cpu_ns: profiler.off_cpu_program_stats().map_or(0, |(ns, _)| ns),
             cpu: process_seconds().unwrap_or(0.0),
             load: crate::objects::load_cpu_seconds(),
             collect: collection_cpu_seconds(),
@@ -179,34 +252,6 @@ impl Governor {
         self.overhead = Some(o.sampling);
         self.load_overhead = Some(o.loading);
         self.other_overhead = Some(o.other);
-        let (on_cpu, off_cpu) = profiler.modes();
-        // Each mode keeps to its share: half the budget each when both run.
-        let share = if on_cpu && off_cpu {
-            self.budget / 2.0
-        } else {
-            self.budget
-        };
-        if off_cpu {
-            let off = now.off_cpu_ns.saturating_sub(last.off_cpu_ns) as f64 / 1e9 / capacity;
-            self.off_cpu_overhead = Some(off);
-            let current = profiler.off_cpu_every();
-            let next = decide_every(current, off, share);
-            log::debug!(
-                "off-CPU period: programs {:.4}% of the CPUs, budget {:.4}%, timing 1 in {current} sleeps",
-                off * 100.0,
-                share * 100.0
-            );
-            if next != current {
-                log::info!(
-                    "off-CPU programs {:.3}% of the CPUs (budget {:.3}%): timing 1 in {next} sleeps instead of 1 in {current}",
-                    off * 100.0,
-                    share * 100.0
-                );
-                if let Err(err) = profiler.set_off_cpu_every(next) {
-                    log::warn!("changing the off-CPU sampling: {err}");
-                }
-            }
-        }
         if !on_cpu {
             return;
         }
@@ -226,26 +271,117 @@ impl Governor {
             }
         }
     }
+
+    /// The off-CPU duty cycle: at the end of each observation window, measures what the
+    /// programs cost while attached and decides the sampling and pause; while paused,
+    /// attaches them again after `pause - 1` windows.
+    fn off_cpu_tick(&mut self, profiler: &mut Profiler, share: f64) {
+        let now = Instant::now();
+        let ns = profiler.off_cpu_program_stats().map_or(0, |(ns, _)| ns);
+        let w = self.off_cpu.get_or_insert(OffCpuWindow {
+            since: now,
+            ns,
+            cycle: (now, ns),
+            last: None,
+        });
+        let elapsed = now.duration_since(w.since).as_secs_f64();
+        let (every, pause) = (profiler.off_cpu_every(), profiler.off_cpu_pause());
+        if !profiler.off_cpu_attached() {
+            if elapsed < OFF_CPU_WINDOW_SECS * f64::from(pause.saturating_sub(1)) {
+                return;
+            }
+            if let Err(err) = profiler.set_off_cpu_attached(true) {
+                log::warn!("attaching the off-CPU programs again: {err}");
+                return;
+            }
+            let ns = profiler.off_cpu_program_stats().map_or(ns, |(ns, _)| ns);
+            (w.since, w.ns) = (Instant::now(), ns);
+            return;
+        }
+        if elapsed < OFF_CPU_WINDOW_SECS {
+            return;
+        }
+        let capacity = self.cpus;
+        let cost = ns.saturating_sub(w.ns) as f64 / 1e9 / (elapsed * capacity);
+        let cycle_wall = now.duration_since(w.cycle.0).as_secs_f64();
+        let cycle = ns.saturating_sub(w.cycle.1) as f64 / 1e9 / (cycle_wall * capacity);
+        self.off_cpu_overhead = Some(cycle);
+        let (next_every, next_pause) = decide_off_cpu((every, pause), cost, w.last, share);
+        log::debug!(
+            "off-CPU window: programs {:.4}% of the CPUs while attached, {:.4}% over the cycle, budget {:.4}%, timing 1 in {every} sleeps, watching 1 window in {pause}",
+            cost * 100.0,
+            cycle * 100.0,
+            share * 100.0
+        );
+        w.last = Some((every, cost));
+        w.cycle = (now, ns);
+        (w.since, w.ns) = (now, ns);
+        if (next_every, next_pause) != (every, pause) {
+            log::info!(
+                "off-CPU programs {:.3}% of the CPUs while attached (budget {:.3}%): timing 1 in {next_every} sleeps (was {every}), watching 1 window of {OFF_CPU_WINDOW_SECS} s in {next_pause} (was {pause})",
+                cost * 100.0,
+                share * 100.0
+            );
+            if let Err(err) = profiler
+                .set_off_cpu_every(next_every)
+                .and_then(|()| profiler.set_off_cpu_pause(next_pause))
+            {
+                log::warn!("changing the off-CPU sampling: {err}");
+            }
+        }
+        if next_pause > 1
+            && let Err(err) = profiler.set_off_cpu_attached(false)
+        {
+            log::warn!("pausing the off-CPU programs: {err}");
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{decide, decide_every, overheads};
+    use super::{decide, decide_off_cpu, overheads};
 
     #[test]
     fn off_cpu_sampling_follows_the_cost() {
-        // Three times the budget: time about 1 in 3.3 → 4 sleeps.
-        assert_eq!(decide_every(1, 0.03, 0.01), 4);
+        // One window, three times the budget: all of it taken as the sleeps' cost,
+        // 1 in 3.3 → 4 timed.
+        assert_eq!(decide_off_cpu((1, 1), 0.03, None, 0.01), (4, 1));
         // Over budget always raises it, never past the maximum.
-        assert_eq!(decide_every(4, 0.0101, 0.01), 5);
-        assert_eq!(decide_every(1000, 1.0, 0.01), 1024);
-        assert_eq!(decide_every(1024, 1.0, 0.01), 1024);
-        // Room: down by 1.5×, to 1 at least.
-        assert_eq!(decide_every(9, 0.001, 0.01), 6);
-        assert_eq!(decide_every(1, 0.0, 0.01), 1);
+        assert_eq!(decide_off_cpu((4, 1), 0.0101, None, 0.01), (5, 1));
+        // Room: down by 1.5×, to 1 at least; a pause shortens first.
+        assert_eq!(decide_off_cpu((9, 1), 0.001, None, 0.01), (6, 1));
+        assert_eq!(decide_off_cpu((1, 1), 0.0, None, 0.01), (1, 1));
+        assert_eq!(decide_off_cpu((1024, 4), 0.001, None, 0.01), (1024, 3));
         // Between half the budget and the budget: stay.
-        assert_eq!(decide_every(8, 0.007, 0.01), 8);
-        assert_eq!(decide_every(8, f64::NAN, 0.01), 8);
+        assert_eq!(decide_off_cpu((8, 1), 0.007, None, 0.01), (8, 1));
+        assert_eq!(decide_off_cpu((8, 1), f64::NAN, None, 0.01), (8, 1));
+    }
+
+    #[test]
+    fn a_floor_over_the_budget_pauses_the_off_cpu_programs() {
+        // 5 % at 1 in 1, 4 % at 1 in 7: a floor of 3.83 % (watching every switch)
+        // and 1.17 % for timing every sleep. No sampling fits a 1 % budget: the most
+        // sampling, and 1 window in 5 watched (3.83 % / 5 = 0.77 %).
+        assert_eq!(
+            decide_off_cpu((7, 1), 0.04, Some((1, 0.05)), 0.01),
+            (1024, 5)
+        );
+        // A floor under the budget: sampling alone (1.17 / (0.9 - 0.5) → 1 in 3).
+        assert_eq!(
+            decide_off_cpu((1, 1), 0.0167, Some((2, 0.01085)), 0.01),
+            (3, 1)
+        );
+        // Paused and still over: a longer pause, never past the maximum.
+        assert_eq!(
+            decide_off_cpu((1024, 5), 0.06, Some((1024, 0.04)), 0.01),
+            (1024, 7)
+        );
+        assert_eq!(decide_off_cpu((1024, 8), 0.5, None, 0.01), (1024, 8));
+        // Paused within budget: stay.
+        assert_eq!(
+            decide_off_cpu((1024, 5), 0.04, Some((7, 0.04)), 0.01),
+            (1024, 5)
+        );
     }
 
     #[test]

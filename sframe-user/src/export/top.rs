@@ -15,13 +15,14 @@ pub fn top(profile: &Profile, n: usize) -> String {
         let c = |k: Counter| profile.counters[k as usize];
         let _ = writeln!(
             out,
-            "off CPU: {:.3} s asleep in {:.1} s ({} sleeps walked, {} shorter than the threshold, {} lost, {} not timed by sampling)",
+            "off CPU: {:.3} s asleep in {:.1} s ({} sleeps walked, {} shorter than the threshold, {} lost, {} not timed by sampling, {} across a pause)",
             total as f64 / 1e9,
             profile.duration.as_secs_f64(),
             c(Counter::OffCpuWalks),
             c(Counter::OffCpuShort),
             c(Counter::OffCpuLost) + c(Counter::OffCpuMapFull),
             c(Counter::OffCpuUnsampled),
+            c(Counter::OffCpuPaused),
         );
     } else {
         let _ = writeln!(

@@ -23,6 +23,7 @@ use sframe_common::{
 
 mod counts;
 mod kstacks;
+mod off_cpu;
 
 use counts::Counts;
 use kstacks::KernelStacks;
@@ -318,11 +319,8 @@ pub struct Profiler {
     on_cpu: bool,
     /// Profiles off-CPU time.
     off_cpu: bool,
-    /// 1 in how many sleeps the off-CPU programs time (the governor's sampling).
-    off_cpu_every: u32,
-    /// The off-CPU program that walks a woken thread's stack: `OFF_CPU_WAKE` (fexit of
-    /// `schedule`) or, where that cannot attach, `OFF_CPU_RETURN` (`sys_exit`).
-    off_cpu_walker: &'static str,
+    /// The off-CPU programs, with `--off-cpu`.
+    off_cpu_programs: Option<off_cpu::OffCpu>,
 }
 
 use crate::bpf::take_map as take;
@@ -439,8 +437,7 @@ impl Profiler {
             links: Vec::new(),
             on_cpu: config.on_cpu,
             off_cpu: config.off_cpu_min.is_some(),
-            off_cpu_every: 1,
-            off_cpu_walker: programs::OFF_CPU_RETURN,
+            off_cpu_programs: None,
         };
         profiler.follow_lifecycle();
         for pid in profiler.spec.pids.clone() {
@@ -450,43 +447,7 @@ impl Profiler {
         }
         profiler.scan_named_targets();
         if config.off_cpu_min.is_some() {
-            // The walk runs as the woken thread leaves `schedule()` where the kernel
-            // can trace that function (once per sleep), else at every system call's
-            // return (arm64 before Linux 6.4 has no fexit on ftrace-managed functions).
-            profiler.off_cpu_walker = match bpf::attach_fexit(
-                &mut profiler.ebpf,
-                programs::OFF_CPU_WAKE,
-                "schedule",
-            ) {
-                Ok(()) => {
-                    log::info!("off-CPU: walking woken threads as schedule() returns (fexit)");
-                    programs::OFF_CPU_WAKE
-                }
-                Err(err) => {
-                    log::info!(
-                        "off-CPU: no fexit on schedule() ({err}); walking at system call returns"
-                    );
-                    bpf::attach_raw_tracepoint(
-                        &mut profiler.ebpf,
-                        programs::OFF_CPU_RETURN,
-                        "sys_exit",
-                    )
-                    .map_err(|source| LoadError::Program {
-                        name: programs::OFF_CPU_RETURN,
-                        source,
-                    })?;
-                    programs::OFF_CPU_RETURN
-                }
-            };
-            bpf::attach_btf_tracepoint(
-                &mut profiler.ebpf,
-                programs::OFF_CPU_SWITCH,
-                "sched_switch",
-            )
-            .map_err(|source| LoadError::Program {
-                name: programs::OFF_CPU_SWITCH,
-                source,
-            })?;
+            profiler.off_cpu_programs = Some(off_cpu::OffCpu::attach(&mut profiler.ebpf)?);
         }
         if config.on_cpu {
             profiler.links = bpf::attach_cpu_clock_all_cpus(
@@ -554,45 +515,69 @@ impl Profiler {
 
     /// 1 in how many sleeps the off-CPU programs time now.
     pub fn off_cpu_every(&self) -> u32 {
-        self.off_cpu_every
+        self.off_cpu_programs
+            .as_ref()
+            .map_or(1, off_cpu::OffCpu::every)
     }
 
     /// Makes the off-CPU programs time 1 in `every` sleeps (at random), each timed one
     /// counting for `every` (the governor's sampling when the switch programs cost
     /// more than its budget); clamped to 1..=`MAX_OFF_CPU_EVERY`.
     pub fn set_off_cpu_every(&mut self, every: u32) -> Result<(), LoadError> {
-        let every = every.clamp(1, sframe_common::offcpu::MAX_OFF_CPU_EVERY);
-        if every == self.off_cpu_every {
-            return Ok(());
+        match &mut self.off_cpu_programs {
+            Some(o) => o.set_every(&mut self.ebpf, every),
+            None => Ok(()),
         }
-        let map = self
-            .ebpf
-            .map_mut(maps::OFF_CPU_EVERY)
-            .ok_or(LoadError::MissingMap {
-                name: maps::OFF_CPU_EVERY,
-            })?;
-        let mut array: Array<&mut MapData, u32> =
-            Array::try_from(map).map_err(|source| LoadError::Map {
-                name: maps::OFF_CPU_EVERY,
-                source,
-            })?;
-        array.set(0, every, 0).map_err(|source| LoadError::Map {
-            name: maps::OFF_CPU_EVERY,
-            source,
-        })?;
-        self.off_cpu_every = every;
-        Ok(())
     }
 
-    /// The off-CPU program that walks woken threads (see [`Profiler::off_cpu_program_stats`]).
+    /// The off-CPU pause factor: the programs watch one observation window in that
+    /// many (1: always).
+    pub fn off_cpu_pause(&self) -> u32 {
+        self.off_cpu_programs
+            .as_ref()
+            .map_or(1, off_cpu::OffCpu::pause)
+    }
+
+    /// Sets the pause factor for sleeps that start from now on (clamped to
+    /// 1..=`MAX_OFF_CPU_PAUSE`); the governor detaches and attaches the programs
+    /// ([`Profiler::set_off_cpu_attached`]).
+    pub fn set_off_cpu_pause(&mut self, pause: u32) -> Result<(), LoadError> {
+        match &mut self.off_cpu_programs {
+            Some(o) => o.set_pause(&mut self.ebpf, pause),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether the off-CPU programs are attached (not paused by the governor).
+    pub fn off_cpu_attached(&self) -> bool {
+        self.off_cpu_programs
+            .as_ref()
+            .is_some_and(off_cpu::OffCpu::attached)
+    }
+
+    /// Detaches the off-CPU programs (`false`: nothing runs at context switches) or
+    /// attaches them again in a new observation window (`true`: sleeps that began
+    /// before are not charged, `off_cpu_paused`).
+    pub fn set_off_cpu_attached(&mut self, attached: bool) -> Result<(), LoadError> {
+        match &mut self.off_cpu_programs {
+            Some(o) if attached => o.resume(&mut self.ebpf),
+            Some(o) => o.suspend(&mut self.ebpf),
+            None => Ok(()),
+        }
+    }
+
+    /// The off-CPU program that walks woken threads: `OFF_CPU_WAKE` (fexit of
+    /// `schedule`) or, where that cannot attach, `OFF_CPU_RETURN` (`sys_exit`).
     pub fn off_cpu_walker(&self) -> &'static str {
-        self.off_cpu_walker
+        self.off_cpu_programs
+            .as_ref()
+            .map_or(programs::OFF_CPU_RETURN, off_cpu::OffCpu::walker)
     }
 
     /// Run time (ns) and runs of the off-CPU programs together.
     pub fn off_cpu_program_stats(&self) -> Option<(u64, u64)> {
         let a = self.program_stats_of(programs::OFF_CPU_SWITCH)?;
-        let b = self.program_stats_of(self.off_cpu_walker)?;
+        let b = self.program_stats_of(self.off_cpu_walker())?;
         Some((a.0 + b.0, a.1 + b.1))
     }
 
