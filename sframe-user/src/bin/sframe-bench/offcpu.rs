@@ -70,10 +70,14 @@ int main(int argc, char **argv) {
 }
 "#;
 
-/// `main → nap_loop → nap → nanosleep(10 ms)`, 100 times after a byte on stdin; prints
-/// the nanoseconds the loop spent off CPU (wall-clock less the thread's CPU time).
+/// After a byte on stdin, two call chains sleep at once: `main → nap_loop → nap →
+/// nanosleep(10 ms)`, 200 times, and, in thread `reader`, `reader_loop → wait_input →
+/// read` of a pipe that thread `feeder` writes every 20 ms, 100 times. Prints the time
+/// each loop spent off CPU (wall-clock less the thread's CPU time), in ns: "NAP READ".
 const SLEEPER_C: &str = r#"
+#include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
 static double clock_s(clockid_t c) {
@@ -81,6 +85,11 @@ static double clock_s(clockid_t c) {
     clock_gettime(c, &t);
     return t.tv_sec + t.tv_nsec / 1e9;
 }
+static double off_cpu_since(double wall, double cpu) {
+    return (clock_s(CLOCK_MONOTONIC) - wall) - (clock_s(CLOCK_THREAD_CPUTIME_ID) - cpu);
+}
+static int fds[2];
+static double read_off;
 __attribute__((noinline)) void nap(void) {
     struct timespec t = {0, 10 * 1000 * 1000};
     nanosleep(&t, 0);
@@ -90,16 +99,55 @@ __attribute__((noinline)) void nap_loop(int n) {
     for (int i = 0; i < n; i++) nap();
     __asm__ volatile("");
 }
+__attribute__((noinline)) void wait_input(void) {
+    char c;
+    if (read(fds[0], &c, 1) != 1) exit(3);
+    __asm__ volatile("");
+}
+__attribute__((noinline)) void reader_loop(int n) {
+    for (int i = 0; i < n; i++) wait_input();
+    __asm__ volatile("");
+}
+void *reader(void *arg) {
+    double w = clock_s(CLOCK_MONOTONIC), c = clock_s(CLOCK_THREAD_CPUTIME_ID);
+    reader_loop(100);
+    read_off = off_cpu_since(w, c);
+    return arg;
+}
+void *feeder(void *arg) {
+    for (int i = 0; i < 100; i++) {
+        struct timespec t = {0, 20 * 1000 * 1000};
+        nanosleep(&t, 0);
+        if (write(fds[1], "x", 1) != 1) exit(4);
+    }
+    return arg;
+}
 int main(void) {
     char go;
-    if (read(0, &go, 1) != 1) return 5;
+    if (read(0, &go, 1) != 1 || pipe(fds)) return 5;
+    pthread_t r, f;
+    pthread_create(&r, 0, reader, 0);
+    pthread_create(&f, 0, feeder, 0);
     double w = clock_s(CLOCK_MONOTONIC), c = clock_s(CLOCK_THREAD_CPUTIME_ID);
-    nap_loop(100);
-    double off = (clock_s(CLOCK_MONOTONIC) - w) - (clock_s(CLOCK_THREAD_CPUTIME_ID) - c);
-    printf("%.0f\n", off * 1e9);
+    nap_loop(200);
+    double nap_off = off_cpu_since(w, c);
+    pthread_join(r, 0);
+    pthread_join(f, 0);
+    printf("%.0f %.0f\n", nap_off * 1e9, read_off * 1e9);
     return 0;
 }
 "#;
+
+/// The fixture's two chains: (name, the frames that mark it in a folded stack, the
+/// frame that marks it in `offcputime`'s stacks).
+const CHAINS: [(&str, &str, &str); 2] = [
+    ("`main → nap_loop → nap`", ";main;nap_loop;nap;", "nap"),
+    (
+        "`reader → reader_loop → wait_input`",
+        ";reader;reader_loop;wait_input;",
+        "wait_input",
+    ),
+];
 
 const OFFCPUTIME: &str = "/usr/sbin/offcputime";
 
@@ -108,8 +156,11 @@ pub fn section(doc: &mut String, args: &Args) {
     let _ = writeln!(
         doc,
         "`--off-cpu`: `off_cpu_switch` runs at every context switch of the machine (BTF \
-         tracepoint `sched_switch`; past the threshold it also takes the kernel stack), `off_cpu_return` at every system call return \
-         (`sys_exit`; it walks only for a thread that slept at least `--off-cpu-min`). The \
+         tracepoint `sched_switch`; past the threshold it also takes the kernel stack); the walker, \
+         `off_cpu_wake` as every `schedule()` returns (fexit) or, where the kernel cannot \
+         attach that (this machine's kernel: no fexit), `off_cpu_return` at every system \
+         call return (`sys_exit`), walks only for a thread that slept at least \
+         `--off-cpu-min`. The \
          workload: two threads of a no-frame-pointer C program passing a byte through two \
          pipes, both on one CPU (every round trip puts both to sleep: two context \
          switches); each configuration three times, one after another, the median shown. Beside it, libbpf-tools' `offcputime` \
@@ -152,8 +203,8 @@ fn held(exe: &Path, args: &[&str]) -> Result<Fixture> {
     Ok(Fixture { child })
 }
 
-/// Lets the held fixture run and returns the number it prints.
-fn go(f: &mut Fixture) -> Result<f64> {
+/// Lets the held fixture run and returns the numbers it prints.
+fn go(f: &mut Fixture) -> Result<Vec<f64>> {
     f.child
         .stdin
         .take()
@@ -163,9 +214,19 @@ fn go(f: &mut Fixture) -> Result<f64> {
     let mut line = String::new();
     BufReader::new(f.child.stdout.take().context("stdout")?).read_line(&mut line)?;
     let _ = f.child.wait();
-    line.trim()
-        .parse()
-        .with_context(|| format!("fixture printed {line:?}"))
+    numbers(&line)
+}
+
+fn numbers(line: &str) -> Result<Vec<f64>> {
+    let v = line
+        .split_whitespace()
+        .map(str::parse)
+        .collect::<Result<Vec<f64>, _>>()
+        .with_context(|| format!("fixture printed {line:?}"))?;
+    if v.is_empty() {
+        bail!("fixture printed nothing");
+    }
+    Ok(v)
 }
 
 /// One configuration's run of the ping-pong workload.
@@ -183,7 +244,7 @@ fn pingpong(exe: &Path, round_trips: &str, off_cpu_min: Option<Duration>) -> Res
     let mut f = held(exe, &[round_trips])?;
     let Some(min) = off_cpu_min else {
         return Ok(Run {
-            ns_per_round_trip: go(&mut f)?,
+            ns_per_round_trip: go(&mut f)?[0],
             ..Run::default()
         });
     };
@@ -196,7 +257,7 @@ fn pingpong(exe: &Path, round_trips: &str, off_cpu_min: Option<Duration>) -> Res
         profiler.program_stats_of(programs::OFF_CPU_SWITCH),
         profiler.program_stats_of(profiler.off_cpu_walker()),
     );
-    let ns = go(&mut f)?;
+    let ns = go(&mut f)?[0];
     let after = (
         profiler.program_stats_of(programs::OFF_CPU_SWITCH),
         profiler.program_stats_of(profiler.off_cpu_walker()),
@@ -233,7 +294,7 @@ fn foreign_stats(names: &[&str]) -> Option<(u64, u64)> {
 
 /// What the fixture printed, `offcputime`'s output, and its program's (run time ns,
 /// runs) during the fixture's run.
-type ToolRun = (f64, String, Option<(u64, u64)>);
+type ToolRun = (Vec<f64>, String, Option<(u64, u64)>);
 
 /// `offcputime -p PID -u SECS` while the held fixture runs; its output once it ends.
 fn with_offcputime(f: &mut Fixture, secs: u64) -> Result<ToolRun> {
@@ -308,7 +369,7 @@ fn measure(args: &Args) -> Result<String> {
         runs.swap_remove(mid)
     };
     let (base, timing, walking) = (median(base), median(timing), median(walking));
-    tool.sort_by(|a, b| a.0.total_cmp(&b.0));
+    tool.sort_by(|a, b| a.0[0].total_cmp(&b.0[0]));
     let tool = (!tool.is_empty()).then(|| {
         let mid = tool.len() / 2;
         tool.swap_remove(mid)
@@ -317,7 +378,7 @@ fn measure(args: &Args) -> Result<String> {
     let slowdown = |ns: f64| ratio(ns, base.ns_per_round_trip).map(|r| (r - 1.0) * 100.0);
     let _ = writeln!(
         out,
-        "| configuration | round trip (ns) | slowdown | switch program ns/run | return program ns/run | sleeps walked | sleeps under the threshold |\n|---|---:|---:|---:|---:|---:|---:|"
+        "| configuration | round trip (ns) | slowdown | switch program ns/run | walker ns/run | sleeps walked | sleeps under the threshold |\n|---|---:|---:|---:|---:|---:|---:|"
     );
     let _ = writeln!(
         out,
@@ -349,10 +410,11 @@ fn measure(args: &Args) -> Result<String> {
     };
     match &tool {
         Some((ns, _, stats)) => {
+            let ns = ns[0];
             let _ = writeln!(
                 out,
                 "| `offcputime -p PID` | {ns:.0} | {} % | {} | | | |",
-                fmt_opt(slowdown(*ns), 1),
+                fmt_opt(slowdown(ns), 1),
                 fmt_opt(per(*stats), 0)
             );
         }
@@ -362,7 +424,7 @@ fn measure(args: &Args) -> Result<String> {
     }
     let _ = writeln!(
         out,
-        "\nA walk costs about {} ns on top of the return program's check (its time with \
+        "\nA walk costs about {} ns on top of the walker's check (its time with \
          every sleep walked, less its runs at the timing-only cost, per walk). Program \
          times from `kernel.bpf_stats_enabled`; the switch program's runs are every switch \
          of the machine during the run.\n",
@@ -398,38 +460,45 @@ fn measure(args: &Args) -> Result<String> {
     if !status.success() {
         bail!("sframe-user --off-cpu: {status}");
     }
-    let measured_us = line.trim().parse::<f64>().context("the sleeper's output")? / 1e3;
+    let measured = numbers(&line)?;
     let text = std::fs::read_to_string(&folded)?;
-    let in_chain: f64 = text
-        .lines()
-        .filter(|l| l.contains(";main;nap_loop;nap;"))
-        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-        .sum();
     let _ = writeln!(
         out,
-        "A no-frame-pointer fixture sleeps 100 × 10 ms in `main → nap_loop → nap → \
-         nanosleep` and measures its loop's time off CPU (wall-clock less CPU time):\n\n| tool | fixture measured (ms) | charged to `main;nap_loop;nap` (ms) | share |\n|---|---:|---:|---:|"
+        "A no-frame-pointer fixture sleeps in two call chains at once — 200 × \
+         `nanosleep(10 ms)` in `main → nap_loop → nap`, and 100 `read`s of a pipe fed \
+         every 20 ms in thread `reader` → `reader_loop → wait_input` — and measures each \
+         loop's time off CPU (wall-clock less the thread's CPU time):\n\n| tool | chain | \
+         fixture measured (ms) | charged to the chain (ms) | share |\n|---|---|---:|---:|---:|"
     );
-    let _ = writeln!(
-        out,
-        "| sframe-user `--off-cpu` | {:.1} | {:.1} | {} % |",
-        measured_us / 1e3,
-        in_chain / 1e3,
-        fmt_opt(ratio(in_chain * 100.0, measured_us), 1)
-    );
+    for (i, (name, folded_chain, _)) in CHAINS.iter().enumerate() {
+        let measured_ms = measured.get(i).copied().unwrap_or(f64::NAN) / 1e6;
+        let in_chain_ms: f64 = text
+            .lines()
+            .filter(|l| l.contains(folded_chain))
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .sum::<f64>()
+            / 1e3;
+        let _ = writeln!(
+            out,
+            "| sframe-user `--off-cpu` | {name} | {measured_ms:.1} | {in_chain_ms:.1} | {} % |",
+            fmt_opt(ratio(in_chain_ms * 100.0, measured_ms), 1)
+        );
+    }
     if Path::new(OFFCPUTIME).exists() {
         let mut f = held(&sleeper, &[])?;
         let secs = if args.quick { 4 } else { 6 };
-        let (ns, text, _) = with_offcputime(&mut f, secs)?;
-        let (with_nap, all) = offcputime_totals(&text, "nap");
-        let _ = writeln!(
-            out,
-            "| `offcputime -p PID` | {:.1} | {:.1} (its stacks: {:.1} ms in all) | {} % |",
-            ns / 1e6,
-            with_nap as f64 / 1e3,
-            all as f64 / 1e3,
-            fmt_opt(ratio(with_nap as f64 * 100.0, ns / 1e3), 1)
-        );
+        let (measured, text, _) = with_offcputime(&mut f, secs)?;
+        for (i, (name, _, frame)) in CHAINS.iter().enumerate() {
+            let measured_ms = measured.get(i).copied().unwrap_or(f64::NAN) / 1e6;
+            let (with_frame, all) = offcputime_totals(&text, frame);
+            let _ = writeln!(
+                out,
+                "| `offcputime -p PID` | {name} | {measured_ms:.1} | {:.1} (its stacks: {:.1} ms in all) | {} % |",
+                with_frame as f64 / 1e3,
+                all as f64 / 1e3,
+                fmt_opt(ratio(with_frame as f64 / 1e3 * 100.0, measured_ms), 1)
+            );
+        }
         let shown: Vec<&str> = text
             .split("\n\n")
             .max_by_key(|b| {
