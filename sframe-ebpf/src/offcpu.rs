@@ -292,33 +292,34 @@ fn leaving(task: *mut task_struct, prev_state: u32) {
 /// with `regs`.
 #[inline(always)]
 pub fn ret(ctx: &RawTracePointContext) -> i32 {
-    walk_due(ctx.arg(0))
+    walk_due(|| ctx.arg(0))
 }
 
 /// After `schedule()` returns: the current task runs again, with its user registers
 /// saved where `bpf_task_pt_regs` finds them.
 #[inline(always)]
 pub fn woken() -> i32 {
-    // SAFETY: helper without arguments.
-    let task = unsafe { bpf_get_current_task_btf() };
-    if task.is_null() {
-        return 0;
-    }
-    // SAFETY: the current task as a typed pointer.
-    let user = unsafe { bpf_task_pt_regs(task) } as *const pt_regs;
-    walk_due(user)
+    walk_due(|| {
+        // SAFETY: helper without arguments.
+        let task = unsafe { bpf_get_current_task_btf() };
+        if task.is_null() {
+            return core::ptr::null();
+        }
+        // SAFETY: the current task as a typed pointer.
+        unsafe { bpf_task_pt_regs(task) as *const pt_regs }
+    })
 }
 
 /// Walks the current task's stack if it is this CPU's due task, from its user
-/// registers at `user`.
+/// registers at `user()` (asked for only then).
 #[inline(always)]
-fn walk_due(user: *const pt_regs) -> i32 {
+fn walk_due(user: impl FnOnce() -> *const pt_regs) -> i32 {
     let Some(slot) = OFF_CPU_DUE.get_ptr_mut(0) else {
         return 0;
     };
-    // SAFETY: this CPU's slot. Every system call of the machine passes here: the test
-    // that it is not the due thread's comes first, one load (the rest of the slot is
-    // read only for the due thread).
+    // SAFETY: this CPU's slot. Every sleep (or system call) of the machine passes here:
+    // the test that it is not the due thread's comes first, one load (the rest of the
+    // slot is read only for the due thread).
     let due_task = unsafe { core::ptr::read_volatile(core::ptr::addr_of!((*slot).task)) };
     if due_task == 0 {
         return 0;
@@ -326,6 +327,10 @@ fn walk_due(user: *const pt_regs) -> i32 {
     // SAFETY: helper without arguments.
     let task = unsafe { bpf_get_current_task() };
     if due_task != task {
+        return 0;
+    }
+    let user = user();
+    if user.is_null() {
         return 0;
     }
     // SAFETY: as above.

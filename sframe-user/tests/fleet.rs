@@ -935,10 +935,12 @@ fn a_process_that_exits_while_its_table_is_built_keeps_its_stacks() {
         thread::sleep(Duration::from_millis(10));
         assert!(started.elapsed() < Duration::from_secs(120), "never loaded");
     }
-    assert_eq!(
-        profiler.store().builds_in_flight(),
-        1,
-        "its executable is built on the worker"
+    // (Whole-system mode: on a busy host other processes' objects may be on the worker
+    // too; what matters is that this one's is.)
+    assert!(
+        profiler.store().awaits_build(pid),
+        "its executable is built on the worker ({} builds in flight)",
+        profiler.store().builds_in_flight()
     );
     // It exits before the build is done: its tables go with it.
     drop(child.0.stdin.take());
@@ -1053,12 +1055,13 @@ fn samples_waiting_at_the_end_are_walked_with_the_table_built_meanwhile() {
         thread::sleep(Duration::from_millis(10));
         assert!(started.elapsed() < Duration::from_secs(120), "never loaded");
     }
-    assert_eq!(
-        profiler.store().builds_in_flight(),
-        1,
-        "built on the worker"
+    assert!(
+        profiler.store().awaits_build(pid),
+        "built on the worker ({} builds in flight)",
+        profiler.store().builds_in_flight()
     );
-    let waiting = profiler.deferred_waiting();
+    // Its own (whole-system mode: on a busy host other new processes wait too).
+    let waiting = profiler.deferred_waiting_of(pid);
     assert!(waiting > 0, "its samples wait for the table");
     // The profile ends: the build finishes while the end waits for it.
     profiler.store_mut().hold_builds(false);

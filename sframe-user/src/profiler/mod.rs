@@ -1021,6 +1021,14 @@ impl Profiler {
         self.deferred_backlog.len()
     }
 
+    /// Deferred samples of process `pid` waiting for its tables.
+    pub fn deferred_waiting_of(&self, pid: u32) -> usize {
+        self.deferred_backlog
+            .iter()
+            .filter(|(_, s)| s.pid == pid)
+            .count()
+    }
+
     fn is_listed(&self, pid: u32) -> bool {
         self.targets.get(&pid, 0).is_ok()
     }
