@@ -1039,7 +1039,11 @@ fn off_cpu(ctx: &Ctx) -> Result<String> {
         .filter_map(|v| v.parse().ok())
         .collect();
     let want_fexit = cfg!(target_arch = "x86_64") || version >= vec![6, 4];
-    if fexit != want_fexit {
+    // Debian's kernels (the matrix's guests) allow fexit as above; the host row runs on
+    // whatever kernel this machine has (this CI machine's refuses fexit): either walker
+    // is right there, and the report says which.
+    let debian = release.contains("-cloud-");
+    if debian && fexit != want_fexit {
         bail!(
             "on {} {}, the off-CPU walker is {} (want {}):\n{stderr}",
             std::env::consts::ARCH,
