@@ -4,8 +4,9 @@
 //! sleeping state): its start time and the user PC and SP it will return to are kept by
 //! task ([`OffCpuStart`]). When the thread is switched in again, the time it slept is
 //! known; a sleep shorter than the threshold costs nothing more. A longer one is handed
-//! to the CPU it runs on ([`OffCpuDue`]), and when the thread returns from its system
-//! call (`sys_exit`, in its own context, so its user memory can be read), its user stack
+//! to the CPU it runs on ([`OffCpuDue`]), and when the thread leaves `schedule()` (fexit;
+//! where the kernel cannot attach that, when it returns from its system call, `sys_exit`
+//! — in its own context either way, so its user memory can be read), its user stack
 //! is walked with the same tables and frame step as the on-CPU samples, and the sleep's
 //! nanoseconds are added to the stack's count.
 

@@ -114,8 +114,8 @@ pub enum Counter {
     OffCpuBlocks = 11,
     /// Off-CPU: sleeps shorter than the threshold (no stack walk).
     OffCpuShort = 12,
-    /// Off-CPU: sleeps at least as long as the threshold, walked when the thread
-    /// returned from its system call.
+    /// Off-CPU: sleeps at least as long as the threshold, walked when the thread left
+    /// `schedule()` (or, with the `sys_exit` fallback, returned from its system call).
     OffCpuWalks = 13,
     /// Off-CPU: sleeps over the threshold lost because the thread ran user code before
     /// a system call returned (a sleep in a page fault) or was not seen waking.
