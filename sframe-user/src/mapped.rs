@@ -132,6 +132,71 @@ pub fn release_read(bytes: &[u8]) {
     let _ = unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) };
 }
 
+/// Most mappings [`release_shared_file_pages`] looks at in one call.
+const MAX_RELEASED_MAPPINGS: usize = 4096;
+
+/// Drops from this process's resident set the pages of its read-only, shared, not
+/// executable mappings of regular files: in the profiler, the object files blazesym maps
+/// to symbolize. The pages stay in the page cache (shared with the processes running
+/// those objects, reclaimable) and are faulted in again from there when touched; without
+/// this, every object the profiler symbolized stays in its RSS for as long as blazesym
+/// keeps it open (tens of MB for a compiler's libraries). Returns the bytes of the
+/// mappings advised.
+///
+/// Nothing else qualifies: the BPF ring buffer and mmapped BPF maps are `anon_inode:`
+/// mappings, whose pages have no file to come back from; the profiler's executable and
+/// libraries are executable or private (relocated pages among them); [`ObjectBytes`] is
+/// a private mapping; devices, `memfd:` and System V memory are left out.
+///
+/// # Safety
+///
+/// No other thread may unmap a shared read-only file mapping of this process while this
+/// runs: the advice is given to the address ranges `/proc/self/maps` listed, and a range
+/// unmapped and reused meanwhile (by the heap, say) would lose its contents. In the
+/// profiler such mappings are only blazesym's, made and unmapped by the
+/// [`crate::symbolize::Symbolizer`] that calls this, under `&mut`.
+pub unsafe fn release_shared_file_pages() -> u64 {
+    let maps = match crate::procfs::read_shared_read_only_maps(
+        std::process::id(),
+        MAX_RELEASED_MAPPINGS,
+    ) {
+        Ok(maps) => maps,
+        Err(e) => {
+            log::debug!("not releasing mapped file pages: {e}");
+            return 0;
+        }
+    };
+    let mut bytes = 0;
+    for m in maps.iter().filter(|m| releasable(m)) {
+        let (Ok(start), Ok(len)) = (usize::try_from(m.start), usize::try_from(m.end - m.start))
+        else {
+            continue;
+        };
+        // SAFETY: a whole mapping of this process, shared, read-only and backed by a
+        // regular file (from the kernel's list, still in place by the caller's
+        // contract): MADV_DONTNEED only removes its pages from our page tables; their
+        // contents stay in the page cache and the next access maps them again, so every
+        // byte keeps its value.
+        if unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_DONTNEED) } == 0 {
+            bytes += m.end - m.start;
+        }
+    }
+    bytes
+}
+
+/// Whether `m` (of our own maps) is a mapping [`release_shared_file_pages`] may drop
+/// the pages of.
+fn releasable(m: &crate::procfs::Mapping) -> bool {
+    m.shared
+        && m.readable
+        && !m.writable
+        && !m.executable
+        && m.is_file()
+        && !["/dev/", "/memfd:", "/SYSV"]
+            .iter()
+            .any(|p| m.path.starts_with(p))
+}
+
 /// The bytes of an object: a read-only private mapping of its file, or a heap copy (the
 /// vDSO, read from a process's memory).
 pub enum ObjectBytes {
@@ -171,8 +236,14 @@ impl ObjectBytes {
         }
         let faults_before = truncated_pages();
         // SAFETY: a read-only private mapping; a file truncated while mapped raises
-        // SIGBUS, which the guard installed above turns into pages of zeros.
-        let map = unsafe { memmap2::MmapOptions::new().len(len).map(&file)? };
+        // SIGBUS, which the guard installed above turns into pages of zeros. Private,
+        // not shared: [`release_shared_file_pages`] must not see it (the build worker
+        // unmaps it on its own thread).
+        let map = unsafe {
+            memmap2::MmapOptions::new()
+                .len(len)
+                .map_copy_read_only(&file)?
+        };
         Ok(Self::Mapped {
             map,
             faults_before,

@@ -18,6 +18,8 @@ pub struct Mapping {
     pub readable: bool,
     pub writable: bool,
     pub executable: bool,
+    /// `MAP_SHARED` (`s` in the permissions), else private (`p`).
+    pub shared: bool,
     /// File offset of `start`.
     pub offset: u64,
     pub dev_major: u32,
@@ -83,6 +85,11 @@ pub fn read_executable_maps(pid: u32) -> Result<Vec<Mapping>, MapsError> {
         |perms| perms.get(2) == Some(&b'x'),
         MAX_EXECUTABLE_MAPPINGS,
     )
+}
+
+/// The read-only, shared, not executable mappings (`r--s`) of `pid`, at most `limit`.
+pub fn read_shared_read_only_maps(pid: u32, limit: usize) -> Result<Vec<Mapping>, MapsError> {
+    read_maps_where(pid, |perms| perms.get(..4) == Some(b"r--s"), limit)
 }
 
 /// Longest line kept (the kernel bounds a path by PATH_MAX; anything longer is not a
@@ -201,6 +208,7 @@ fn parse_line(line: &[u8]) -> Result<Mapping, &'static str> {
         readable: perms[0] == b'r',
         writable: perms[1] == b'w',
         executable: perms[2] == b'x',
+        shared: perms[3] == b's',
         offset: u64::from_str_radix(offset, 16).map_err(|_| "offset")?,
         dev_major: u32::from_str_radix(major, 16).map_err(|_| "device")?,
         dev_minor: u32::from_str_radix(minor, 16).map_err(|_| "device")?,

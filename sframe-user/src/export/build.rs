@@ -155,6 +155,7 @@ impl Profile {
             });
         }
         processes.sort_by_key(|p| p.pid);
+        symbolizer.end_round();
         Profile {
             group_by: super::GroupBy::default(),
             processes,

@@ -180,6 +180,17 @@ impl Symbolizer {
         self.stats
     }
 
+    /// Ends a round of symbolization (a profile written, a scrape's new stacks named):
+    /// the pages of the object files blazesym read stay in the page cache but leave the
+    /// profiler's RSS (see [`crate::mapped::release_shared_file_pages`]); the parsed
+    /// state and the frame cache stay. Returns the bytes of mappings advised.
+    pub fn end_round(&mut self) -> u64 {
+        // SAFETY: the profiler's shared read-only file mappings are blazesym's, made
+        // and unmapped by a `Symbolizer` under `&mut` on the thread that symbolizes,
+        // which is this one; `ObjectBytes` (the build worker's) are private.
+        unsafe { crate::mapped::release_shared_file_pages() }
+    }
+
     /// Symbolizes absolute user addresses of process `pid`, whose mappings are `maps`
     /// (from [`crate::procfs::read_maps`]). Returns one frame per address, in order.
     pub fn symbolize_user(&mut self, pid: u32, maps: &[Mapping], addrs: &[u64]) -> Vec<Frame> {
@@ -587,6 +598,7 @@ mod tests {
             readable: true,
             writable: false,
             executable: true,
+            shared: false,
             offset: 0x1000,
             dev_major: 0,
             dev_minor: 0,

@@ -176,5 +176,6 @@ impl Feed {
             collect_cpu: crate::governor::collection_cpu_seconds(),
         };
         metrics.update(now, &health);
+        symbolizer.end_round();
     }
 }
