@@ -1,8 +1,9 @@
 //! The kernel side of the unwind tables: the BPF maps of `sframe_common::layout`, and
 //! the allocation of their space among objects.
 //!
-//! ROWS and PAGES are `BPF_F_MMAPABLE` arrays mapped into this process, so loading an
-//! object is a memory copy, not a syscall per row. OBJECTS, RULES and PROCESSES are
+//! ROWS and PAGES are `BPF_F_MMAPABLE` arrays mapped into this process while in use
+//! (loads, walks of deferred samples; unmapped when idle), so loading an object is a
+//! memory copy, not a syscall per row. OBJECTS, RULES and PROCESSES are
 //! updated with one syscall per entry (objects, new rules, processes).
 
 use sframe_common::names::maps;
@@ -42,67 +43,113 @@ pub enum TablesError {
         #[source]
         source: aya::maps::MapError,
     },
+    #[error("mapping map {map} into memory: {source}")]
+    Mmap {
+        map: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
     #[error(transparent)]
     Flatten(#[from] crate::flatten::FlattenError),
 }
 
-/// A `BPF_F_MMAPABLE` array map mapped read-write into this process.
+/// A `BPF_F_MMAPABLE` array map, mapped read-write into this process while it is in
+/// use. The kernel inserts every page of the array at `mmap` time, so a mapping counts
+/// the whole array (16 MB for ROWS) in the profiler's RSS on top of the kernel memory it
+/// is: [`KernelTables::unmap_if_idle`] drops it when no load or walk used it for a while.
 struct MmapArray<T> {
-    ptr: NonNull<T>,
+    ptr: Option<NonNull<T>>,
     len: usize,
     bytes: usize,
-    _map: MapData,
+    name: &'static str,
+    map: MapData,
 }
 
 impl<T: Copy> MmapArray<T> {
     fn new(ebpf: &mut Ebpf, name: &'static str) -> Result<Self, LoadError> {
         let map = ebpf.take_map(name).ok_or(LoadError::MissingMap { name })?;
-        let Map::Array(data) = map else {
+        let Map::Array(map) = map else {
             return Err(LoadError::MissingMap { name });
         };
-        let info = data
+        let info = map
             .info()
             .map_err(|source| LoadError::Map { name, source })?;
         let len = info.max_entries() as usize;
         let page = 4096usize;
         let bytes = (len * size_of::<T>()).div_ceil(page) * page;
+        let mut array = Self {
+            ptr: None,
+            len,
+            bytes,
+            name,
+            map,
+        };
+        // Mapped once at the start: a map that cannot be mapped fails the load here.
+        array
+            .mapped()
+            .map_err(|source| LoadError::Mmap { name, source })?;
+        Ok(array)
+    }
+
+    /// The mapping, made if there is none.
+    fn mapped(&mut self) -> std::io::Result<NonNull<T>> {
+        if let Some(ptr) = self.ptr {
+            return Ok(ptr);
+        }
         // SAFETY: mapping a BPF array map fd, shared and read-write, for its whole size.
         let ptr = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                bytes,
+                self.bytes,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED,
-                data.fd().as_fd().as_raw_fd(),
+                self.map.fd().as_fd().as_raw_fd(),
                 0,
             )
         };
         if ptr == libc::MAP_FAILED {
-            return Err(LoadError::Mmap {
-                name,
-                source: std::io::Error::last_os_error(),
-            });
+            return Err(std::io::Error::last_os_error());
         }
-        let ptr = NonNull::new(ptr.cast::<T>()).ok_or(LoadError::MissingMap { name })?;
-        Ok(Self {
-            ptr,
-            len,
-            bytes,
-            _map: data,
-        })
+        let ptr = NonNull::new(ptr.cast::<T>())
+            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::AddrNotAvailable))?;
+        self.ptr = Some(ptr);
+        Ok(ptr)
     }
 
-    fn as_mut_slice(&mut self) -> &mut [T] {
+    fn as_mut_slice(&mut self) -> Result<&mut [T], TablesError> {
+        let ptr = self.mapped().map_err(|source| TablesError::Mmap {
+            map: self.name,
+            source,
+        })?;
         // SAFETY: the mapping is `len` elements of T (array element size equals
-        // size_of::<T>() because T's size is a multiple of 8), valid while `_map` lives.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+        // size_of::<T>() because T's size is a multiple of 8), valid until `unmap`, which
+        // takes `&mut self` (so not while this borrow lives).
+        Ok(unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), self.len) })
+    }
+
+    /// The elements, if mapped.
+    fn as_slice(&self) -> &[T] {
+        match self.ptr {
+            // SAFETY: as in `as_mut_slice`; the kernel side only reads the array.
+            Some(ptr) => unsafe { std::slice::from_raw_parts(ptr.as_ptr(), self.len) },
+            None => &[],
+        }
+    }
+
+    fn unmap(&mut self) {
+        if let Some(ptr) = self.ptr.take() {
+            // SAFETY: unmapping what `mapped` mapped; no slice of it outlives `&mut self`.
+            unsafe { libc::munmap(ptr.as_ptr().cast(), self.bytes) };
+        }
     }
 }
 
 impl<T> Drop for MmapArray<T> {
     fn drop(&mut self) {
-        // SAFETY: unmapping what `new` mapped.
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.bytes) };
+        if let Some(ptr) = self.ptr.take() {
+            // SAFETY: unmapping what `mapped` mapped.
+            unsafe { libc::munmap(ptr.as_ptr().cast(), self.bytes) };
+        }
     }
 }
 
@@ -194,6 +241,8 @@ pub struct KernelTables {
     loaded_objects: u32,
     dict: RuleDict,
     uploaded_rules: usize,
+    /// Last load or [`KernelTables::map_for_reading`] (see [`KernelTables::unmap_if_idle`]).
+    last_mapped_use: std::time::Instant,
 }
 
 fn take<T: TryFrom<Map, Error = aya::maps::MapError>>(
@@ -227,6 +276,7 @@ impl KernelTables {
             loaded_objects: 0,
             dict: RuleDict::default(),
             uploaded_rules: 0,
+            last_mapped_use: std::time::Instant::now(),
         })
     }
 
@@ -316,12 +366,18 @@ impl KernelTables {
         };
         let row_first = row_block as usize * ROW_BLOCK;
         let page_first = page_block as usize * PAGE_BLOCK;
-        let blocks = self.rows.as_mut_slice();
+        if let Err(e) = self.rows.as_mut_slice().and(self.pages.as_mut_slice()) {
+            self.row_alloc.free(row_block, row_blocks);
+            self.page_alloc.free(page_block, page_blocks);
+            return Err(e);
+        }
+        self.last_mapped_use = std::time::Instant::now();
+        let blocks = self.rows.as_mut_slice()?;
         for (i, row) in flat.rows.iter().enumerate() {
             let idx = row_first + i;
             blocks[idx / ROW_BLOCK].0[idx % ROW_BLOCK] = *row;
         }
-        let blocks = self.pages.as_mut_slice();
+        let blocks = self.pages.as_mut_slice()?;
         for (i, &entry) in flat.pages.iter().enumerate() {
             let idx = page_first + i;
             blocks[idx / PAGE_BLOCK].0[idx % PAGE_BLOCK] = entry;
@@ -429,10 +485,35 @@ impl KernelTables {
         }
     }
 
-    fn blocks<T>(array: &MmapArray<T>) -> &[T] {
-        // SAFETY: the mapping is `len` elements of T, valid while the map lives; the
-        // kernel side only reads it.
-        unsafe { std::slice::from_raw_parts(array.ptr.as_ptr(), array.len) }
+    fn blocks<T: Copy>(array: &MmapArray<T>) -> &[T] {
+        array.as_slice()
+    }
+
+    /// Maps ROWS and PAGES for walks in user space ([`KernelTables::view`] reads them
+    /// only while mapped: a view made without this finds no rows). Returns whether
+    /// both are mapped.
+    pub fn map_for_reading(&mut self) -> bool {
+        self.last_mapped_use = std::time::Instant::now();
+        self.rows.mapped().is_ok() && self.pages.mapped().is_ok()
+    }
+
+    /// Unmaps ROWS and PAGES when no load or [`KernelTables::map_for_reading`] used them
+    /// for `idle`: their pages are kernel memory, counted once more in the profiler's
+    /// RSS while mapped. Returns whether they were unmapped now.
+    pub fn unmap_if_idle(&mut self, idle: std::time::Duration) -> bool {
+        if self.rows.ptr.is_none() && self.pages.ptr.is_none()
+            || self.last_mapped_use.elapsed() < idle
+        {
+            return false;
+        }
+        self.rows.unmap();
+        self.pages.unmap();
+        true
+    }
+
+    /// Whether ROWS and PAGES are mapped into this process now.
+    pub fn mapped(&self) -> bool {
+        self.rows.ptr.is_some() && self.pages.ptr.is_some()
     }
 }
 
@@ -479,6 +560,7 @@ impl KernelTables {
         let i = index as usize;
         self.rows
             .as_mut_slice()
+            .ok()?
             .get(i / ROW_BLOCK)
             .map(|b| b.0[i % ROW_BLOCK])
     }

@@ -108,8 +108,13 @@ fn whole_system_profiling_keeps_up_with_process_churn() {
         profiler.lifecycle
     );
     assert!(all >= 1000, "too few samples of the churn processes: {all}");
+    // Issue 20's floor for processes living 100 ms or more: 90 % complete. These spin
+    // 60 ms of CPU (about 130 ms of wall time under `cargo xtask stress`); measured:
+    // 97.6 % on a quiet machine, 92.9 % under that load, where the loop at nice -10 still
+    // loses the race with a process's exit for about one process in five (its samples
+    // count `unknown_process`: it exited before its first load could read its maps).
     assert!(
-        share >= 0.95,
+        share >= 0.90,
         "only {:.1}% of churn samples are complete stacks through churn_work:\n{bad}",
         100.0 * share
     );
@@ -910,15 +915,25 @@ fn a_process_that_exits_while_its_table_is_built_keeps_its_stacks() {
         SHORT_LARGE_SOURCE,
         &["-O2", "-fomit-frame-pointer"],
     );
+    // Targeted by a cgroup v2 of its own, which the kernel side filters on (as it does
+    // for every process in whole-system mode, its samples are deferred before user space
+    // has seen it), but the kernel's deferred-sample ring (about 250 records), which this
+    // test lets fill while the loop does not run, is not shared with every new process
+    // of a busy machine: in whole-system mode under `cargo xtask stress` the compile
+    // loop's processes took 832 places and left this process 18 samples of 150.
+    let root = support::cgroup2_root().expect("a cgroup v2 hierarchy");
+    let cgroup = TestCgroup::new(root.to_str().expect("UTF-8 path"), "sframe-exits")
+        .expect("create a cgroup");
     let spec = TargetSpec {
-        all: true,
+        cgroups: vec![cgroup.0.clone()],
         ..TargetSpec::default()
     };
     let mut profiler = Profiler::start_with(config(499, spec)).expect("start");
     // The build "takes" until the process has exited: its result is left on the
     // worker's channel until then (otherwise how long it takes is a race).
     profiler.store_mut().hold_builds(true);
-    let mut child = KillOnDrop::spawn(Command::new(&exe).stdin(Stdio::piped()));
+    // In the cgroup before its exec (so from its first instruction).
+    let mut child = spawn_in_cgroup(&cgroup, &exe, Stdio::piped());
     let pid = child.pid();
     // Its samples find no table (the loop is not run meanwhile): all deferred.
     // (Bounded by its CPU: it spins 0.3 s in all, some before this call.)
@@ -935,8 +950,8 @@ fn a_process_that_exits_while_its_table_is_built_keeps_its_stacks() {
         thread::sleep(Duration::from_millis(10));
         assert!(started.elapsed() < Duration::from_secs(120), "never loaded");
     }
-    // (Whole-system mode: on a busy host other processes' objects may be on the worker
-    // too; what matters is that this one's is.)
+    // (On a busy host other processes' objects may be on the worker too; what matters
+    // is that this one's is.)
     assert!(
         profiler.store().awaits_build(pid),
         "its executable is built on the worker ({} builds in flight)",
@@ -965,10 +980,9 @@ fn a_process_that_exits_while_its_table_is_built_keeps_its_stacks() {
     for c in snap.counts.iter().filter(|c| c.key.pid == pid) {
         *outcomes.entry(c.key.outcome).or_insert(0u64) += c.count;
     }
-    // Whole-system mode: every process not loaded yet defers its samples too, and the
-    // kernel's ring holds about 250 (16 KiB each); past that a sample is counted
-    // `unknown_process` and `deferred_lost`. Those are the ring's bound, not this test's
-    // subject: they are left out, and must all be accounted for as lost.
+    // The kernel's ring holds about 250 samples (16 KiB each); past that a sample is
+    // counted `unknown_process` and `deferred_lost`. Those are the ring's bound, not this
+    // test's subject: they are left out, and must all be accounted for as lost.
     let unknown = outcomes
         .get(&(sframe_common::WalkOutcome::UnknownProcess as u32))
         .copied()
@@ -1377,4 +1391,82 @@ fn samples_of_a_zombie_are_walked_once_not_retried_every_round() {
         failures <= 4 * zombies.len() as u64,
         "{failures} failed loads of zombies in {ROUNDS} rounds"
     );
+}
+
+/// Spawns `exe` in `cgroup` from its first instruction (moved there before its exec).
+fn spawn_in_cgroup(cgroup: &TestCgroup, exe: &Path, stdin: Stdio) -> KillOnDrop {
+    KillOnDrop::spawn(
+        Command::new("sh")
+            .arg("-c")
+            .arg(r#"echo $$ > "$1/cgroup.procs" && exec "$2""#)
+            .arg("sh")
+            .arg(&cgroup.0)
+            .arg(exe)
+            .stdin(stdin),
+    )
+}
+
+/// ROWS and PAGES, mapped into the profiler, count 19 MB in its RSS: they are unmapped
+/// once idle, and mapped again when deferred samples must be walked in user space — a
+/// new process's samples taken before its first load, all deferred here (the loop does
+/// not run while it spins), walk complete through the tables.
+#[test]
+fn the_table_maps_leave_the_profiler_when_idle_and_return_for_deferred_walks() {
+    if !bpf_or_skip("the_table_maps_leave_the_profiler_when_idle_and_return_for_deferred_walks") {
+        return;
+    }
+    let _serial = serial();
+    let exe = compile_c(
+        "idle_maps",
+        &spinner_source("idle_spin", 120.0),
+        &["-O2", "-fomit-frame-pointer"],
+    );
+    // A cgroup target: the kernel defers the samples of its processes until they are
+    // loaded, and no other process of the machine uses the tables.
+    let root = support::cgroup2_root().expect("a cgroup v2 hierarchy");
+    let cgroup = TestCgroup::new(root.to_str().expect("UTF-8 path"), "sframe-idle")
+        .expect("create a cgroup");
+    let spec = TargetSpec {
+        cgroups: vec![cgroup.0.clone()],
+        ..TargetSpec::default()
+    };
+    let mut profiler = Profiler::start_with(config(499, spec)).expect("start");
+    let first = spawn_in_cgroup(&cgroup, &exe, Stdio::null());
+    pump_cpu(&mut profiler, first.pid(), 0.2);
+    // Idle: no load, no deferred sample (the first process is loaded). The arrays go
+    // after TABLE_MAPPING_IDLE of the loop's time (a deadline far past it, not a
+    // measurement).
+    let idle_since = Instant::now();
+    while profiler.store().tables.mapped() {
+        profiler.poll(Duration::from_millis(100));
+        assert!(
+            idle_since.elapsed() < Duration::from_secs(120),
+            "the table maps stayed mapped"
+        );
+    }
+    assert!(idle_since.elapsed() >= sframe_user::profiler::TABLE_MAPPING_IDLE);
+    let before = profiler.collect();
+    // A second process of the same executable: nothing to load (its objects are in the
+    // kernel already), so only the deferred walks can map the arrays again.
+    let second = spawn_in_cgroup(&cgroup, &exe, Stdio::null());
+    let cpu = support::hostile::wait_cpu(second.pid(), 0.2, || {});
+    let cpu = cpu + pump_cpu(&mut profiler, second.pid(), 0.1);
+    let after = profiler.collect();
+    let deferred = after.counters[sframe_common::Counter::Deferred as usize]
+        - before.counters[sframe_common::Counter::Deferred as usize];
+    let delta = sframe_user::export::snapshot_delta(&after, &before);
+    let stacks = stacks_of(
+        &profiler,
+        &delta,
+        &profiler.targets(),
+        &[second.pid()].into(),
+    );
+    let (good, total, bad) = complete_through(&stacks, &["main", "idle_spin"]);
+    eprintln!("{deferred} deferred; {good} of {total} complete");
+    assert!(
+        deferred * 2 >= total,
+        "{deferred} of {total} samples deferred: the test's subject is their walk"
+    );
+    assert!(profiler.store().tables.mapped());
+    assert_complete("deferred after idle", (good, total, &bad), cpu, 499, 0.95);
 }

@@ -124,6 +124,12 @@ pub fn kernel_symbolization_addresses(frames: &[u64]) -> Vec<u64> {
 /// How often [`Profiler::step`] runs the periodic work.
 pub const MAINTAIN_INTERVAL: Duration = Duration::from_secs(1);
 
+/// How long ROWS and PAGES stay mapped into the profiler after their last use (a table
+/// loaded, deferred samples walked): mapped, the whole arrays count in its RSS (see
+/// [`crate::kmaps::KernelTables::unmap_if_idle`]); mapping them again costs about a
+/// millisecond.
+pub const TABLE_MAPPING_IDLE: Duration = Duration::from_secs(3);
+
 /// Which processes to profile. Empty: only those given to `Profiler::add_target`.
 #[derive(Clone, Debug, Default)]
 pub struct TargetSpec {
@@ -819,6 +825,10 @@ impl Profiler {
                 records.push((now, Box::new(rec)));
             }
         }
+        if !records.is_empty() {
+            // The walks below read ROWS and PAGES through their mappings.
+            self.store.tables.map_for_reading();
+        }
         // Tables of exited processes, rebuilt from the mappings they had (once per call).
         let mut exited_entries: StdHashMap<u32, Vec<MappingEntry>> = StdHashMap::new();
         // Whether a process can still be loaded (alive, not a zombie: a zombie has
@@ -1217,10 +1227,12 @@ impl Profiler {
         self.step()
     }
 
-    /// Periodic work (about once a second): v1 cgroup members, and a
+    /// Periodic work (about once a second): the table maps' mappings dropped when idle
+    /// ([`TABLE_MAPPING_IDLE`]), v1 cgroup members, and a
     /// liveness check that catches exits whose events were lost.
     pub fn maintain(&mut self) -> Vec<u32> {
         let mut added = Vec::new();
+        self.store.tables.unmap_if_idle(TABLE_MAPPING_IDLE);
         if self.reload_built(&mut added) {
             // Deferred samples that waited for these tables (exited processes' too).
             self.unwind_deferred();
