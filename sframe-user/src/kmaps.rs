@@ -1,13 +1,14 @@
 //! The kernel side of the unwind tables: the BPF maps of `sframe_common::layout`, and
 //! the allocation of their space among objects.
 //!
-//! ROWS and PAGES are `BPF_F_MMAPABLE` arrays mapped into this process while in use
-//! (loads, walks of deferred samples; unmapped when idle), so loading an object is a
-//! memory copy, not a syscall per row. OBJECTS, RULES and PROCESSES are
+//! ROWS and PAGES are `BPF_F_MMAPABLE` arrays mapped into this process a chunk at a
+//! time as loads and walks of deferred samples touch them (unmapped when idle), so
+//! loading an object is a memory copy, not a syscall per row. OBJECTS, RULES and PROCESSES are
 //! updated with one syscall per entry (objects, new rules, processes).
 
 use sframe_common::names::maps;
 use std::{
+    cell::Cell,
     os::fd::{AsFd as _, AsRawFd as _},
     ptr::NonNull,
 };
@@ -53,13 +54,23 @@ pub enum TablesError {
     Flatten(#[from] crate::flatten::FlattenError),
 }
 
-/// A `BPF_F_MMAPABLE` array map, mapped read-write into this process while it is in
-/// use. The kernel inserts every page of the array at `mmap` time, so a mapping counts
-/// the whole array (16 MB for ROWS) in the profiler's RSS on top of the kernel memory it
-/// is: [`KernelTables::unmap_if_idle`] drops it when no load or walk used it for a while.
+/// Bytes of an mmapable array mapped at once: a load or a walk maps only the chunks it
+/// touches.
+const CHUNK_BYTES: usize = 256 << 10;
+
+/// A `BPF_F_MMAPABLE` array map, mapped read-write into this process a chunk at a time,
+/// as loads and walks touch it. The kernel inserts every page of a mapping at `mmap`
+/// time, so a mapped chunk counts in the profiler's RSS on top of the kernel memory it
+/// is (the whole of ROWS would be 16 MB): only touched chunks are mapped, and
+/// [`KernelTables::unmap_if_idle`] unmaps them when no load or walk used them for a
+/// while.
 struct MmapArray<T> {
-    ptr: Option<NonNull<T>>,
+    /// Mapped chunks by number ([`CHUNK_BYTES`] each, the last one shorter).
+    chunks: Box<[Cell<Option<NonNull<T>>>]>,
+    /// Elements in all, and per chunk.
     len: usize,
+    per_chunk: usize,
+    /// The array's size in bytes, rounded up to pages.
     bytes: usize,
     name: &'static str,
     map: MapData,
@@ -67,6 +78,7 @@ struct MmapArray<T> {
 
 impl<T: Copy> MmapArray<T> {
     fn new(ebpf: &mut Ebpf, name: &'static str) -> Result<Self, LoadError> {
+        const { assert!(CHUNK_BYTES.is_multiple_of(size_of::<T>()) && CHUNK_BYTES.is_multiple_of(4096)) };
         let map = ebpf.take_map(name).ok_or(LoadError::MissingMap { name })?;
         let Map::Array(map) = map else {
             return Err(LoadError::MissingMap { name });
@@ -75,36 +87,46 @@ impl<T: Copy> MmapArray<T> {
             .info()
             .map_err(|source| LoadError::Map { name, source })?;
         let len = info.max_entries() as usize;
-        let page = 4096usize;
-        let bytes = (len * size_of::<T>()).div_ceil(page) * page;
-        let mut array = Self {
-            ptr: None,
+        let bytes = (len * size_of::<T>()).div_ceil(4096) * 4096;
+        let array = Self {
+            chunks: (0..bytes.div_ceil(CHUNK_BYTES))
+                .map(|_| Cell::new(None))
+                .collect(),
             len,
+            per_chunk: CHUNK_BYTES / size_of::<T>(),
             bytes,
             name,
             map,
         };
-        // Mapped once at the start: a map that cannot be mapped fails the load here.
-        array
-            .mapped()
-            .map_err(|source| LoadError::Mmap { name, source })?;
+        // A map that cannot be mapped fails the load here, not at the first object.
+        if len > 0 {
+            array
+                .chunk(0)
+                .map_err(|source| LoadError::Mmap { name, source })?;
+        }
         Ok(array)
     }
 
-    /// The mapping, made if there is none.
-    fn mapped(&mut self) -> std::io::Result<NonNull<T>> {
-        if let Some(ptr) = self.ptr {
+    /// Chunk `c`, mapped now if it was not.
+    fn chunk(&self, c: usize) -> std::io::Result<NonNull<T>> {
+        let cell = self
+            .chunks
+            .get(c)
+            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+        if let Some(ptr) = cell.get() {
             return Ok(ptr);
         }
-        // SAFETY: mapping a BPF array map fd, shared and read-write, for its whole size.
+        let offset = c * CHUNK_BYTES;
+        // SAFETY: a shared read-write mapping of the BPF array's descriptor, of a
+        // page-aligned range inside the array (the kernel checks it too).
         let ptr = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                self.bytes,
+                self.chunk_bytes(c),
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED,
                 self.map.fd().as_fd().as_raw_fd(),
-                0,
+                offset as libc::off_t,
             )
         };
         if ptr == libc::MAP_FAILED {
@@ -112,43 +134,70 @@ impl<T: Copy> MmapArray<T> {
         }
         let ptr = NonNull::new(ptr.cast::<T>())
             .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::AddrNotAvailable))?;
-        self.ptr = Some(ptr);
+        cell.set(Some(ptr));
         Ok(ptr)
     }
 
-    fn as_mut_slice(&mut self) -> Result<&mut [T], TablesError> {
-        let ptr = self.mapped().map_err(|source| TablesError::Mmap {
+    fn chunk_bytes(&self, c: usize) -> usize {
+        CHUNK_BYTES.min(self.bytes - c * CHUNK_BYTES)
+    }
+
+    /// Element `i`, its chunk mapped if needed; `None` past the end or if the chunk
+    /// cannot be mapped.
+    fn get(&self, i: usize) -> Option<T> {
+        if i >= self.len {
+            return None;
+        }
+        let ptr = self.chunk(i / self.per_chunk).ok()?;
+        // SAFETY: `i % per_chunk` is inside the chunk (its bytes hold `per_chunk`
+        // elements, the last chunk at least those up to `len`), mapped until `unmap`,
+        // which takes `&mut self`.
+        Some(unsafe { ptr.as_ptr().add(i % self.per_chunk).read() })
+    }
+
+    /// Writes element `i`, mapping its chunk if needed.
+    fn set(&mut self, i: usize, value: T) -> Result<(), TablesError> {
+        let mapped = if i < self.len {
+            self.chunk(i / self.per_chunk)
+        } else {
+            Err(std::io::Error::from(std::io::ErrorKind::InvalidInput))
+        };
+        let ptr = mapped.map_err(|source| TablesError::Mmap {
             map: self.name,
             source,
         })?;
-        // SAFETY: the mapping is `len` elements of T (array element size equals
-        // size_of::<T>() because T's size is a multiple of 8), valid until `unmap`, which
-        // takes `&mut self` (so not while this borrow lives).
-        Ok(unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), self.len) })
+        // SAFETY: as in `get`; the kernel side only reads the array.
+        unsafe { ptr.as_ptr().add(i % self.per_chunk).write(value) };
+        Ok(())
     }
 
-    /// The elements, if mapped.
-    fn as_slice(&self) -> &[T] {
-        match self.ptr {
-            // SAFETY: as in `as_mut_slice`; the kernel side only reads the array.
-            Some(ptr) => unsafe { std::slice::from_raw_parts(ptr.as_ptr(), self.len) },
-            None => &[],
-        }
+    /// Bytes of the array mapped into this process now.
+    fn mapped_bytes(&self) -> usize {
+        (0..self.chunks.len())
+            .filter(|&c| self.chunks[c].get().is_some())
+            .map(|c| self.chunk_bytes(c))
+            .sum()
     }
 
     fn unmap(&mut self) {
-        if let Some(ptr) = self.ptr.take() {
-            // SAFETY: unmapping what `mapped` mapped; no slice of it outlives `&mut self`.
-            unsafe { libc::munmap(ptr.as_ptr().cast(), self.bytes) };
+        for c in 0..self.chunks.len() {
+            if let Some(ptr) = self.chunks[c].take() {
+                // SAFETY: unmapping what `chunk` mapped; no reference into it outlives
+                // `&mut self`.
+                unsafe { libc::munmap(ptr.as_ptr().cast(), self.chunk_bytes(c)) };
+            }
         }
     }
 }
 
 impl<T> Drop for MmapArray<T> {
     fn drop(&mut self) {
-        if let Some(ptr) = self.ptr.take() {
-            // SAFETY: unmapping what `mapped` mapped.
-            unsafe { libc::munmap(ptr.as_ptr().cast(), self.bytes) };
+        for (c, cell) in self.chunks.iter().enumerate() {
+            if let Some(ptr) = cell.take() {
+                let len = CHUNK_BYTES.min(self.bytes - c * CHUNK_BYTES);
+                // SAFETY: unmapping what `chunk` mapped.
+                unsafe { libc::munmap(ptr.as_ptr().cast(), len) };
+            }
         }
     }
 }
@@ -241,8 +290,8 @@ pub struct KernelTables {
     loaded_objects: u32,
     dict: RuleDict,
     uploaded_rules: usize,
-    /// Last load or [`KernelTables::map_for_reading`] (see [`KernelTables::unmap_if_idle`]).
-    last_mapped_use: std::time::Instant,
+    /// Last load or [`KernelTables::view`] (see [`KernelTables::unmap_if_idle`]).
+    last_use: Cell<std::time::Instant>,
 }
 
 fn take<T: TryFrom<Map, Error = aya::maps::MapError>>(
@@ -276,7 +325,7 @@ impl KernelTables {
             loaded_objects: 0,
             dict: RuleDict::default(),
             uploaded_rules: 0,
-            last_mapped_use: std::time::Instant::now(),
+            last_use: Cell::new(std::time::Instant::now()),
         })
     }
 
@@ -366,21 +415,26 @@ impl KernelTables {
         };
         let row_first = row_block as usize * ROW_BLOCK;
         let page_first = page_block as usize * PAGE_BLOCK;
-        if let Err(e) = self.rows.as_mut_slice().and(self.pages.as_mut_slice()) {
+        // Whole blocks (an object's rows and pages start on a block boundary and no
+        // other object shares its blocks), each chunk mapped as the copy reaches it.
+        self.last_use.set(std::time::Instant::now());
+        let written = (|| {
+            for (b, rows) in flat.rows.chunks(ROW_BLOCK).enumerate() {
+                let mut block = RowBlock::default();
+                block.0[..rows.len()].copy_from_slice(rows);
+                self.rows.set(row_block as usize + b, block)?;
+            }
+            for (b, entries) in flat.pages.chunks(PAGE_BLOCK).enumerate() {
+                let mut block = PageBlock::default();
+                block.0[..entries.len()].copy_from_slice(entries);
+                self.pages.set(page_block as usize + b, block)?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = written {
             self.row_alloc.free(row_block, row_blocks);
             self.page_alloc.free(page_block, page_blocks);
             return Err(e);
-        }
-        self.last_mapped_use = std::time::Instant::now();
-        let blocks = self.rows.as_mut_slice()?;
-        for (i, row) in flat.rows.iter().enumerate() {
-            let idx = row_first + i;
-            blocks[idx / ROW_BLOCK].0[idx % ROW_BLOCK] = *row;
-        }
-        let blocks = self.pages.as_mut_slice()?;
-        for (i, &entry) in flat.pages.iter().enumerate() {
-            let idx = page_first + i;
-            blocks[idx / PAGE_BLOCK].0[idx % PAGE_BLOCK] = entry;
         }
         let entry = ObjectEntry {
             base: flat.base,
@@ -478,6 +532,7 @@ pub struct KernelView<'a> {
 
 impl KernelTables {
     pub fn view<'a>(&'a self, mappings: &'a [MappingEntry]) -> KernelView<'a> {
+        self.last_use.set(std::time::Instant::now());
         KernelView {
             tables: self,
             mappings,
@@ -485,25 +540,11 @@ impl KernelTables {
         }
     }
 
-    fn blocks<T: Copy>(array: &MmapArray<T>) -> &[T] {
-        array.as_slice()
-    }
-
-    /// Maps ROWS and PAGES for walks in user space ([`KernelTables::view`] reads them
-    /// only while mapped: a view made without this finds no rows). Returns whether
-    /// both are mapped.
-    pub fn map_for_reading(&mut self) -> bool {
-        self.last_mapped_use = std::time::Instant::now();
-        self.rows.mapped().is_ok() && self.pages.mapped().is_ok()
-    }
-
-    /// Unmaps ROWS and PAGES when no load or [`KernelTables::map_for_reading`] used them
+    /// Unmaps ROWS and PAGES when no load or walk ([`KernelTables::view`]) used them
     /// for `idle`: their pages are kernel memory, counted once more in the profiler's
-    /// RSS while mapped. Returns whether they were unmapped now.
+    /// RSS while mapped. Returns whether anything was unmapped now.
     pub fn unmap_if_idle(&mut self, idle: std::time::Duration) -> bool {
-        if self.rows.ptr.is_none() && self.pages.ptr.is_none()
-            || self.last_mapped_use.elapsed() < idle
-        {
+        if self.mapped_bytes() == 0 || self.last_use.get().elapsed() < idle {
             return false;
         }
         self.rows.unmap();
@@ -511,9 +552,10 @@ impl KernelTables {
         true
     }
 
-    /// Whether ROWS and PAGES are mapped into this process now.
-    pub fn mapped(&self) -> bool {
-        self.rows.ptr.is_some() && self.pages.ptr.is_some()
+    /// Bytes of ROWS and PAGES mapped into this process now (the chunks loads and walks
+    /// touched since they were last unmapped).
+    pub fn mapped_bytes(&self) -> u64 {
+        (self.rows.mapped_bytes() + self.pages.mapped_bytes()) as u64
     }
 }
 
@@ -539,13 +581,15 @@ impl sframe_common::step::Tables for KernelView<'_> {
     }
     fn page_entry(&mut self, index: u32) -> Option<u32> {
         let i = index as usize;
-        KernelTables::blocks(&self.tables.pages)
+        self.tables
+            .pages
             .get(i / PAGE_BLOCK)
             .map(|b| b.0[i % PAGE_BLOCK])
     }
     fn row(&mut self, index: u32) -> Option<RowEntry> {
         let i = index as usize;
-        KernelTables::blocks(&self.tables.rows)
+        self.tables
+            .rows
             .get(i / ROW_BLOCK)
             .map(|b| b.0[i % ROW_BLOCK])
     }
@@ -558,11 +602,7 @@ impl sframe_common::step::Tables for KernelView<'_> {
 impl KernelTables {
     pub fn row(&mut self, index: u32) -> Option<RowEntry> {
         let i = index as usize;
-        self.rows
-            .as_mut_slice()
-            .ok()?
-            .get(i / ROW_BLOCK)
-            .map(|b| b.0[i % ROW_BLOCK])
+        self.rows.get(i / ROW_BLOCK).map(|b| b.0[i % ROW_BLOCK])
     }
 }
 

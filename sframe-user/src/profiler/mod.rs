@@ -825,10 +825,6 @@ impl Profiler {
                 records.push((now, Box::new(rec)));
             }
         }
-        if !records.is_empty() {
-            // The walks below read ROWS and PAGES through their mappings.
-            self.store.tables.map_for_reading();
-        }
         // Tables of exited processes, rebuilt from the mappings they had (once per call).
         let mut exited_entries: StdHashMap<u32, Vec<MappingEntry>> = StdHashMap::new();
         // Whether a process can still be loaded (alive, not a zombie: a zombie has
