@@ -32,6 +32,7 @@ enum Command {
 }
 
 fn main() {
+    sframe_user::objects::single_heap_arena();
     sframe_user::privileges::init_logging();
     let cli = Cli::parse();
     // With --drop-privileges everything runs on this one thread (capabilities are per

@@ -232,6 +232,19 @@ pub struct ProcessReport {
     pub build_time: Duration,
 }
 
+/// One malloc arena for the whole process, set before any thread starts. glibc gives
+/// threads arenas of their own (up to 8 per CPU), and each keeps the memory freed in it:
+/// the event loop, the build worker and tokio's threads each held tens of MB of
+/// fragments. On the busy-host bench one arena took the steady RSS from 70 to 60 MB
+/// (anonymous memory 52 → 42 MB) at the same CPU.
+pub fn single_heap_arena() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt sets an allocator parameter; called before other threads exist.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+    }
+}
+
 /// Returns the allocator's free pages to the system (glibc keeps freed memory of each
 /// thread's arena resident until trimmed).
 pub fn release_free_heap() {

@@ -96,6 +96,9 @@ pub const MAX_FRAMES: usize = 256 * 1024;
 /// Cached kernel frames at most.
 pub const MAX_KERNEL_FRAMES: usize = 64 * 1024;
 
+/// Least time between two releases of mapped object pages ([`Symbolizer::end_round`]).
+pub const RELEASE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// Symbolizer of user and kernel addresses with per-object caches.
 pub struct Symbolizer {
     blaze: symbolize::Symbolizer,
@@ -110,6 +113,8 @@ pub struct Symbolizer {
     kallsyms: Option<Result<(), KallsymsError>>,
     stats: SymbolizerStats,
     limits: CacheLimits,
+    /// When [`Symbolizer::end_round`] last released mapped pages.
+    last_release: Option<std::time::Instant>,
 }
 
 const VDSO_ID: usize = usize::MAX;
@@ -139,6 +144,7 @@ impl Symbolizer {
             kallsyms: None,
             stats: SymbolizerStats::default(),
             limits: CacheLimits::default(),
+            last_release: None,
         }
     }
 
@@ -184,7 +190,18 @@ impl Symbolizer {
     /// the pages of the object files blazesym read stay in the page cache but leave the
     /// profiler's RSS (see [`crate::mapped::release_shared_file_pages`]); the parsed
     /// state and the frame cache stay. Returns the bytes of mappings advised.
+    ///
+    /// At most once per [`RELEASE_INTERVAL`]: the next round faults back in the pages it
+    /// reads (symbol names, line tables), which is not worth doing every second (the
+    /// busy-host bench scrapes every second).
     pub fn end_round(&mut self) -> u64 {
+        if self
+            .last_release
+            .is_some_and(|at| at.elapsed() < RELEASE_INTERVAL)
+        {
+            return 0;
+        }
+        self.last_release = Some(std::time::Instant::now());
         // SAFETY: the profiler's shared read-only file mappings are blazesym's, made
         // and unmapped by a `Symbolizer` under `&mut` on the thread that symbolizes,
         // which is this one; `ObjectBytes` (the build worker's) are private.
