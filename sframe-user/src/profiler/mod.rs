@@ -530,8 +530,16 @@ impl Profiler {
     /// counting for `every` (the governor's sampling when the switch programs cost
     /// more than its budget); clamped to 1..=`MAX_OFF_CPU_EVERY`.
     pub fn set_off_cpu_every(&mut self, every: u32) -> Result<(), LoadError> {
+        self.with_off_cpu(|o, ebpf| o.set_every(ebpf, every))
+    }
+
+    /// Runs `f` on the off-CPU programs, if they were loaded (else nothing to change).
+    fn with_off_cpu(
+        &mut self,
+        f: impl FnOnce(&mut off_cpu::OffCpu, &mut aya::Ebpf) -> Result<(), LoadError>,
+    ) -> Result<(), LoadError> {
         match &mut self.off_cpu_programs {
-            Some(o) => o.set_every(&mut self.ebpf, every),
+            Some(o) => f(o, &mut self.ebpf),
             None => Ok(()),
         }
     }
@@ -548,10 +556,7 @@ impl Profiler {
     /// 1..=`MAX_OFF_CPU_PAUSE`); the governor detaches and attaches the programs
     /// ([`Profiler::set_off_cpu_attached`]).
     pub fn set_off_cpu_pause(&mut self, pause: u32) -> Result<(), LoadError> {
-        match &mut self.off_cpu_programs {
-            Some(o) => o.set_pause(&mut self.ebpf, pause),
-            None => Ok(()),
-        }
+        self.with_off_cpu(|o, ebpf| o.set_pause(ebpf, pause))
     }
 
     /// Whether the off-CPU programs are attached (not paused by the governor).
@@ -565,11 +570,13 @@ impl Profiler {
     /// attaches them again in a new observation window (`true`: sleeps that began
     /// before are not charged, `off_cpu_paused`).
     pub fn set_off_cpu_attached(&mut self, attached: bool) -> Result<(), LoadError> {
-        match &mut self.off_cpu_programs {
-            Some(o) if attached => o.resume(&mut self.ebpf),
-            Some(o) => o.suspend(&mut self.ebpf),
-            None => Ok(()),
-        }
+        self.with_off_cpu(|o, ebpf| {
+            if attached {
+                o.resume(ebpf)
+            } else {
+                o.suspend(ebpf)
+            }
+        })
     }
 
     /// The off-CPU program that walks woken threads: `OFF_CPU_WAKE` (fexit of

@@ -96,23 +96,23 @@ impl OffCpu {
 
     /// 1 in `every` sleeps timed, clamped to 1..=`MAX_OFF_CPU_EVERY`.
     pub(super) fn set_every(&mut self, ebpf: &mut Ebpf, every: u32) -> Result<(), LoadError> {
-        let every = every.clamp(1, MAX_OFF_CPU_EVERY);
-        if every != self.every {
-            set_control(ebpf, OFF_CPU_CONTROL_EVERY, every)?;
-            self.every = every;
-        }
-        Ok(())
+        update_control(
+            ebpf,
+            OFF_CPU_CONTROL_EVERY,
+            every.clamp(1, MAX_OFF_CPU_EVERY),
+            &mut self.every,
+        )
     }
 
     /// The pause factor, clamped to 1..=`MAX_OFF_CPU_PAUSE`: sleeps that start from
     /// now on count for that many (the caller detaches the programs for the rest).
     pub(super) fn set_pause(&mut self, ebpf: &mut Ebpf, pause: u32) -> Result<(), LoadError> {
-        let pause = pause.clamp(1, MAX_OFF_CPU_PAUSE);
-        if pause != self.pause {
-            set_control(ebpf, OFF_CPU_CONTROL_PAUSE, pause)?;
-            self.pause = pause;
-        }
-        Ok(())
+        update_control(
+            ebpf,
+            OFF_CPU_CONTROL_PAUSE,
+            pause.clamp(1, MAX_OFF_CPU_PAUSE),
+            &mut self.pause,
+        )
     }
 
     /// Detaches both programs (no cost at all until [`OffCpu::resume`]).
@@ -188,6 +188,21 @@ where
         })?
         .try_into()
         .map_err(|source| LoadError::Program { name, source })
+}
+
+/// Writes `value` into control slot `slot` when it differs from `current` (what the
+/// slot holds), and records it there.
+fn update_control(
+    ebpf: &mut Ebpf,
+    slot: u32,
+    value: u32,
+    current: &mut u32,
+) -> Result<(), LoadError> {
+    if value != *current {
+        set_control(ebpf, slot, value)?;
+        *current = value;
+    }
+    Ok(())
 }
 
 fn set_control(ebpf: &mut Ebpf, slot: u32, value: u32) -> Result<(), LoadError> {
