@@ -61,6 +61,21 @@ fn whole_system_profiling_keeps_up_with_process_churn() {
     let mut profiler = Profiler::start_with(config(499, spec)).expect("start whole-system");
     // As the command line does: the event loop runs ahead of CPU-bound processes.
     sframe_user::privileges::raise_event_loop_priority();
+    // The churn starts on a profiler that has met the machine: on a busy host the first
+    // sight of other processes' objects (a compiler's: 100-600 ms each under `cargo
+    // xtask stress`, tables built on the event loop) is a start-up transient, not the
+    // steady state measured here; it made one churn process in two exit before its
+    // first load. Settled when no table was loaded for 2 s (at most 60 s: objects
+    // evicted and loaded again would never settle).
+    let settling = Instant::now();
+    let (mut loads, mut since) = (profiler.store().stats.loads, Instant::now());
+    while since.elapsed() < Duration::from_secs(2) && settling.elapsed() < Duration::from_secs(60) {
+        pump(&mut profiler, Duration::from_millis(100));
+        if profiler.store().stats.loads != loads {
+            (loads, since) = (profiler.store().stats.loads, Instant::now());
+        }
+    }
+    let before = profiler.lifecycle;
     let (tx, rx) = mpsc::channel();
     let workload = {
         let exe = exe.clone();
@@ -129,8 +144,9 @@ fn whole_system_profiling_keeps_up_with_process_churn() {
         left.is_empty(),
         "map entries of exited processes remain: {left:?}"
     );
+    // (Exits seen during the churn, not while settling.)
     assert!(
-        profiler.lifecycle.exits >= PROCESSES as u64 / 2,
+        profiler.lifecycle.exits - before.exits >= PROCESSES as u64 / 2,
         "{:?}",
         profiler.lifecycle
     );
