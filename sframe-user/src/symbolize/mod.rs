@@ -31,6 +31,7 @@ mod plt;
 use std::{
     collections::{HashMap, HashSet, hash_map::Entry},
     io::{BufRead, BufReader},
+    sync::{Mutex, MutexGuard, PoisonError},
 };
 
 use blazesym::{
@@ -96,6 +97,18 @@ pub const MAX_FRAMES: usize = 256 * 1024;
 /// Cached kernel frames at most.
 pub const MAX_KERNEL_FRAMES: usize = 64 * 1024;
 
+/// Held by every [`Symbolizer`] of the process while blazesym may map or unmap files
+/// (each call into it, and dropping it) and by [`Symbolizer::end_round`] while it
+/// releases pages: the release advises the address ranges `/proc/self/maps` listed,
+/// which must not be unmapped and reused meanwhile by another thread's symbolizer.
+static BLAZE_MAPPINGS: Mutex<()> = Mutex::new(());
+
+fn blaze_mappings() -> MutexGuard<'static, ()> {
+    BLAZE_MAPPINGS
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+}
+
 /// Least time between two releases of mapped object pages ([`Symbolizer::end_round`]).
 pub const RELEASE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(3);
 
@@ -118,6 +131,18 @@ pub struct Symbolizer {
 }
 
 const VDSO_ID: usize = usize::MAX;
+
+impl Drop for Symbolizer {
+    fn drop(&mut self) {
+        // blazesym's mappings go now, under the lock (the fields are dropped after
+        // this returns); the one put in its place has opened nothing.
+        let _mappings = blaze_mappings();
+        drop(std::mem::replace(
+            &mut self.blaze,
+            symbolize::Symbolizer::builder().build(),
+        ));
+    }
+}
 
 impl Default for Symbolizer {
     fn default() -> Self {
@@ -150,10 +175,9 @@ impl Symbolizer {
 
     /// A symbolizer with other cache bounds.
     pub fn with_limits(limits: CacheLimits) -> Self {
-        Self {
-            limits,
-            ..Self::new()
-        }
+        let mut s = Self::new();
+        s.limits = limits;
+        s
     }
 
     /// Starts a new generation if a cache is over its bound (only between calls: no
@@ -193,7 +217,9 @@ impl Symbolizer {
     ///
     /// At most once per [`RELEASE_INTERVAL`]: the next round faults back in the pages it
     /// reads (symbol names, line tables), which is not worth doing every second (the
-    /// busy-host bench scrapes every second).
+    /// busy-host bench scrapes every second). Every shared read-only file mapping of the
+    /// process is released: in a program that makes such mappings itself and unmaps them
+    /// on another thread, do not call this.
     pub fn end_round(&mut self) -> u64 {
         if self
             .last_release
@@ -202,9 +228,10 @@ impl Symbolizer {
             return 0;
         }
         self.last_release = Some(std::time::Instant::now());
-        // SAFETY: the profiler's shared read-only file mappings are blazesym's, made
-        // and unmapped by a `Symbolizer` under `&mut` on the thread that symbolizes,
-        // which is this one; `ObjectBytes` (the build worker's) are private.
+        let _mappings = blaze_mappings();
+        // SAFETY: the profiler's shared read-only file mappings are blazesym's, and
+        // every symbolizer maps and unmaps them only while holding BLAZE_MAPPINGS, held
+        // here; `ObjectBytes` (the build worker's) are private.
         unsafe { crate::mapped::release_shared_file_pages() }
     }
 
@@ -212,6 +239,7 @@ impl Symbolizer {
     /// (from [`crate::procfs::read_maps`]). Returns one frame per address, in order.
     pub fn symbolize_user(&mut self, pid: u32, maps: &[Mapping], addrs: &[u64]) -> Vec<Frame> {
         self.bound();
+        let _mappings = blaze_mappings();
         // Mappings sorted by start for a binary search (procfs gives them sorted; do not
         // rely on it).
         let mut order: Vec<usize> = (0..maps.len()).collect();
@@ -335,6 +363,7 @@ impl Symbolizer {
     /// Symbolizes kernel addresses with `/proc/kallsyms`. One frame per address.
     pub fn symbolize_kernel(&mut self, addrs: &[u64]) -> Vec<Frame> {
         self.bound();
+        let _mappings = blaze_mappings();
         let usable = *self.kallsyms.get_or_insert_with(kallsyms_usable);
         if let Err(reason) = usable {
             return addrs
