@@ -310,52 +310,6 @@ mod tests {
     use super::*;
     use std::io::Write as _;
 
-    /// Resident kB of the mapping that contains `addr` (`/proc/self/smaps`).
-    fn resident_kb(addr: usize) -> u64 {
-        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
-        let mut inside = false;
-        for line in smaps.lines() {
-            if let Some((range, _)) = line.split_once(' ')
-                && let Some((lo, hi)) = range.split_once('-')
-                && let (Ok(lo), Ok(hi)) =
-                    (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
-            {
-                inside = (lo..hi).contains(&addr);
-            } else if inside && let Some(kb) = line.strip_prefix("Rss:") {
-                return kb.trim().trim_end_matches(" kB").trim().parse().unwrap();
-            }
-        }
-        panic!("no mapping at {addr:#x}");
-    }
-
-    #[test]
-    fn pages_read_in_a_derivation_are_released_and_read_again_unchanged() {
-        let path = std::env::temp_dir().join(format!("mapped-r-{}", std::process::id()));
-        let content: Vec<u8> = (0..8u32 << 20).map(|i| (i % 251) as u8).collect();
-        std::fs::write(&path, &content).unwrap();
-        let file = File::open(&path).unwrap();
-        let meta = file.metadata().unwrap();
-        let bytes = ObjectBytes::map(file, &meta).unwrap();
-        let addr = bytes.as_ptr() as usize;
-        let sum = |b: &[u8]| b.iter().map(|&x| u64::from(x)).sum::<u64>();
-        let expected = sum(&content);
-        // Outside `releasing`, nothing is dropped.
-        assert_eq!(sum(&bytes), expected);
-        let before = resident_kb(addr);
-        release_read(&bytes);
-        assert_eq!(resident_kb(addr), before);
-        assert!(before >= 8 << 10, "{before} kB resident");
-        bytes.releasing(|| release_read(&bytes[4096..]));
-        // The first page stays; the rest left.
-        assert!(resident_kb(addr) <= 8, "{} kB resident", resident_kb(addr));
-        assert_eq!(sum(&bytes), expected);
-        // A heap copy is never touched.
-        let heap = ObjectBytes::Heap(content.clone());
-        heap.releasing(|| release_read(&heap));
-        assert_eq!(sum(&heap), expected);
-        std::fs::remove_file(&path).unwrap();
-    }
-
     #[test]
     fn a_file_written_while_mapped_is_noticed() {
         let path = std::env::temp_dir().join(format!("mapped-w-{}", std::process::id()));

@@ -8,7 +8,7 @@ mod support;
 
 use std::{fs::File, io::Write as _, sync::Mutex};
 
-use sframe_user::mapped::{ObjectBytes, release_shared_file_pages};
+use sframe_user::mapped::{ObjectBytes, release_read, release_shared_file_pages};
 
 /// Held by each test: one maps or unmaps files while another releases pages otherwise.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
@@ -196,4 +196,37 @@ fn a_bpf_ring_buffer_mapping_keeps_its_pages() {
         libc::munmap(consumer, PAGE);
         libc::close(fd);
     }
+}
+
+/// What a derivation reads once leaves the RSS as it goes (`release_read` inside
+/// `ObjectBytes::releasing`), and reads back unchanged.
+#[test]
+fn pages_read_in_a_derivation_are_released_and_read_again_unchanged() {
+    let _one = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let path = std::env::temp_dir().join(format!("mapped-r-{}", std::process::id()));
+    let content: Vec<u8> = (0..8u32 << 20).map(|i| (i % 251) as u8).collect();
+    std::fs::write(&path, &content).unwrap();
+    let file = File::open(&path).unwrap();
+    let meta = file.metadata().unwrap();
+    let bytes = ObjectBytes::map(file, &meta).unwrap();
+    let addr = bytes.as_ptr() as usize;
+    let sum = |b: &[u8]| b.iter().map(|&x| u64::from(x)).sum::<u64>();
+    let expected = sum(&content);
+    // Outside `releasing`, nothing is dropped.
+    assert_eq!(sum(&bytes), expected);
+    let before = resident_kb(addr);
+    release_read(&bytes);
+    assert_eq!(resident_kb(addr), before);
+    assert!(before >= 8 << 10, "{before} kB resident");
+    bytes.releasing(|| release_read(&bytes[4096..]));
+    // The first page stays; the rest left.
+    assert!(resident_kb(addr) <= 8, "{} kB resident", resident_kb(addr));
+    assert_eq!(sum(&bytes), expected);
+    // A heap copy is never touched.
+    let heap = ObjectBytes::Heap(content.clone());
+    heap.releasing(|| release_read(&heap));
+    assert_eq!(sum(&heap), expected);
+    std::fs::remove_file(&path).unwrap();
 }
