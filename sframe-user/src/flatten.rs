@@ -136,6 +136,22 @@ pub struct FlatObject {
 }
 
 impl FlatObject {
+    /// Moves the rules of a table flattened with a dictionary of its own (`local`, on
+    /// the build thread) into `dict`: every row's rule index is renumbered. Equal rules
+    /// have equal indices in both, so the rows stay as merged as they were.
+    pub fn renumber(&mut self, local: &RuleDict, dict: &mut RuleDict) -> Result<(), FlattenError> {
+        let ids: Vec<u16> = local
+            .rules()
+            .iter()
+            .map(|&r| dict.intern(r))
+            .collect::<Result<_, _>>()?;
+        for row in &mut self.rows {
+            // (Every index came from `local`; one that did not means "no rule".)
+            row.rule = ids.get(usize::from(row.rule)).copied().unwrap_or(0);
+        }
+        Ok(())
+    }
+
     pub fn page_count(&self) -> u32 {
         self.pages.len().saturating_sub(1) as u32
     }
@@ -476,6 +492,55 @@ mod tests {
             ),
         ]);
         check_every_address(&t, 0xf00, 0x1200);
+    }
+
+    #[test]
+    fn a_table_flattened_with_its_own_dictionary_renumbers_into_the_shared_one() {
+        let t = table(vec![
+            func(0x1000, 0x20, &[(0, Some(rule(8))), (1, Some(rule(16)))]),
+            func(0x1020, 0x10, &[(0, Some(rule(8))), (4, Some(rule(32)))]),
+            func(0x1100, 0x40, &[(8, Some(rule(24))), (0x10, None)]),
+        ]);
+        // The shared dictionary already holds other objects' rules, one of them this
+        // table's too (at another index than in the table's own).
+        let mut shared = RuleDict::default();
+        for r in [rule(48), rule(32), rule(56)] {
+            shared
+                .intern(encode_rule(&r, Arch::Amd64).unwrap())
+                .unwrap();
+        }
+        let mut direct_dict = shared.clone();
+        let direct = flatten(&t, &mut direct_dict).unwrap();
+        let mut local = RuleDict::default();
+        let mut moved = flatten(&t, &mut local).unwrap();
+        moved.renumber(&local, &mut shared).unwrap();
+        assert_eq!(moved, direct);
+        assert_eq!(shared.rules(), direct_dict.rules());
+        // Renumbering keeps every row's rule (not only the layout).
+        for (row, local_row) in moved
+            .rows
+            .iter()
+            .zip(&flatten(&t, &mut RuleDict::default()).unwrap().rows)
+        {
+            assert_eq!(
+                shared.rules()[usize::from(row.rule)],
+                local.rules()[usize::from(local_row.rule)]
+            );
+        }
+        // A full shared dictionary refuses the new rules.
+        let mut full = RuleDict::default();
+        // (Offsets none of the table's rules has.)
+        let mut cfa = 1000;
+        while full.len() < MAX_RULES as usize {
+            cfa += 8;
+            full.intern(encode_rule(&rule(cfa), Arch::Amd64).unwrap())
+                .unwrap();
+        }
+        let mut again = flatten(&t, &mut RuleDict::default()).unwrap();
+        assert!(matches!(
+            again.renumber(&local, &mut full),
+            Err(FlattenError::RuleDictionaryFull)
+        ));
     }
 
     #[test]

@@ -17,7 +17,7 @@ use object::{Object as _, ObjectSegment as _};
 use sframe_common::layout::{MAPPING_FLAG_BUILDING, MAPPING_FLAG_VDSO, MappingEntry, NO_OBJECT};
 
 use crate::{
-    flatten::flatten,
+    flatten::{RuleDict, flatten},
     kmaps::{KernelTables, Placement},
     mapped::ObjectBytes,
     objtable::{ObjTableOptions, table_for_elf},
@@ -30,9 +30,10 @@ use crate::{
 /// are mapped, not read: the memory they cost is the pages the parsers touch.
 pub const MAX_OBJECT_BYTES: u64 = 1 << 30;
 
-/// Large objects waiting for the build thread at most; more are dropped (counted in
-/// [`StoreStats::builds_dropped`]) and tried again at their process's next reload.
-pub const MAX_QUEUED_BUILDS: usize = 4;
+/// Jobs waiting for the build thread at most (objects to identify or to build); more
+/// are dropped (counted in [`StoreStats::builds_dropped`]) and tried again at their
+/// process's next reload. Each holds a file mapping, not its bytes.
+pub const MAX_QUEUED_BUILDS: usize = 64;
 
 /// How an object is identified across processes and in the disk cache.
 ///
@@ -311,15 +312,27 @@ fn load_timer() -> crate::cputime::Timer {
     crate::cputime::Timer::start(&crate::cputime::LOADING)
 }
 
-/// Objects larger than this are derived on the worker thread (unless cached).
-pub const SYNC_BUILD_BYTES: usize = 8 << 20;
+/// Objects larger than this are identified (their content digest) and derived on the
+/// worker thread when loads come from events (unless their table is cached): on a
+/// busy host, deriving a 2 MB library takes the loop 50-150 ms, hashing a compiler's
+/// code 100-350 ms, and a short process starts and exits unseen meanwhile.
+pub const SYNC_BUILD_BYTES: usize = 1 << 20;
 
-/// The CFI/SFrame derivation of one object (no kernel state: runs on any thread). A
-/// mapped file truncated meanwhile read partly as zeros: what came of it is refused.
-fn derive(
-    data: &ObjectBytes,
-    options: &ObjTableOptions,
-) -> Result<crate::objtable::ObjectTable, ObjectError> {
+/// An object's table, derived and flattened (no kernel state: made on any thread). Its
+/// rules are numbered in a dictionary of its own; [`FlatObject::renumber`] moves them
+/// into the kernel's.
+///
+/// [`FlatObject::renumber`]: crate::flatten::FlatObject::renumber
+struct Derived {
+    source: Source,
+    table_rows: usize,
+    flat: crate::flatten::FlatObject,
+    rules: RuleDict,
+}
+
+/// The CFI/SFrame derivation and flattening of one object. A mapped file truncated
+/// meanwhile read partly as zeros: what came of it is refused.
+fn derive(data: &ObjectBytes, options: &ObjTableOptions) -> Result<Derived, ObjectError> {
     let derived = data
         .releasing(|| table_for_elf(data, options))
         .map_err(|e| ObjectError::Table(std::sync::Arc::new(e)));
@@ -329,46 +342,121 @@ fn derive(
     if data.maybe_changed() {
         return Err(ObjectError::Changed);
     }
-    derived
+    let t = derived?;
+    let mut rules = RuleDict::default();
+    let flat = flatten(&t.table, &mut rules).map_err(ObjectError::Flatten)?;
+    Ok(Derived {
+        source: t.source,
+        table_rows: t.table.row_count(),
+        flat,
+        rules,
+    })
 }
 
-struct BuildJob {
-    key: ObjectKey,
-    path: String,
-    data: ObjectBytes,
-    options: ObjTableOptions,
+/// What the build thread is asked to do.
+enum Job {
+    /// Find the key of a file first seen (hashing a large object's code takes long too).
+    Identify {
+        file: FileId,
+        stamp: FileStamp,
+        path: String,
+        data: ObjectBytes,
+        /// The key if the file is not ELF.
+        fallback: ObjectKey,
+    },
+    /// Derive and flatten the table of an object whose key is known.
+    Build {
+        key: ObjectKey,
+        path: String,
+        data: ObjectBytes,
+        options: ObjTableOptions,
+    },
 }
 
-struct BuildDone {
-    key: ObjectKey,
-    path: String,
-    data: ObjectBytes,
-    derived: Result<crate::objtable::ObjectTable, ObjectError>,
+impl Job {
+    /// The order jobs are taken in: identifications first (they are quick, and what
+    /// comes next may be loaded or cached already), then the smallest object (a small
+    /// library must not wait behind a compiler's hundreds of MB).
+    fn order(&self) -> (u8, usize) {
+        match self {
+            Job::Identify { data, .. } => (0, data.len()),
+            Job::Build { data, .. } => (1, data.len()),
+        }
+    }
 }
 
-/// One thread deriving large objects' tables, in order, from a bounded queue.
+enum Done {
+    Identified {
+        file: FileId,
+        stamp: FileStamp,
+        path: String,
+        data: ObjectBytes,
+        key: ObjectKey,
+    },
+    Built {
+        key: ObjectKey,
+        path: String,
+        data: ObjectBytes,
+        derived: Result<Derived, ObjectError>,
+    },
+}
+
+/// The jobs waiting for the build thread, and whether its owner is gone.
+#[derive(Default)]
+struct JobQueue {
+    jobs: Vec<Job>,
+    closed: bool,
+}
+
+/// One thread identifying and deriving objects off the event loop, from a bounded
+/// queue, smallest first.
 struct Worker {
-    jobs: std::sync::mpsc::SyncSender<BuildJob>,
-    done: std::sync::mpsc::Receiver<BuildDone>,
+    queue: std::sync::Arc<(std::sync::Mutex<JobQueue>, std::sync::Condvar)>,
+    done: std::sync::mpsc::Receiver<Done>,
 }
 
 impl Worker {
     fn spawn() -> Option<Self> {
-        let (jobs, job_rx) = std::sync::mpsc::sync_channel::<BuildJob>(MAX_QUEUED_BUILDS);
+        let queue = std::sync::Arc::new((
+            std::sync::Mutex::new(JobQueue::default()),
+            std::sync::Condvar::new(),
+        ));
         let (done_tx, done) = std::sync::mpsc::channel();
+        let shared = queue.clone();
         std::thread::Builder::new()
             .name("sframe-build".into())
             .spawn(move || {
-                for job in job_rx {
+                while let Some(job) = Self::next(&shared) {
                     let timer = load_timer();
-                    let derived = derive(&job.data, &job.options);
-                    drop(timer);
-                    let out = BuildDone {
-                        key: job.key,
-                        path: job.path,
-                        data: job.data,
-                        derived,
+                    let out = match job {
+                        Job::Identify {
+                            file,
+                            stamp,
+                            path,
+                            data,
+                            fallback,
+                        } => Done::Identified {
+                            key: content_digest(&data)
+                                .map(ObjectKey::Content)
+                                .unwrap_or(fallback),
+                            file,
+                            stamp,
+                            path,
+                            data,
+                        },
+                        Job::Build {
+                            key,
+                            path,
+                            data,
+                            options,
+                        } => Done::Built {
+                            derived: derive(&data, &options),
+                            key,
+                            path,
+                            data,
+                        },
                     };
+                    drop(timer);
                     if done_tx.send(out).is_err() {
                         break;
                     }
@@ -376,7 +464,57 @@ impl Worker {
             })
             .map_err(|e| log::warn!("no table build thread, large objects block the loop: {e}"))
             .ok()?;
-        Some(Self { jobs, done })
+        Some(Self { queue, done })
+    }
+
+    /// The next job (waits for one); `None` once the worker's owner is gone.
+    fn next(shared: &(std::sync::Mutex<JobQueue>, std::sync::Condvar)) -> Option<Job> {
+        let (queue, ready) = shared;
+        let mut q = queue
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        loop {
+            if q.closed {
+                return None;
+            }
+            let first = q
+                .jobs
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, j)| j.order())
+                .map(|(i, _)| i);
+            if let Some(i) = first {
+                return Some(q.jobs.swap_remove(i));
+            }
+            q = ready
+                .wait(q)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+    }
+
+    /// Queues `job`; false (the job dropped) if the queue is full.
+    fn send(&self, job: Job) -> bool {
+        let (queue, ready) = &*self.queue;
+        let mut q = queue
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if q.jobs.len() >= MAX_QUEUED_BUILDS {
+            return false;
+        }
+        q.jobs.push(job);
+        ready.notify_one();
+        true
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let (queue, ready) = &*self.queue;
+        queue
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .closed = true;
+        ready.notify_one();
     }
 }
 
@@ -397,6 +535,8 @@ pub struct StoreStats {
     pub builds_dropped: u64,
     /// Large objects derived on the worker thread.
     pub background_builds: u64,
+    /// Large files first seen identified (hashed) on the worker thread.
+    pub background_identifications: u64,
     /// Mapped files found rewritten in place since they were read (read again).
     pub files_changed: u64,
     /// Times a process's mapping table found no room in the kernel map (its samples are
@@ -425,6 +565,8 @@ pub struct ObjectStore {
     worker: Option<Worker>,
     /// Objects on the worker, and the processes to reload when they are done.
     in_flight: HashMap<ObjectKey, std::collections::HashSet<u32>>,
+    /// Files being identified on the worker, and the processes that map them.
+    identifying: HashMap<FileId, std::collections::HashSet<u32>>,
     /// Finished builds are left on the worker's channel (tests: a build that takes long).
     builds_held: bool,
     /// Time spent building tables on the calling thread, in all.
@@ -457,6 +599,7 @@ impl ObjectStore {
             cache: None,
             worker: None,
             in_flight: HashMap::new(),
+            identifying: HashMap::new(),
             builds_held: false,
             build_time: Duration::ZERO,
             failed_objects: 0,
@@ -481,16 +624,39 @@ impl ObjectStore {
     pub fn poll_builds(&mut self) -> Vec<u32> {
         let _timer = load_timer();
         let mut reload = Vec::new();
-        let finished: Vec<BuildDone> = match &self.worker {
+        let finished: Vec<Done> = match &self.worker {
             Some(w) if !self.builds_held => w.done.try_iter().collect(),
             _ => return reload,
         };
-        let built = !finished.is_empty();
+        let mut built = false;
         for done in finished {
-            let info = self.finish_build(&done.key, &done.path, &done.data, Some(done.derived));
-            self.objects.insert(done.key.clone(), info);
-            if let Some(pids) = self.in_flight.remove(&done.key) {
-                reload.extend(pids);
+            match done {
+                Done::Identified {
+                    file,
+                    stamp,
+                    path,
+                    data,
+                    key,
+                } => {
+                    let pids = self.identifying.remove(&file).unwrap_or_default();
+                    self.take_object(&pids, key, file, stamp, &path, data, Build::Background);
+                    // Loaded now, or being built (then reloaded again when it is: the
+                    // reload marks the mapping as waiting for its build), or dropped.
+                    reload.extend(pids);
+                }
+                Done::Built {
+                    key,
+                    path,
+                    data,
+                    derived,
+                } => {
+                    built = true;
+                    let info = self.finish_build(&key, &path, &data, Some(derived));
+                    self.objects.insert(key.clone(), info);
+                    if let Some(pids) = self.in_flight.remove(&key) {
+                        reload.extend(pids);
+                    }
+                }
             }
         }
         if built {
@@ -510,14 +676,28 @@ impl ObjectStore {
         self.builds_held = held;
     }
 
-    /// Objects being built on the worker.
+    /// Objects being identified or built on the worker.
     pub fn builds_in_flight(&self) -> usize {
-        self.in_flight.len()
+        self.in_flight.len() + self.identifying.len()
     }
 
-    /// Whether an object `pid` maps is being built on the worker (its table is coming).
+    /// Whether an object `pid` maps is being identified or built on the worker (its
+    /// table may be coming).
     pub fn awaits_build(&self, pid: u32) -> bool {
-        self.in_flight.values().any(|pids| pids.contains(&pid))
+        self.in_flight
+            .values()
+            .chain(self.identifying.values())
+            .any(|pids| pids.contains(&pid))
+    }
+
+    /// Whether the object of mapping `m` is being identified or built on the worker.
+    fn building(&self, m: &Mapping) -> bool {
+        let id = file_id(m);
+        self.identifying.contains_key(&id)
+            || self
+                .files
+                .get(&id)
+                .is_some_and(|(k, _)| self.in_flight.contains_key(k))
     }
 
     /// The mapping table of a process that exited, rebuilt from the executable mappings
@@ -695,10 +875,7 @@ impl ObjectStore {
                 None => {
                     // Its table is being built on the worker: the kernel defers samples
                     // that the frame-pointer fallback cannot walk there.
-                    let building = self
-                        .files
-                        .get(&file_id(m))
-                        .is_some_and(|(k, _)| self.in_flight.contains_key(k));
+                    let building = self.building(m);
                     let flags = match (m.path == "[vdso]", building) {
                         (true, _) => MAPPING_FLAG_VDSO,
                         (false, true) => MAPPING_FLAG_BUILDING,
@@ -789,7 +966,12 @@ impl ObjectStore {
             waiting.insert(pid);
             return None;
         }
-        let key = match known.filter(|k| self.usable(k)) {
+        if let Some(waiting) = self.identifying.get_mut(&file_id) {
+            // Being identified on the worker: this process is reloaded then.
+            waiting.insert(pid);
+            return None;
+        }
+        let key = match known.clone().filter(|k| self.usable(k)) {
             Some(k) => k,
             None => {
                 let unreadable_id = (pid, file_id.clone());
@@ -800,49 +982,46 @@ impl ObjectStore {
                 {
                     return None;
                 }
-                let Some((key, stamp, data)) = self.read_file(pid, m) else {
+                let Some((fallback, stamp, data)) = self.open_object(pid, m) else {
                     if self.unreadable.len() >= MAX_UNREADABLE {
                         self.unreadable.clear();
                     }
                     self.unreadable.insert(unreadable_id, Instant::now());
                     return None;
                 };
-                if let Some(waiting) = self.in_flight.get_mut(&key) {
-                    // The same object (another path or inode) is being built already.
-                    waiting.insert(pid);
-                    return None;
-                }
-                if !self.usable(&key) {
-                    let options = self.options.clone();
-                    if data.len() > SYNC_BUILD_BYTES
+                let key = match known {
+                    // Known, but to build again (its table found no room): not hashed
+                    // again.
+                    Some(k) => k,
+                    None if data.len() > SYNC_BUILD_BYTES
                         && build == Build::Background
-                        && !self.cached(&key)
-                        && let Some(worker) = self.worker()
+                        && self.worker().is_some() =>
                     {
-                        // A large object takes long to derive: build it off the event
-                        // loop; meanwhile its PCs use the frame-pointer fallback, and
-                        // samples it cannot walk wait (MAPPING_FLAG_BUILDING).
-                        let job = BuildJob {
-                            key: key.clone(),
+                        let job = Job::Identify {
+                            file: file_id.clone(),
+                            stamp,
                             path: m.path.clone(),
                             data,
-                            options,
+                            fallback,
                         };
-                        match worker.jobs.try_send(job) {
-                            Ok(()) => {
-                                self.files.insert(file_id, (key.clone(), stamp));
-                                self.stats.background_builds += 1;
-                                self.in_flight.insert(key, [pid].into());
+                        match self.worker().map(|w| w.send(job)) {
+                            Some(true) => {
+                                self.stats.background_identifications += 1;
+                                self.identifying.insert(file_id, [pid].into());
                             }
                             // Not remembered as read: the next reload tries again.
-                            Err(_) => self.stats.builds_dropped += 1,
+                            _ => self.stats.builds_dropped += 1,
                         }
                         return None;
                     }
-                    let info = self.finish_build(&key, &m.path, &data, None);
-                    self.objects.insert(key.clone(), info);
+                    None => content_digest(&data)
+                        .map(ObjectKey::Content)
+                        .unwrap_or(fallback),
+                };
+                let pids = [pid].into();
+                if !self.take_object(&pids, key.clone(), file_id, stamp, &m.path, data, build) {
+                    return None;
                 }
-                self.files.insert(file_id, (key.clone(), stamp));
                 key
             }
         };
@@ -864,8 +1043,68 @@ impl ObjectStore {
         }
     }
 
-    /// Maps the file behind `m` (size checked from `fstat` first) and finds its key.
-    fn read_file(&mut self, pid: u32, m: &Mapping) -> Option<(ObjectKey, FileStamp, ObjectBytes)> {
+    /// With its key known, takes a file's object: joins its build if it is on the worker,
+    /// or builds it (here, or on the worker if it is large, `build` allows it and its table
+    /// is not cached) unless it is loaded already. Returns whether it is usable now;
+    /// otherwise `pids` are reloaded when its build is done (or tried again at their next
+    /// reload if the worker's queue was full).
+    #[allow(clippy::too_many_arguments)]
+    fn take_object(
+        &mut self,
+        pids: &std::collections::HashSet<u32>,
+        key: ObjectKey,
+        file: FileId,
+        stamp: FileStamp,
+        path: &str,
+        data: ObjectBytes,
+        build: Build,
+    ) -> bool {
+        if let Some(waiting) = self.in_flight.get_mut(&key) {
+            // The same object (another path or inode) is being built already.
+            waiting.extend(pids);
+            self.files.insert(file, (key, stamp));
+            return false;
+        }
+        if !self.usable(&key) {
+            let options = self.options.clone();
+            if data.len() > SYNC_BUILD_BYTES
+                && build == Build::Background
+                && !self.cached(&key)
+                && let Some(worker) = self.worker()
+            {
+                // A large object takes long to derive: build it off the event loop;
+                // meanwhile its PCs use the frame-pointer fallback, and samples it cannot
+                // walk wait (MAPPING_FLAG_BUILDING).
+                let job = Job::Build {
+                    key: key.clone(),
+                    path: path.to_owned(),
+                    data,
+                    options,
+                };
+                if worker.send(job) {
+                    self.files.insert(file, (key.clone(), stamp));
+                    self.stats.background_builds += 1;
+                    self.in_flight.insert(key, pids.clone());
+                } else {
+                    // Not remembered as read: the next reload tries again.
+                    self.stats.builds_dropped += 1;
+                }
+                return false;
+            }
+            let info = self.finish_build(&key, path, &data, None);
+            self.objects.insert(key.clone(), info);
+        }
+        self.files.insert(file, (key, stamp));
+        true
+    }
+
+    /// Maps the file behind `m` (size checked from `fstat` first): its key if it is not
+    /// ELF (by file identity), its stamp and its bytes.
+    fn open_object(
+        &mut self,
+        pid: u32,
+        m: &Mapping,
+    ) -> Option<(ObjectKey, FileStamp, ObjectBytes)> {
         let (file, meta) = open_mapped_file(pid, m)
             .map_err(|e| log::debug!("pid {pid}: cannot open {}: {e}", m.path))
             .ok()?;
@@ -880,15 +1119,13 @@ impl ObjectStore {
         let data = ObjectBytes::map(file, &meta)
             .map_err(|e| log::debug!("pid {pid}: cannot map {}: {e}", m.path))
             .ok()?;
-        let key = content_digest(&data)
-            .map(ObjectKey::Content)
-            .unwrap_or(ObjectKey::File {
-                dev: meta.dev(),
-                inode: meta.ino(),
-                size: meta.len(),
-                mtime: meta.mtime(),
-            });
-        Some((key, FileStamp::of(&meta), data))
+        let fallback = ObjectKey::File {
+            dev: meta.dev(),
+            inode: meta.ino(),
+            size: meta.len(),
+            mtime: meta.mtime(),
+        };
+        Some((fallback, FileStamp::of(&meta), data))
     }
 
     fn vdso(&mut self, pid: u32, m: &Mapping) -> Option<(ObjectKey, u32, u64)> {
@@ -947,7 +1184,7 @@ impl ObjectStore {
         key: &ObjectKey,
         path: &str,
         data: &ObjectBytes,
-        derived: Option<Result<crate::objtable::ObjectTable, ObjectError>>,
+        derived: Option<Result<Derived, ObjectError>>,
     ) -> ObjectInfo {
         let started = Instant::now();
         let info = self.build_info(key, path, data, derived);
@@ -960,7 +1197,7 @@ impl ObjectStore {
         key: &ObjectKey,
         path: &str,
         data: &ObjectBytes,
-        derived: Option<Result<crate::objtable::ObjectTable, ObjectError>>,
+        derived: Option<Result<Derived, ObjectError>>,
     ) -> ObjectInfo {
         let mut info = ObjectInfo {
             path: path.to_owned(),
@@ -990,15 +1227,16 @@ impl ObjectStore {
             }
             None => derived
                 .unwrap_or_else(|| derive(data, &self.options))
-                .and_then(|t| {
-                    info.source = Some(t.source);
-                    info.table_rows = t.table.row_count();
-                    let flat =
-                        flatten(&t.table, self.tables.rule_dict()).map_err(ObjectError::Flatten)?;
+                .and_then(|d| {
+                    info.source = Some(d.source);
+                    info.table_rows = d.table_rows;
+                    let mut flat = d.flat;
+                    flat.renumber(&d.rules, self.tables.rule_dict())
+                        .map_err(ObjectError::Flatten)?;
                     if let (Some(cache), Some(id)) = (self.cache.as_mut(), id) {
                         let meta = crate::cache::CachedMeta {
-                            source: t.source,
-                            table_rows: t.table.row_count() as u64,
+                            source: d.source,
+                            table_rows: d.table_rows as u64,
                         };
                         if let Err(err) = cache.store(id, meta, &flat, self.tables.rule_dict()) {
                             log::info!("table cache: {err}");

@@ -849,6 +849,12 @@ fn large_objects_are_built_off_the_event_loop_and_then_used() {
             profiler.store().stats
         );
     }
+    // It was hashed on the worker too, not on the loop (its first sight).
+    assert!(
+        profiler.store().stats.background_identifications >= 1,
+        "{:?}",
+        profiler.store().stats
+    );
     let before = profiler.collect();
     let cpu = pump_cpu(&mut profiler, pid, 0.5);
     let after = profiler.collect();

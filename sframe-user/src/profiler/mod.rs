@@ -1291,6 +1291,10 @@ impl Profiler {
             ("table_eviction", t.evictions),
             ("table_full", t.full),
             ("table_background_build", t.background_builds),
+            (
+                "table_background_identification",
+                t.background_identifications,
+            ),
             ("table_build_dropped", t.builds_dropped),
             ("file_changed", t.files_changed),
             ("file_truncated_page", crate::mapped::truncated_pages()),
