@@ -17,11 +17,12 @@ use sframe_common::{
     Counter, WalkOutcome,
     budget::MAX_CGROUP_FILTERS,
     event::{CgroupFilter, ProcEvent, ProcEventKind, filter},
-    layout::{MappingEntry, PageBlock, RowBlock},
+    layout::{PageBlock, RowBlock},
     stack::CountKey,
 };
 
 mod counts;
+mod deferred;
 mod kstacks;
 mod off_cpu;
 
@@ -253,12 +254,6 @@ fn reload_wait(load_cost: Duration, reloads: u32) -> Duration {
 /// Reloads of one process for misses are at least this far apart (a miss that persists
 /// comes back from the kernel side every `MISS_INTERVAL_NS`).
 const RELOAD_INTERVAL: Duration = Duration::from_millis(40);
-/// How long a deferred sample waits for its process's first load (or a reload after a
-/// new mapping). Generous: on a busy host (or under emulation) the event loop can be
-/// held for seconds; the backlog bound caps the memory.
-const DEFERRED_PATIENCE: Duration = Duration::from_secs(10);
-/// Deferred samples kept waiting at most (16 KiB each).
-const MAX_DEFERRED_BACKLOG: usize = 1024;
 /// Time `handle_events` spends on first loads of processes seen through misses.
 const PENDING_BUDGET: Duration = Duration::from_millis(50);
 /// Loads of a live process that found no executable mappings (read mid-exec) are tried
@@ -284,11 +279,8 @@ pub struct Profiler {
     kernel_stacks: KernelStacks,
     /// Lifecycle events from the kernel side.
     events: Option<RingBuf<MapData>>,
-    /// Samples the kernel side could not unwind for lack of tables.
-    deferred: Option<RingBuf<MapData>>,
-    /// Deferred samples whose process is not loaded yet, with when they arrived.
-    deferred_backlog:
-        std::collections::VecDeque<(Instant, Box<sframe_common::sample::DeferredSample>)>,
+    /// Samples the kernel side could not unwind for lack of tables, and those waiting.
+    deferred: deferred::DeferredQueue,
     spec: TargetSpec,
     /// The kernel side decides who is a target (all processes, or cgroup v2 filters).
     kernel_filtered: bool,
@@ -419,8 +411,7 @@ impl Profiler {
                     .unwrap_or(sframe_common::budget::MAX_KERNEL_STACKS),
             ),
             events: None,
-            deferred: take(&mut ebpf, maps::DEFERRED).ok(),
-            deferred_backlog: Default::default(),
+            deferred: deferred::DeferredQueue::new(take(&mut ebpf, maps::DEFERRED).ok()),
             ebpf,
             kernel_filtered: whole || !v2.is_empty(),
             spec,
@@ -762,199 +753,6 @@ impl Profiler {
         self.reload_due.values().min().copied()
     }
 
-    /// The deferred-sample ring buffer, for waiting on it (`AsyncFd`).
-    pub fn deferred_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
-        use std::os::fd::AsFd as _;
-        self.deferred.as_ref().map(|e| e.as_fd())
-    }
-
-    /// Unwinds the samples the kernel side deferred, with the same `walk_step` over the
-    /// same tables (read from the maps) and the stack bytes the sample carries, and counts
-    /// them like the kernel side would have.
-    fn unwind_deferred(&mut self) {
-        self.unwind_deferred_rounds(false);
-    }
-
-    /// Waits (at most `timeout`) for the tables the deferred samples still wait for to be
-    /// built, then walks every deferred sample with what there is (the profile ends).
-    pub fn flush_deferred(&mut self, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        // Processes whose samples wait for their first load (queued behind others'):
-        // load them now, while they are there to be read.
-        let mut unloaded: Vec<u32> = self
-            .deferred_backlog
-            .iter()
-            .map(|(_, rec)| rec.pid)
-            .filter(|&pid| self.store.process_entries(pid).is_none())
-            .collect();
-        unloaded.sort_unstable();
-        unloaded.dedup();
-        let mut added = Vec::new();
-        for pid in unloaded {
-            if Instant::now() >= deadline {
-                break;
-            }
-            if !self.procs.contains_key(&pid) && procfs::alive_not_zombie(pid) {
-                self.load(pid, &mut added, true);
-            }
-        }
-        self.unwind_deferred();
-        while Instant::now() < deadline
-            && self
-                .deferred_backlog
-                .iter()
-                .any(|(_, rec)| self.store.awaits_build(rec.pid))
-        {
-            std::thread::sleep(Duration::from_millis(10));
-            // A live process's samples are walked with its reloaded table, not the one
-            // from before the build.
-            self.reload_built(&mut added);
-            self.unwind_deferred();
-        }
-        self.unwind_deferred_rounds(true);
-    }
-
-    /// `unwind_deferred`; `last`: walk every record now, waiting for nothing.
-    fn unwind_deferred_rounds(&mut self, last: bool) {
-        let _cpu = crate::cputime::Timer::start(&crate::cputime::COLLECTION);
-        use sframe_common::sample::{DEFERRED_STACK_BYTES, DeferredSample};
-        let Some(ring) = self.deferred.as_mut() else {
-            return;
-        };
-        let now = Instant::now();
-        // Records still waiting for their process's first load come first.
-        let mut records: Vec<(Instant, Box<DeferredSample>)> =
-            std::mem::take(&mut self.deferred_backlog).into();
-        while let Some(item) = ring.next() {
-            if item.len() >= size_of::<DeferredSample>() {
-                // SAFETY: the kernel wrote a DeferredSample (integers and bytes only).
-                let rec = unsafe { (item.as_ptr() as *const DeferredSample).read_unaligned() };
-                records.push((now, Box::new(rec)));
-            }
-        }
-        // Tables of exited processes, rebuilt from the mappings they had (once per call).
-        let mut exited_entries: StdHashMap<u32, Vec<MappingEntry>> = StdHashMap::new();
-        // Whether a process can still be loaded (alive, not a zombie: a zombie has
-        // `/proc/PID` but no mappings, and waiting for its load would retry it every
-        // round until the patience ran out; any user can leave zombies), or is still
-        // there at all (a zombie whose exit has not been handled yet: its samples wait
-        // for that, then go with the mappings it had). Read once per process per call.
-        let mut liveness: StdHashMap<u32, procfs::Liveness> = StdHashMap::new();
-        let mut live = |pid: u32| *liveness.entry(pid).or_insert_with(|| procfs::liveness(pid));
-        for (seen, rec) in records {
-            // A sample waits at most DEFERRED_PATIENCE, or for as long as its process is
-            // queued for its first load or one of its objects is being built: both end
-            // (a busy or emulated host can take longer than the patience to get there;
-            // the backlog's bound caps the memory either way).
-            let building = self.store.awaits_build(rec.pid);
-            let held = building || self.pending_weight.contains_key(&rec.pid);
-            let patient = !last
-                && (held || now.duration_since(seen) < DEFERRED_PATIENCE)
-                && self.deferred_backlog.len() < MAX_DEFERRED_BACKLOG;
-            // Its first load has not run yet; or an object it maps is being built on the
-            // worker (walked now, the sample would stop there; a short process can have
-            // exited meanwhile: its mappings are kept, the walk waits for the table).
-            let waiting = patient
-                && (building
-                    || (self.store.process_entries(rec.pid).is_none()
-                        && match live(rec.pid) {
-                            procfs::Liveness::Alive => true,
-                            procfs::Liveness::Zombie => self.is_alive(rec.pid),
-                            procfs::Liveness::Gone => false,
-                        }));
-            if waiting {
-                // Its tables are not loaded yet (queued behind other first loads): make
-                // sure it is queued, and try again next round.
-                if (self.kernel_filtered || self.is_listed(rec.pid))
-                    && !self.procs.contains_key(&rec.pid)
-                    && live(rec.pid) == procfs::Liveness::Alive
-                {
-                    self.queue_first_load(rec.pid);
-                }
-                self.deferred_backlog.push_back((seen, rec));
-                continue;
-            }
-            let mut st = Box::<sframe_common::step::WalkState>::default();
-            st.top = rec.top;
-            let base = rec.stack_base;
-            let len = (rec.stack_len as usize).min(DEFERRED_STACK_BYTES) as u64;
-            let mut read = |addr: u64| {
-                let off = addr.checked_sub(base)?;
-                if off.checked_add(8)? > len {
-                    return None;
-                }
-                let o = off as usize;
-                let bytes: [u8; 8] = rec.stack[o..o + 8].try_into().ok()?;
-                Some(u64::from_le_bytes(bytes))
-            };
-            let exited = match self.procs.get(&rec.pid) {
-                Some(p)
-                    if p.exited_at.is_some() && self.store.process_entries(rec.pid).is_none() =>
-                {
-                    Some(
-                        exited_entries
-                            .entry(rec.pid)
-                            .or_insert_with(|| self.store.exited_entries(&p.info.maps))
-                            .as_slice(),
-                    )
-                }
-                _ => None,
-            };
-            let outcome = match self.store.process_entries(rec.pid).or(exited) {
-                Some(entries) => {
-                    let mut view = self.store.tables.view(entries);
-                    sframe_common::step::walk(&mut st, rec.regs, &mut view, &mut read)
-                }
-                None => {
-                    // Still no tables (the process exited before it could be read):
-                    // keep the PC, as the kernel side does.
-                    let mut view = self.store.tables.view(&[]);
-                    sframe_common::step::walk(&mut st, rec.regs, &mut view, &mut read);
-                    WalkOutcome::UnknownProcess
-                }
-            };
-            // A PC in a mapping made after the process's tables were read (dlopen): its
-            // mmap event reloads the process; wait for that as for a first load.
-            let retry = outcome == WalkOutcome::NoMapping
-                && st.frames_from_fp == 0
-                && patient
-                && live(rec.pid) != procfs::Liveness::Gone;
-            if retry {
-                self.deferred_backlog.push_back((seen, rec));
-                continue;
-            }
-            let len = (st.stack.len as usize).min(st.stack.frames.len());
-            let key = CountKey {
-                pid: rec.pid,
-                tid: rec.tid,
-                // Not in the record: the thread's name, read once per thread (it was
-                // sampled moments ago), not once per deferred sample.
-                comm: self.thread_comm(rec.pid, rec.tid),
-                user_stack: st.stack_key(),
-                kernel_stack: self
-                    .kernel_stacks
-                    .intern(rec.kernel_stack, &mut StdHashMap::new()),
-                outcome: outcome as u32,
-            };
-            if rec.off_cpu_ns > 0 {
-                let kernel_stack = self
-                    .counts
-                    .off_cpu_kernel_stack(rec.off_cpu_kernel_stack, &mut self.kernel_stacks);
-                self.counts.add_walked_off_cpu(
-                    CountKey {
-                        kernel_stack,
-                        ..key
-                    },
-                    rec.off_cpu_state & sframe_common::offcpu::OFF_CPU_UNINTERRUPTIBLE,
-                    rec.off_cpu_ns,
-                    &st.stack.frames[..len],
-                );
-            } else {
-                self.counts.add_walked(key, &st.stack.frames[..len]);
-            }
-        }
-    }
-
     /// Loads processes first seen through a miss, for at most `PENDING_BUDGET` per call
     /// (a process with a huge object must not hold up exec and exit handling).
     /// The busiest waiting process (most samples seen) first: on a busy host the queue
@@ -989,33 +787,6 @@ impl Profiler {
         *w = w.saturating_add(1);
     }
 
-    /// Moves the deferred samples the kernel handed over into the backlog (up to its
-    /// bound), counting them for their processes' first loads.
-    fn drain_deferred_ring(&mut self) {
-        use sframe_common::sample::DeferredSample;
-        let Some(ring) = self.deferred.as_mut() else {
-            return;
-        };
-        let now = Instant::now();
-        let mut pids = Vec::new();
-        while self.deferred_backlog.len() < MAX_DEFERRED_BACKLOG {
-            let Some(item) = ring.next() else {
-                break;
-            };
-            if item.len() >= size_of::<DeferredSample>() {
-                // SAFETY: the kernel wrote a DeferredSample (integers and bytes only).
-                let rec = unsafe { (item.as_ptr() as *const DeferredSample).read_unaligned() };
-                pids.push(rec.pid);
-                self.deferred_backlog.push_back((now, Box::new(rec)));
-            }
-        }
-        for pid in pids {
-            if let Some(w) = self.pending_weight.get_mut(&pid) {
-                *w = w.saturating_add(1);
-            }
-        }
-    }
-
     /// A child of the profiler that has not exec'd yet (its image is the profiler's own:
     /// loading it would only slow the loop; its exec event follows).
     fn is_own_child(&self, pid: u32) -> bool {
@@ -1027,19 +798,6 @@ impl Profiler {
     /// `handle_events` again soon).
     pub fn has_pending(&self) -> bool {
         !self.pending.is_empty() || self.events_left
-    }
-
-    /// Deferred samples waiting for their process's tables.
-    pub fn deferred_waiting(&self) -> usize {
-        self.deferred_backlog.len()
-    }
-
-    /// Deferred samples of process `pid` waiting for its tables.
-    pub fn deferred_waiting_of(&self, pid: u32) -> usize {
-        self.deferred_backlog
-            .iter()
-            .filter(|(_, s)| s.pid == pid)
-            .count()
     }
 
     fn is_listed(&self, pid: u32) -> bool {
