@@ -216,7 +216,7 @@ impl Profiler {
             // (a busy or emulated host can take longer than the patience to get there;
             // the backlog's bound caps the memory either way).
             let building = self.store.awaits_build(rec.pid);
-            let held = building || self.pending_weight.contains_key(&rec.pid);
+            let held = building || self.pending.contains(rec.pid);
             let patient = !last
                 && (held || now.duration_since(seen) < DEFERRED_PATIENCE)
                 && self.deferred.has_room();
@@ -304,9 +304,7 @@ impl Profiler {
     /// bound), counting them for their processes' first loads.
     pub(super) fn drain_deferred_ring(&mut self) {
         for pid in self.deferred.drain() {
-            if let Some(w) = self.pending_weight.get_mut(&pid) {
-                *w = w.saturating_add(1);
-            }
+            self.pending.count_sample(pid);
         }
     }
 

@@ -16,7 +16,7 @@ use aya::{
 use sframe_common::{
     Counter, WalkOutcome,
     budget::MAX_CGROUP_FILTERS,
-    event::{CgroupFilter, ProcEvent, ProcEventKind, filter},
+    event::{CgroupFilter, filter},
     layout::{PageBlock, RowBlock},
     stack::CountKey,
 };
@@ -24,6 +24,7 @@ use sframe_common::{
 mod counts;
 mod deferred;
 mod kstacks;
+mod lifecycle;
 mod off_cpu;
 
 use counts::Counts;
@@ -236,39 +237,6 @@ struct Proc {
     reloads: u32,
 }
 
-/// How long after its last load a process's reload for new mappings waits: the first
-/// reload after its exec not at all (the dynamic loader has just mapped its libraries,
-/// which its code is about to run: a short process on a cold machine, whose first load
-/// read cold files, otherwise exited before the reload was due and lost every frame in
-/// its libraries); later ones `RELOAD_INTERVAL`, or longer in proportion to what
-/// reloading it costs (`RELOAD_SHARE`), so that a process mapping code in a loop gets a
-/// bounded share.
-fn reload_wait(load_cost: Duration, reloads: u32) -> Duration {
-    if reloads == 0 {
-        return Duration::ZERO;
-    }
-    let cost = load_cost.as_secs_f64();
-    RELOAD_INTERVAL.max(Duration::from_secs_f64(cost / RELOAD_SHARE - cost))
-}
-
-/// Reloads of one process for misses are at least this far apart (a miss that persists
-/// comes back from the kernel side every `MISS_INTERVAL_NS`).
-const RELOAD_INTERVAL: Duration = Duration::from_millis(40);
-/// Time `handle_events` spends on first loads of processes seen through misses.
-const PENDING_BUDGET: Duration = Duration::from_millis(50);
-/// Loads of a live process that found no executable mappings (read mid-exec) are tried
-/// again this many times, `RELOAD_INTERVAL` apart, before it is taken for gone.
-const MAX_LOAD_RETRIES: u8 = 5;
-/// Reloads of one process for new mappings take at most this share of one CPU: after a
-/// reload that took `t`, the next waits `max(RELOAD_INTERVAL, t / RELOAD_SHARE - t)`;
-/// mmap events meanwhile are coalesced into that one reload. So a process that maps and
-/// unmaps code in a loop costs the profiler a bounded share, whatever its rate and
-/// however many mappings it has, and the others' loads go on.
-const RELOAD_SHARE: f64 = 0.1;
-/// Lifecycle events handled per `handle_events` call at most (the rest wait for the
-/// next call: a flood of events cannot hold the loop, nor a signal to stop).
-const MAX_EVENTS_PER_CALL: usize = 8192;
-
 pub struct Profiler {
     ebpf: Ebpf,
     /// The perf-event program attached (`profile` but in the benchmark).
@@ -286,11 +254,8 @@ pub struct Profiler {
     kernel_filtered: bool,
     cgroups_v1: Vec<PathBuf>,
     procs: StdHashMap<u32, Proc>,
-    /// Processes seen through misses, waiting for their first load (FIFO).
-    pending: std::collections::VecDeque<u32>,
-    /// Samples seen of each pending process (misses, deferred samples): the busiest
-    /// process is loaded first.
-    pending_weight: StdHashMap<u32, u32>,
+    /// Processes waiting for their first load.
+    pending: lifecycle::FirstLoads,
     /// Processes with new mappings whose reload is throttled, and when it is due.
     reload_due: StdHashMap<u32, Instant>,
     /// The last `handle_events` left events in the ring (it handles a bounded number).
@@ -418,7 +383,6 @@ impl Profiler {
             cgroups_v1,
             procs: StdHashMap::new(),
             pending: Default::default(),
-            pending_weight: StdHashMap::new(),
             reload_due: StdHashMap::new(),
             events_left: false,
             load_retries: StdHashMap::new(),
@@ -607,331 +571,8 @@ impl Profiler {
         self.events.as_ref().map(|e| e.as_fd())
     }
 
-    /// Handles the lifecycle events the kernel side sent since the last call; returns
-    /// the processes added.
-    pub fn handle_events(&mut self) -> Vec<u32> {
-        let mut batch = Vec::new();
-        if let Some(events) = self.events.as_mut() {
-            while batch.len() < MAX_EVENTS_PER_CALL
-                && let Some(item) = events.next()
-            {
-                if item.len() >= size_of::<ProcEvent>() {
-                    // SAFETY: the kernel wrote a ProcEvent (two u32, any bits valid).
-                    let e = unsafe { (item.as_ptr() as *const ProcEvent).read_unaligned() };
-                    batch.push(e);
-                }
-            }
-        }
-        self.events_left = batch.len() >= MAX_EVENTS_PER_CALL;
-        // Execs and forks of new processes are the most urgent loads (short-lived
-        // processes); exits come last, after the deferred samples of the exited
-        // processes were unwound with their tables.
-        let priority = |e: &ProcEvent| match ProcEventKind::try_from(e.kind) {
-            Ok(ProcEventKind::Exec | ProcEventKind::Fork) => 0,
-            Ok(ProcEventKind::Mmap) => 1,
-            Ok(ProcEventKind::Exit) => 3,
-            _ => 2,
-        };
-        batch.sort_by_key(priority);
-        let mut added = Vec::new();
-        let first_exit = batch
-            .iter()
-            .position(|e| e.kind == ProcEventKind::Exit as u32)
-            .unwrap_or(batch.len());
-        for (i, e) in batch.into_iter().enumerate() {
-            if i == first_exit {
-                self.load_pending(&mut added);
-                self.unwind_deferred();
-            }
-            let Ok(kind) = ProcEventKind::try_from(e.kind) else {
-                continue;
-            };
-            let pid = e.pid;
-            let known = self.procs.get(&pid).is_some_and(|p| p.exited_at.is_none());
-            match kind {
-                ProcEventKind::Exec => {
-                    self.lifecycle.execs += 1;
-                    if known || self.kernel_filtered {
-                        self.load_as(pid, &mut added, true, true);
-                    } else if self.comm_matches(pid) && self.add_target(pid).is_ok() {
-                        added.push(pid);
-                    }
-                }
-                ProcEventKind::Exit => {
-                    self.lifecycle.exits += 1;
-                    self.exited(pid);
-                }
-                ProcEventKind::Fork => {
-                    self.lifecycle.forks += 1;
-                    self.load(pid, &mut added, true);
-                }
-                ProcEventKind::Mmap => {
-                    // A library was mapped (one event per executable segment): reload
-                    // now, a starting process is about to run it; unless it was
-                    // reloaded just before (then once, when its throttle allows).
-                    self.lifecycle.mmaps += 1;
-                    if known {
-                        self.request_reload(pid, &mut added);
-                    } else if self.kernel_filtered || self.is_listed(pid) {
-                        self.load(pid, &mut added, true);
-                    }
-                }
-                ProcEventKind::Miss => {
-                    self.lifecycle.misses += 1;
-                    if known {
-                        // At most one reload per RELOAD_INTERVAL; the kernel side repeats
-                        // a miss that persists every MISS_INTERVAL_NS. A process the full
-                        // kernel map refused waits until another one leaves it (its
-                        // samples are unwound in user space meanwhile).
-                        if !self.store.waiting_for_room(pid) {
-                            self.load(pid, &mut added, false);
-                        }
-                    } else if self.kernel_filtered || self.is_listed(pid) {
-                        self.queue_first_load(pid);
-                    }
-                }
-            }
-        }
-        self.load_pending(&mut added);
-        self.run_due_reloads(&mut added);
-        self.reload_built(&mut added);
-        self.unwind_deferred();
-        added
-    }
-
-    /// Takes in the tables the worker finished and reloads the live processes that map
-    /// them (their mapping tables point at the new objects then); returns whether any
-    /// build finished.
-    fn reload_built(&mut self, added: &mut Vec<u32>) -> bool {
-        let built = self.store.poll_builds();
-        for &pid in &built {
-            if self.is_alive(pid) {
-                self.load(pid, added, true);
-            }
-        }
-        !built.is_empty()
-    }
-
-    /// Reloads `pid` for new mappings now if its throttle allows, else once when it does.
-    fn request_reload(&mut self, pid: u32, added: &mut Vec<u32>) {
-        if self.reload_due.contains_key(&pid) {
-            return;
-        }
-        let Some(p) = self.procs.get(&pid) else {
-            return self.load(pid, added, true);
-        };
-        let due = p.loaded_at + reload_wait(p.load_cost, p.reloads);
-        if due <= Instant::now() {
-            self.load(pid, added, true);
-        } else {
-            self.reload_due.insert(pid, due);
-        }
-    }
-
-    /// Runs the throttled reloads that are due.
-    fn run_due_reloads(&mut self, added: &mut Vec<u32>) {
-        if self.reload_due.is_empty() {
-            return;
-        }
-        let now = Instant::now();
-        let due: Vec<u32> = self
-            .reload_due
-            .iter()
-            .filter(|&(_, &at)| at <= now)
-            .map(|(&pid, _)| pid)
-            .collect();
-        for pid in due {
-            self.reload_due.remove(&pid);
-            if self.procs.get(&pid).is_some_and(|p| p.exited_at.is_none()) {
-                self.load(pid, added, true);
-            }
-        }
-    }
-
-    /// When the next throttled reload is due (call `handle_events` then).
-    pub fn next_reload_due(&self) -> Option<Instant> {
-        self.reload_due.values().min().copied()
-    }
-
-    /// Loads processes first seen through a miss, for at most `PENDING_BUDGET` per call
-    /// (a process with a huge object must not hold up exec and exit handling).
-    /// The busiest waiting process (most samples seen) first: on a busy host the queue
-    /// can be long, and a hot process must not wait behind processes sampled once.
-    /// Between loads, the kernel's deferred samples are moved into the backlog, so that
-    /// a long load does not let the kernel's ring overflow.
-    fn load_pending(&mut self, added: &mut Vec<u32>) {
-        let started = Instant::now();
-        let weight = &self.pending_weight;
-        self.pending
-            .make_contiguous()
-            .sort_by_key(|pid| std::cmp::Reverse(weight.get(pid).copied().unwrap_or(0)));
-        while started.elapsed() < PENDING_BUDGET {
-            let Some(pid) = self.pending.pop_front() else {
-                break;
-            };
-            self.pending_weight.remove(&pid);
-            if self.procs.get(&pid).is_none_or(|p| p.exited_at.is_some()) && !self.is_own_child(pid)
-            {
-                self.load(pid, added, true);
-                self.drain_deferred_ring();
-            }
-        }
-    }
-
-    /// Queues `pid` for its first load, or counts one more sample of it if queued.
-    fn queue_first_load(&mut self, pid: u32) {
-        let w = self.pending_weight.entry(pid).or_insert(0);
-        if *w == 0 {
-            self.pending.push_back(pid);
-        }
-        *w = w.saturating_add(1);
-    }
-
-    /// A child of the profiler that has not exec'd yet (its image is the profiler's own:
-    /// loading it would only slow the loop; its exec event follows).
-    fn is_own_child(&self, pid: u32) -> bool {
-        self.own_exe.is_some()
-            && std::fs::read_link(format!("/proc/{pid}/exe")).ok() == self.own_exe
-    }
-
-    /// Processes waiting for their first load, or events not handled yet (call
-    /// `handle_events` again soon).
-    pub fn has_pending(&self) -> bool {
-        !self.pending.is_empty() || self.events_left
-    }
-
     fn is_listed(&self, pid: u32) -> bool {
         self.targets.get(&pid, 0).is_ok()
-    }
-
-    /// (Re)loads `pid`'s mapping table; a reload within `RELOAD_INTERVAL` of the last is
-    /// deferred to `maintain` unless `now` (exec, fork: the table is missing).
-    fn load(&mut self, pid: u32, added: &mut Vec<u32>, now: bool) {
-        self.load_as(pid, added, now, false);
-    }
-
-    /// `load`; `renamed`: the process exec'd (its command name changed).
-    fn load_as(&mut self, pid: u32, added: &mut Vec<u32>, now: bool, renamed: bool) {
-        if pid == std::process::id() {
-            return;
-        }
-        if let Some(p) = self.procs.get(&pid)
-            && p.exited_at.is_none()
-            && !now
-            && p.loaded_at.elapsed() < RELOAD_INTERVAL
-        {
-            return;
-        }
-        let new = self.procs.get(&pid).is_none_or(|p| p.exited_at.is_some());
-        let started = Instant::now();
-        let refreshed = self.store.refresh_process(pid, Build::Background);
-        let load_cost = started.elapsed();
-        match refreshed {
-            Ok(report) if !report.maps.is_empty() => {
-                log::debug!(
-                    "pid {pid}: {} executable mappings loaded in {load_cost:?} ({})",
-                    report.maps.len(),
-                    if renamed { "exec" } else { "reload" }
-                );
-                let build_time = report.build_time;
-                self.lifecycle.process_loads += 1;
-                self.load_retries.remove(&pid);
-                let (info, reloads) = match self.procs.remove(&pid) {
-                    // A reload without exec: same command and namespace.
-                    Some(p) if !new && !renamed => (
-                        TargetInfo {
-                            maps: report.maps,
-                            ..p.info
-                        },
-                        p.reloads.saturating_add(1),
-                    ),
-                    _ => (target_info(pid, report.maps), 0),
-                };
-                self.procs.insert(
-                    pid,
-                    Proc {
-                        info,
-                        exited_at: None,
-                        loaded_at: Instant::now(),
-                        // What reloading it costs: building the tables of objects seen
-                        // for the first time is paid once, not at every reload (a new
-                        // process on a cold cache would otherwise wait seconds for the
-                        // reload after its first dlopen, and exit first).
-                        load_cost: load_cost.saturating_sub(build_time),
-                        reloads,
-                    },
-                );
-                if new {
-                    added.push(pid);
-                }
-            }
-            // No maps, but alive and not a zombie: read in the middle of an exec (the
-            // event of an earlier exec handled while the next one runs). Try again
-            // shortly, a few times, instead of taking it for exited.
-            // A process already seen exiting is not retried (it may read empty while
-            // its exit runs, before it is a zombie).
-            Ok(_) | Err(_)
-                if self.procs.get(&pid).is_some_and(|p| p.exited_at.is_none())
-                    && procfs::alive_not_zombie(pid)
-                    && self.load_retries.get(&pid).copied().unwrap_or(0) < MAX_LOAD_RETRIES =>
-            {
-                // The empty table just installed goes; the retry installs the real one.
-                self.store.forget_process(pid);
-                *self.load_retries.entry(pid).or_default() += 1;
-                self.reload_due
-                    .entry(pid)
-                    .or_insert_with(|| Instant::now() + RELOAD_INTERVAL);
-            }
-            // No maps: a zombie (or gone). Keep what we knew for symbolization.
-            Ok(_) | Err(_) => {
-                log::debug!("pid {pid}: no mappings to load, taken for exited");
-                self.lifecycle.load_failures += 1;
-                self.load_retries.remove(&pid);
-                // Its deferred samples are walked while its tables are still there.
-                self.unwind_deferred();
-                self.store.forget_process(pid);
-                if !procfs::exists(pid) || self.procs.contains_key(&pid) {
-                    self.exited(pid);
-                }
-            }
-        }
-    }
-
-    /// `pid` exited: release its tables, keep its mappings for symbolization.
-    fn exited(&mut self, pid: u32) {
-        // Samples it left in the kernel's deferred ring are walked with its tables
-        // before they go (a short process can exit while its first load runs).
-        self.unwind_deferred();
-        self.store.forget_process(pid);
-        self.reload_due.remove(&pid);
-        self.load_retries.remove(&pid);
-        let _ = self.targets.remove(&pid);
-        if let Some(p) = self.procs.get_mut(&pid)
-            && p.exited_at.is_none()
-        {
-            p.exited_at = Some(Instant::now());
-            // Symbolization needs only the executable mappings.
-            p.info.maps.retain(|m| m.executable);
-            p.info.maps.shrink_to_fit();
-            self.newly_exited.push(pid);
-            self.exited_order.push_back(pid);
-        }
-        // Past the limit by a tenth, forget the oldest exited processes with their
-        // samples down to the limit, so memory stays bounded under endless churn (in
-        // batches: dropping their counts walks all counts).
-        if self.exited_order.len() > self.max_exited + self.max_exited / 10 {
-            let mut gone = HashSet::new();
-            while self.exited_order.len() > self.max_exited {
-                let Some(old) = self.exited_order.pop_front() else {
-                    break;
-                };
-                if self.procs.get(&old).is_some_and(|p| p.exited_at.is_some()) {
-                    self.procs.remove(&old);
-                    gone.insert(old);
-                }
-            }
-            self.counts.forget(&gone);
-        }
     }
 
     /// When the event loop must step again without a ring buffer event: now (pending
@@ -1250,21 +891,5 @@ impl Profiler {
     pub fn program_stats_of(&self, name: &str) -> Option<(u64, u64)> {
         let info = self.ebpf.program(name)?.info().ok()?;
         Some((info.run_time().as_nanos() as u64, info.run_count()))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_first_reload_after_an_exec_waits_for_nothing_later_ones_pay_their_cost() {
-        let slow = Duration::from_millis(100);
-        assert_eq!(reload_wait(slow, 0), Duration::ZERO);
-        assert_eq!(reload_wait(Duration::ZERO, 1), RELOAD_INTERVAL);
-        // Nine times the cost: reloading takes at most a tenth of the time.
-        let w = reload_wait(slow, 1);
-        assert!((w.as_secs_f64() - 0.9).abs() < 1e-6, "{w:?}");
-        assert_eq!(reload_wait(slow, 7), w);
     }
 }
