@@ -68,14 +68,14 @@ fn whole_system_profiling_keeps_up_with_process_churn() {
     // first load. Settled when no table was loaded for 2 s (at most 60 s: objects
     // evicted and loaded again would never settle).
     let settling = Instant::now();
-    let (mut loads, mut since) = (profiler.store().stats.loads, Instant::now());
+    let (mut loads, mut since) = (profiler.store().stats().loads, Instant::now());
     while since.elapsed() < Duration::from_secs(2) && settling.elapsed() < Duration::from_secs(60) {
         pump(&mut profiler, Duration::from_millis(100));
-        if profiler.store().stats.loads != loads {
-            (loads, since) = (profiler.store().stats.loads, Instant::now());
+        if profiler.store().stats().loads != loads {
+            (loads, since) = (profiler.store().stats().loads, Instant::now());
         }
     }
-    let before = profiler.lifecycle;
+    let before = profiler.lifecycle();
     let (tx, rx) = mpsc::channel();
     let workload = {
         let exe = exe.clone();
@@ -120,7 +120,7 @@ fn whole_system_profiling_keeps_up_with_process_churn() {
         "{PROCESSES} processes in {elapsed:?}: {good} of {all} samples complete through \
          churn_work ({:.1}%), {total} symbolized; lifecycle {:?}; others:\n{bad}",
         100.0 * share,
-        profiler.lifecycle
+        profiler.lifecycle()
     );
     assert!(all >= 1000, "too few samples of the churn processes: {all}");
     // Issue 20's floor for processes living 100 ms or more: 90 % complete. These spin
@@ -146,9 +146,9 @@ fn whole_system_profiling_keeps_up_with_process_churn() {
     );
     // (Exits seen during the churn, not while settling.)
     assert!(
-        profiler.lifecycle.exits - before.exits >= PROCESSES as u64 / 2,
+        profiler.lifecycle().exits - before.exits >= PROCESSES as u64 / 2,
         "{:?}",
-        profiler.lifecycle
+        profiler.lifecycle()
     );
 }
 
@@ -281,7 +281,11 @@ fn follows_libraries_opened_with_dlopen_after_the_start() {
         bases[0], bases[1],
         "the library came back at the same address"
     );
-    assert!(profiler.lifecycle.mmaps >= 2, "{:?}", profiler.lifecycle);
+    assert!(
+        profiler.lifecycle().mmaps >= 2,
+        "{:?}",
+        profiler.lifecycle()
+    );
 }
 
 const CONTAINER_SOURCE: &str = r#"
@@ -477,9 +481,13 @@ fn a_small_table_budget_evicts_unused_objects_and_stays_correct() {
         (good, total, bad, samples_floor(cpu, 499))
     };
     let (good_a, total_a, bad_a, floor_a) = run(&mut profiler, &a);
-    assert_eq!(profiler.store().stats.evictions, 0, "nothing to evict yet");
+    assert_eq!(
+        profiler.store().stats().evictions,
+        0,
+        "nothing to evict yet"
+    );
     let (good_b, total_b, bad_b, floor_b) = run(&mut profiler, &b);
-    let stats = profiler.store().stats;
+    let stats = profiler.store().stats();
     eprintln!(
         "budget {bytes} bytes ({wanted} rows): A {good_a}/{total_a}, B {good_b}/{total_b}; {stats:?}"
     );
@@ -655,7 +663,7 @@ fn a_restart_loads_tables_from_the_disk_cache() {
     let stores = {
         let mut first = Profiler::start_with(cached(&dir)).expect("start");
         first.add_target(pid).expect("tables");
-        let stats = first.store().cache.as_ref().expect("cache").stats;
+        let stats = first.store().cache().expect("cache").stats;
         assert_eq!(stats.hits, 0, "{stats:?}");
         assert!(
             stats.stores >= 3,
@@ -665,7 +673,7 @@ fn a_restart_loads_tables_from_the_disk_cache() {
     };
     let mut second = Profiler::start_with(cached(&dir)).expect("restart");
     second.add_target(pid).expect("tables");
-    let stats = second.store().cache.as_ref().expect("cache").stats;
+    let stats = second.store().cache().expect("cache").stats;
     assert_eq!((stats.hits, stats.stores), (stores, 0), "{stats:?}");
     let before = second.collect();
     let cpu = pump_cpu(&mut second, pid, 0.6);
@@ -841,19 +849,20 @@ fn large_objects_are_built_off_the_event_loop_and_then_used() {
     // The build runs on the worker while the spinner runs: wait for it (bounded by the
     // spinner's CPU, not by wall time).
     let mut cpu = 0.0;
-    while profiler.store().stats.background_builds == 0 || profiler.store().builds_in_flight() > 0 {
+    while profiler.store().stats().background_builds == 0 || profiler.store().builds_in_flight() > 0
+    {
         cpu += pump_cpu(&mut profiler, pid, 0.1);
         assert!(
             cpu < 20.0,
             "the build did not finish while the spinner used {cpu:.1} s of CPU: {:?}",
-            profiler.store().stats
+            profiler.store().stats()
         );
     }
     // It was hashed on the worker too, not on the loop (its first sight).
     assert!(
-        profiler.store().stats.background_identifications >= 1,
+        profiler.store().stats().background_identifications >= 1,
         "{:?}",
-        profiler.store().stats
+        profiler.store().stats()
     );
     let before = profiler.collect();
     let cpu = pump_cpu(&mut profiler, pid, 0.5);
@@ -1005,7 +1014,7 @@ fn a_process_that_exits_while_its_table_is_built_keeps_its_stacks() {
     eprintln!(
         "{deferred} deferred, {lost} lost to a full ring, {waiting} waited past the exit; \
          outcomes {outcomes:?}; lifecycle {:?}",
-        profiler.lifecycle
+        profiler.lifecycle()
     );
     assert!(
         unknown <= lost,
@@ -1375,13 +1384,13 @@ fn samples_of_a_zombie_are_walked_once_not_retried_every_round() {
             "{z} is a zombie"
         );
     }
-    let failures_before = profiler.lifecycle.load_failures;
+    let failures_before = profiler.lifecycle().load_failures;
     const ROUNDS: u64 = 100;
     for _ in 0..ROUNDS {
         profiler.handle_events();
         thread::sleep(Duration::from_millis(5));
     }
-    let failures = profiler.lifecycle.load_failures - failures_before;
+    let failures = profiler.lifecycle().load_failures - failures_before;
     let waiting = profiler.deferred_waiting();
     let snap = profiler.collect();
     let deferred = snap.counters[sframe_common::Counter::Deferred as usize];
@@ -1457,7 +1466,7 @@ fn the_table_maps_leave_the_profiler_when_idle_and_return_for_deferred_walks() {
     // after TABLE_MAPPING_IDLE of the loop's time (a deadline far past it, not a
     // measurement).
     let idle_since = Instant::now();
-    while profiler.store().tables.mapped_bytes() > 0 {
+    while profiler.store().tables().mapped_bytes() > 0 {
         profiler.poll(Duration::from_millis(100));
         assert!(
             idle_since.elapsed() < Duration::from_secs(120),
@@ -1491,11 +1500,10 @@ fn the_table_maps_leave_the_profiler_when_idle_and_return_for_deferred_walks() {
     assert!(
         !profiler
             .store_mut()
-            .tables
-            .unmap_if_idle(sframe_user::profiler::TABLE_MAPPING_IDLE)
+            .unmap_tables_if_idle(sframe_user::profiler::TABLE_MAPPING_IDLE)
     );
     // Mapped again, only the chunks these walks read (not the 19 MB of both arrays).
-    let mapped = profiler.store().tables.mapped_bytes();
+    let mapped = profiler.store().tables().mapped_bytes();
     assert!(
         mapped > 0 && mapped <= 4 << 20,
         "{mapped} bytes of the table maps mapped"

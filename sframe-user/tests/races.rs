@@ -168,13 +168,13 @@ fn a_library_replaced_on_disk_while_mapped_is_unwound_with_the_mapped_file() {
     thread::sleep(Duration::from_millis(20));
     rewrite_in_place(&a, &lib);
     assert_eq!(inode(&lib), inode_b, "rewritten in place");
-    let changed_before = late.store().stats.files_changed;
+    let changed_before = late.store().stats().files_changed;
     let third = spawn();
     thread::sleep(Duration::from_millis(50));
     late.add_target(third.pid())
         .expect("tables of the third process");
     assert!(
-        late.store().stats.files_changed > changed_before,
+        late.store().stats().files_changed > changed_before,
         "the rewritten file was not noticed"
     );
     check_spinners(
@@ -244,7 +244,7 @@ fn full_kernel_maps_are_counted_and_profiling_goes_on() {
         .collect();
     eprintln!("in the kernel map: {in_kernel:?}; without room: {without:?}");
     assert_eq!(without.len(), 2, "two of four fit in a map of two");
-    assert!(profiler.store().stats.process_table_full >= 2);
+    assert!(profiler.store().stats().process_table_full >= 2);
 
     // Several windows: each collection empties STACKS and COUNTS, which overflow again.
     let mut last = profiler.collect();

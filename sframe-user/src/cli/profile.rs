@@ -428,7 +428,7 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
     profiler.flush_deferred(DEFERRED_FLUSH);
     // Table cache files still queued are written before the process ends (command mode
     // ends with `exit`, which runs no destructor).
-    if let Some(cache) = &profiler.store().cache {
+    if let Some(cache) = profiler.store().cache() {
         cache.flush();
     }
     let snap = profiler.collect();

@@ -208,7 +208,7 @@ pub struct StoreStats {
 /// process refers to stay loaded (a new process of the same program needs them) until
 /// room is needed, then the least recently used go first.
 pub struct ObjectStore {
-    pub tables: KernelTables,
+    tables: KernelTables,
     objects: HashMap<ObjectKey, ObjectInfo>,
     /// (dev, inode, path) of a mapped file → its key and the file's stamp when it was
     /// read, so a file is read once, and again when it was rewritten in place.
@@ -217,7 +217,7 @@ pub struct ObjectStore {
     processes: HashMap<u32, Installed>,
     options: ObjTableOptions,
     /// Flattened tables on disk, by build-id (`--cache-dir`).
-    pub cache: Option<crate::cache::TableCache>,
+    cache: Option<crate::cache::TableCache>,
     /// Derives the tables of large objects off the event loop.
     worker: Option<Worker>,
     /// Objects on the worker, and the processes to reload when they are done.
@@ -229,8 +229,8 @@ pub struct ObjectStore {
     /// Time spent building tables on the calling thread, in all.
     build_time: Duration,
     /// Objects whose table could not be built or loaded.
-    pub failed_objects: u64,
-    pub stats: StoreStats,
+    failed_objects: u64,
+    stats: StoreStats,
     /// Processes whose mapping table found the kernel map full, with the number of
     /// processes removed from it at that time: trying again is useless until one more
     /// has been removed.
@@ -368,6 +368,40 @@ impl ObjectStore {
             self.stats.evictions += 1;
         }
         true
+    }
+
+    /// What the store did since it was created.
+    pub fn stats(&self) -> StoreStats {
+        self.stats
+    }
+
+    /// The kernel tables the objects live in.
+    pub fn tables(&self) -> &KernelTables {
+        &self.tables
+    }
+
+    /// The disk cache of flattened tables (`--cache-dir`), if any.
+    pub fn cache(&self) -> Option<&crate::cache::TableCache> {
+        self.cache.as_ref()
+    }
+
+    /// From now on the cache's files are written by its own thread (the loop must not
+    /// wait for the disk).
+    pub fn write_cache_in_background(&mut self) {
+        if let Some(cache) = self.cache.as_mut() {
+            cache.write_in_background();
+        }
+    }
+
+    /// Drops the profiler's mappings of the table maps if unused for `idle` (see
+    /// [`KernelTables::unmap_if_idle`]); whether they were.
+    pub fn unmap_tables_if_idle(&mut self, idle: Duration) -> bool {
+        self.tables.unmap_if_idle(idle)
+    }
+
+    /// Uses `cache` for tables from now on.
+    pub fn set_cache(&mut self, cache: crate::cache::TableCache) {
+        self.cache = Some(cache);
     }
 
     /// What the exporters report of the store.

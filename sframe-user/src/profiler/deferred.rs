@@ -257,7 +257,7 @@ impl Profiler {
                 _ => None,
             };
             let entries = self.store.process_entries(rec.pid).or(exited);
-            let (st, outcome) = walk_record(&rec, entries, &self.store.tables);
+            let (st, outcome) = walk_record(&rec, entries, self.store.tables());
             // A PC in a mapping made after the process's tables were read (dlopen): its
             // mmap event reloads the process; wait for that as for a first load.
             let retry = outcome == WalkOutcome::NoMapping

@@ -275,7 +275,7 @@ pub struct Profiler {
     last_liveness_check: Instant,
     /// When `step` last ran the periodic work.
     last_maintain: Instant,
-    pub lifecycle: LifecycleStats,
+    lifecycle: LifecycleStats,
     frequency: u64,
     links: Vec<PerfEventLinkId>,
     /// Samples on CPU (perf events attached).
@@ -359,7 +359,7 @@ impl Profiler {
         let mut store = ObjectStore::new(tables);
         if let Some(dir) = &config.cache_dir {
             match crate::cache::TableCache::open(dir) {
-                Ok(cache) => store.cache = Some(cache),
+                Ok(cache) => store.set_cache(cache),
                 Err(err) => log::error!("{err}"),
             }
         }
@@ -593,9 +593,7 @@ impl Profiler {
     pub fn step(&mut self) -> Vec<u32> {
         // The loop runs: loads from here on must not wait for the disk (and the start,
         // with `--drop-privileges`, is over: threads may start).
-        if let Some(cache) = self.store.cache.as_mut() {
-            cache.write_in_background();
-        }
+        self.store.write_cache_in_background();
         let mut added = self.handle_events();
         if self.last_maintain.elapsed() >= MAINTAIN_INTERVAL {
             self.last_maintain = Instant::now();
@@ -634,7 +632,7 @@ impl Profiler {
     /// liveness check that catches exits whose events were lost.
     pub fn maintain(&mut self) -> Vec<u32> {
         let mut added = Vec::new();
-        self.store.tables.unmap_if_idle(TABLE_MAPPING_IDLE);
+        self.store.unmap_tables_if_idle(TABLE_MAPPING_IDLE);
         if self.reload_built(&mut added) {
             // Deferred samples that waited for these tables (exited processes' too).
             self.unwind_deferred();
@@ -674,10 +672,15 @@ impl Profiler {
         v
     }
 
+    /// What the profiler saw of processes' lives so far.
+    pub fn lifecycle(&self) -> LifecycleStats {
+        self.lifecycle
+    }
+
     /// Cumulative lifecycle and table counters, for metrics.
     pub fn fleet_counters(&self) -> Vec<(&'static str, u64)> {
         let l = self.lifecycle;
-        let t = self.store.stats;
+        let t = self.store.stats();
         vec![
             ("exec", l.execs),
             ("exit", l.exits),
@@ -700,21 +703,18 @@ impl Profiler {
             ("process_table_full", t.process_table_full),
             ("count_folded", self.counts.folded()),
             ("kernel_stack_dropped", self.kernel_stacks.dropped),
-            (
-                "cache_hit",
-                self.store.cache.as_ref().map_or(0, |c| c.stats.hits),
-            ),
+            ("cache_hit", self.store.cache().map_or(0, |c| c.stats.hits)),
             (
                 "cache_miss",
-                self.store.cache.as_ref().map_or(0, |c| c.stats.misses),
+                self.store.cache().map_or(0, |c| c.stats.misses),
             ),
             (
                 "cache_store",
-                self.store.cache.as_ref().map_or(0, |c| c.stats.stores),
+                self.store.cache().map_or(0, |c| c.stats.stores),
             ),
             (
                 "cache_rejected",
-                self.store.cache.as_ref().map_or(0, |c| c.stats.rejected),
+                self.store.cache().map_or(0, |c| c.stats.rejected),
             ),
         ]
     }
@@ -808,7 +808,7 @@ impl Profiler {
 
     /// Pids with a mapping table in the kernel.
     pub fn kernel_processes(&self) -> Vec<u32> {
-        self.store.tables.process_ids()
+        self.store.tables().process_ids()
     }
 
     /// The name of thread `tid`, if it was read when its samples were collected.
