@@ -11,7 +11,7 @@ use object::read::elf::{ElfFile64, FileHeader, ProgramHeader, SectionHeader};
 use object::{Endianness, Object, ObjectSection};
 
 use super::cfi::SectionData;
-use super::error::{CfiSection, EhFrameError, Warning};
+use super::error::{CfiSection, DecompressError, EhFrameError, Warning};
 use super::plt::{PltKind, PltSection};
 use crate::table::Arch;
 
@@ -94,7 +94,7 @@ pub(crate) fn parse<'a>(data: &'a [u8]) -> Result<ElfCfi<'a>, EhFrameError> {
                 Ok(data) => out.compressed_debug_frame = Some(CompressedSection { data, address }),
                 Err(_) => out.warnings.push(Warning::Compressed {
                     section: CfiSection::DebugFrame,
-                    reason: "unreadable compression header".into(),
+                    reason: DecompressError::Header,
                 }),
             },
             ".debug_frame" => out.debug_frame = sd,
@@ -135,12 +135,13 @@ pub(crate) struct CompressedSection<'a> {
 
 impl CompressedSection<'_> {
     /// The section's bytes, or why they cannot be had.
-    pub fn decompress(&self) -> Result<Vec<u8>, String> {
+    pub fn decompress(&self) -> Result<Vec<u8>, DecompressError> {
         let size = self.data.uncompressed_size;
         if size > MAX_DECOMPRESSED_BYTES {
-            return Err(format!(
-                "{size} bytes decompressed, more than the limit of {MAX_DECOMPRESSED_BYTES}"
-            ));
+            return Err(DecompressError::TooLarge {
+                size,
+                limit: MAX_DECOMPRESSED_BYTES,
+            });
         }
         let CompressedData { format, data, .. } = self.data;
         let bytes = CompressedData {
@@ -149,12 +150,12 @@ impl CompressedSection<'_> {
             uncompressed_size: size,
         }
         .decompress()
-        .map_err(|e| format!("{format:?}: {e}"))?;
+        .map_err(|source| DecompressError::Corrupt { format, source })?;
         if bytes.len() as u64 != size {
-            return Err(format!(
-                "decompressed to {} bytes, the header says {size}",
-                bytes.len()
-            ));
+            return Err(DecompressError::WrongSize {
+                got: bytes.len() as u64,
+                size,
+            });
         }
         Ok(bytes.into_owned())
     }
@@ -258,7 +259,11 @@ mod tests {
 
     use super::*;
 
-    fn section(format: CompressionFormat, data: &[u8], size: u64) -> Result<Vec<u8>, String> {
+    fn section(
+        format: CompressionFormat,
+        data: &[u8],
+        size: u64,
+    ) -> Result<Vec<u8>, DecompressError> {
         CompressedSection {
             data: CompressedData {
                 format,
@@ -273,7 +278,10 @@ mod tests {
     #[test]
     fn a_huge_announced_size_is_refused_before_allocating() {
         let err = section(CompressionFormat::Zlib, &[0x78, 0x9c, 3, 0], 1 << 40).unwrap_err();
-        assert!(err.contains("more than the limit"), "{err}");
+        assert!(
+            matches!(err, DecompressError::TooLarge { size, .. } if size == 1 << 40),
+            "{err}"
+        );
     }
 
     #[test]

@@ -26,7 +26,7 @@ impl fmt::Display for CfiSection {
 }
 
 /// Failures that stop the derivation for a whole object.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum EhFrameError {
     #[error("not a readable 64-bit ELF file")]
     Elf(#[source] object::read::Error),
@@ -125,9 +125,17 @@ pub enum Warning {
     #[error(".eh_frame_hdr unusable ({source}); walked .eh_frame linearly")]
     HdrUnusable { source: gimli::Error },
     #[error("{section} is compressed and could not be decompressed: {reason}")]
-    Compressed { section: CfiSection, reason: String },
+    Compressed {
+        section: CfiSection,
+        #[source]
+        reason: DecompressError,
+    },
     #[error("separate debug file {path}: {reason}")]
-    DebugFile { path: PathBuf, reason: String },
+    DebugFile {
+        path: PathBuf,
+        #[source]
+        reason: DebugFileError,
+    },
     #[error("{section} at {address:#x}: unrecognized PLT layout, not synthesized")]
     PltLayout { section: &'static str, address: u64 },
     #[error(
@@ -135,4 +143,38 @@ pub enum Warning {
         limit = crate::table::MAX_TABLE_RULES
     )]
     RuleLimit { rows: u64 },
+}
+
+/// Why a compressed section's bytes could not be had.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DecompressError {
+    #[error("unreadable compression header")]
+    Header,
+    #[error("{size} bytes decompressed, more than the limit of {limit}")]
+    TooLarge { size: u64, limit: u64 },
+    #[error("{format:?}: {source}")]
+    Corrupt {
+        format: object::CompressionFormat,
+        #[source]
+        source: object::read::Error,
+    },
+    #[error("decompressed to {got} bytes, the header says {size}")]
+    WrongSize { got: u64, size: u64 },
+}
+
+/// Why a separate debug file found for an object was not used.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DebugFileError {
+    #[error("larger than {limit} bytes")]
+    TooLarge { limit: u64 },
+    #[error("cannot be read: {0}")]
+    Read(std::io::ErrorKind),
+    #[error(transparent)]
+    Parse(EhFrameError),
+    #[error("architecture differs from the object")]
+    OtherArchitecture,
+    #[error("CRC-32 {found:#010x} differs from the .gnu_debuglink's {expected:#010x}")]
+    Crc { found: u32, expected: u32 },
+    #[error("build-id differs from the object's")]
+    OtherBuildId,
 }

@@ -27,7 +27,9 @@ mod stats;
 use std::path::{Path, PathBuf};
 
 pub use cfi::{MAX_FDES, SectionData};
-pub use error::{CfiSection, EhFrameError, FdeError, SkipReason, Warning};
+pub use error::{
+    CfiSection, DebugFileError, DecompressError, EhFrameError, FdeError, SkipReason, Warning,
+};
 pub use plt::{PltKind, PltSection};
 pub use stats::{CategoryCount, DeriveStats, MAX_KEPT_ERRORS, RowCategory};
 
@@ -122,11 +124,11 @@ pub fn derive_from_elf_with(data: &[u8], options: &DeriveOptions) -> Result<Deri
             }
             Ok(_) => warnings.push(Warning::DebugFile {
                 path: path.clone(),
-                reason: "architecture differs from the object".into(),
+                reason: DebugFileError::OtherArchitecture,
             }),
             Err(e) => warnings.push(Warning::DebugFile {
                 path: path.clone(),
-                reason: e.to_string(),
+                reason: DebugFileError::Parse(e),
             }),
         }
     }
@@ -265,7 +267,9 @@ fn read_debug_file(
         if meta.len() > MAX_DEBUG_FILE_BYTES {
             warnings.push(Warning::DebugFile {
                 path,
-                reason: format!("larger than {MAX_DEBUG_FILE_BYTES} bytes"),
+                reason: DebugFileError::TooLarge {
+                    limit: MAX_DEBUG_FILE_BYTES,
+                },
             });
             continue;
         }
@@ -274,7 +278,7 @@ fn read_debug_file(
             Err(e) => {
                 warnings.push(Warning::DebugFile {
                     path,
-                    reason: e.to_string(),
+                    reason: DebugFileError::Read(e.kind()),
                 });
                 continue;
             }
@@ -290,10 +294,10 @@ fn read_debug_file(
                 Some(crc) if crc32fast::hash(&bytes) != crc => {
                     warnings.push(Warning::DebugFile {
                         path,
-                        reason: format!(
-                            "CRC-32 {:#010x} differs from the .gnu_debuglink's {crc:#010x}",
-                            crc32fast::hash(&bytes)
-                        ),
+                        reason: DebugFileError::Crc {
+                            found: crc32fast::hash(&bytes),
+                            expected: crc,
+                        },
                     });
                     continue;
                 }
@@ -303,7 +307,7 @@ fn read_debug_file(
         if !id_matches {
             warnings.push(Warning::DebugFile {
                 path,
-                reason: "build-id differs from the object's".into(),
+                reason: DebugFileError::OtherBuildId,
             });
             continue;
         }
