@@ -1065,13 +1065,13 @@ fn samples_waiting_at_the_end_are_walked_with_the_table_built_meanwhile() {
         SHORT_LARGE_SOURCE,
         &["-O2", "-fomit-frame-pointer"],
     );
-    let spec = TargetSpec {
-        all: true,
-        ..TargetSpec::default()
-    };
-    let mut profiler = Profiler::start_with(config(499, spec)).expect("start");
+    // A cgroup target, deferred from its first instruction like a new process in
+    // whole-system mode, but alone: with every build held, whole-system mode under
+    // `cargo xtask stress` filled the backlog's 1,024 places with the compile loop's
+    // samples (all waiting for their builds) and this process's were walked at once.
+    let (cgroup, mut profiler) = profiler_of_own_cgroup("sframe-end-wait");
     profiler.store_mut().hold_builds(true);
-    let child = KillOnDrop::spawn(Command::new(&exe).stdin(Stdio::piped()));
+    let child = spawn_in_cgroup(&cgroup, &exe, Stdio::piped());
     let pid = child.pid();
     // It spins 0.3 s of CPU, then waits on its stdin (alive, no more samples); the loop
     // does not run meanwhile: every sample is deferred.
@@ -1098,7 +1098,6 @@ fn samples_waiting_at_the_end_are_walked_with_the_table_built_meanwhile() {
         "built on the worker ({} builds in flight)",
         profiler.store().builds_in_flight()
     );
-    // Its own (whole-system mode: on a busy host other new processes wait too).
     let waiting = profiler.deferred_waiting_of(pid);
     assert!(waiting > 0, "its samples wait for the table");
     // The profile ends: the build finishes while the end waits for it.
@@ -1478,6 +1477,28 @@ fn the_table_maps_leave_the_profiler_when_idle_and_return_for_deferred_walks() {
     // kernel already), so only the deferred walks can map the arrays again.
     let second = spawn_in_cgroup(&cgroup, &exe, Stdio::null());
     let cpu = support::hostile::wait_cpu(second.pid(), 0.2, || {});
+    // Its load, and in the same step the walks of the samples it left: they map back
+    // the chunks they read. (Not until none waits: one taken in `sh` before the exec
+    // finds no mapping in the new image and waits DEFERRED_PATIENCE for a reload.)
+    let started = Instant::now();
+    while profiler.store().process_entries(second.pid()).is_none() {
+        profiler.poll(Duration::from_millis(10));
+        assert!(started.elapsed() < Duration::from_secs(120), "never loaded");
+    }
+    // Just used: not unmapped. (Asserted now: the walks are done with the first steps
+    // after its load, and under `cargo xtask stress` the rest of this test can take
+    // longer than TABLE_MAPPING_IDLE, after which unmapping them is right.)
+    assert!(
+        !profiler
+            .store_mut()
+            .unmap_tables_if_idle(sframe_user::profiler::TABLE_MAPPING_IDLE)
+    );
+    // Mapped again, only the chunks these walks read (not the 19 MB of both arrays).
+    let mapped = profiler.store().tables().mapped_bytes();
+    assert!(
+        mapped > 0 && mapped <= 4 << 20,
+        "{mapped} bytes of the table maps mapped"
+    );
     let cpu = cpu + pump_cpu(&mut profiler, second.pid(), 0.1);
     let after = profiler.collect();
     let deferred = after.counters[sframe_common::Counter::Deferred as usize]
@@ -1494,19 +1515,6 @@ fn the_table_maps_leave_the_profiler_when_idle_and_return_for_deferred_walks() {
     assert!(
         deferred * 2 >= total,
         "{deferred} of {total} samples deferred: the test's subject is their walk"
-    );
-    // Just used: not unmapped (the idle time counts from the last use, not from a
-    // moment this test could observe: the first process's load came before `idle_since`).
-    assert!(
-        !profiler
-            .store_mut()
-            .unmap_tables_if_idle(sframe_user::profiler::TABLE_MAPPING_IDLE)
-    );
-    // Mapped again, only the chunks these walks read (not the 19 MB of both arrays).
-    let mapped = profiler.store().tables().mapped_bytes();
-    assert!(
-        mapped > 0 && mapped <= 4 << 20,
-        "{mapped} bytes of the table maps mapped"
     );
     assert_complete("deferred after idle", (good, total, &bad), cpu, 499, 0.95);
 }
