@@ -3,7 +3,7 @@
 //! identified then derived off the loop), from the disk cache when it has them, then
 //! flattened and copied into the kernel.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::{
     Build, ObjectError, ObjectInfo, ObjectStore, RETRY_FULL,
@@ -150,15 +150,32 @@ pub(super) enum Done {
     },
 }
 
-/// The jobs waiting for the build thread, and whether its owner is gone.
+/// How long a job may wait while others go first: past it the oldest job goes next, so
+/// a stream of small new objects (which any user can make) cannot starve a large one.
+const MAX_JOB_WAIT: Duration = Duration::from_secs(2);
+
+/// The job to take among `jobs` (each one's [`Job::order`] and when it was queued): the
+/// oldest if it has waited `MAX_JOB_WAIT`, else the first in order.
+fn pick(jobs: impl Iterator<Item = ((u8, usize), Instant)> + Clone, now: Instant) -> Option<usize> {
+    let (oldest, (_, at)) = jobs.clone().enumerate().min_by_key(|(_, (_, at))| *at)?;
+    if now.saturating_duration_since(at) >= MAX_JOB_WAIT {
+        return Some(oldest);
+    }
+    jobs.enumerate()
+        .min_by_key(|(_, (order, _))| *order)
+        .map(|(i, _)| i)
+}
+
+/// The jobs waiting for the build thread (with when each was queued), and whether its
+/// owner is gone.
 #[derive(Default)]
 pub(super) struct JobQueue {
-    jobs: Vec<Job>,
+    jobs: Vec<(Instant, Job)>,
     closed: bool,
 }
 
 /// One thread identifying and deriving objects off the event loop, from a bounded
-/// queue, smallest first.
+/// queue, smallest first (but none waits more than `MAX_JOB_WAIT` behind later ones).
 pub(super) struct Worker {
     queue: std::sync::Arc<(std::sync::Mutex<JobQueue>, std::sync::Condvar)>,
     done: std::sync::mpsc::Receiver<Done>,
@@ -226,14 +243,9 @@ impl Worker {
             if q.closed {
                 return None;
             }
-            let first = q
-                .jobs
-                .iter()
-                .enumerate()
-                .min_by_key(|(_, j)| j.order())
-                .map(|(i, _)| i);
-            if let Some(i) = first {
-                return Some(q.jobs.swap_remove(i));
+            let jobs = q.jobs.iter().map(|(at, j)| (j.order(), *at));
+            if let Some(i) = pick(jobs, Instant::now()) {
+                return Some(q.jobs.swap_remove(i).1);
             }
             q = ready
                 .wait(q)
@@ -250,7 +262,7 @@ impl Worker {
         if q.jobs.len() >= MAX_QUEUED_BUILDS {
             return false;
         }
-        q.jobs.push(job);
+        q.jobs.push((Instant::now(), job));
         ready.notify_one();
         true
     }
@@ -515,5 +527,30 @@ impl ObjectStore {
             }
         }
         info
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identifications_then_the_smallest_object_go_first_but_none_waits_for_ever() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        // A large build queued first, then a small build and an identification.
+        let jobs = [
+            ((1, 300 << 20), at(0)),
+            ((1, 2 << 20), at(10)),
+            ((0, 50 << 20), at(20)),
+        ];
+        assert_eq!(pick(jobs.iter().copied(), at(100)), Some(2));
+        let rest = [jobs[0], jobs[1]];
+        assert_eq!(pick(rest.iter().copied(), at(100)), Some(1));
+        // Small objects keep coming: once the large one has waited MAX_JOB_WAIT it goes.
+        let late = at(0) + MAX_JOB_WAIT;
+        let stream = [jobs[0], ((1, 1 << 20), late), ((0, 1 << 20), late)];
+        assert_eq!(pick(stream.iter().copied(), late), Some(0));
+        assert_eq!(pick(std::iter::empty(), late), None);
     }
 }
