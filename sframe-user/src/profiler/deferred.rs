@@ -27,12 +27,19 @@ use crate::{kmaps::KernelTables, procfs};
 const DEFERRED_PATIENCE: Duration = Duration::from_secs(10);
 /// Deferred samples kept waiting at most (16 KiB each).
 const MAX_DEFERRED_BACKLOG: usize = 1024;
+/// Of those, at most this many of one process: a process whose samples wait for a long
+/// build (a compiler's hundreds of MB, or a large file any user can map and spin in)
+/// cannot take every place and leave other new processes' samples to be walked at
+/// once, without their tables.
+const MAX_DEFERRED_PER_PROCESS: usize = MAX_DEFERRED_BACKLOG / 4;
 
 /// The kernel's ring of deferred samples and the samples taken from it that wait for
 /// their process's tables (with when they arrived).
 pub(super) struct DeferredQueue {
     ring: Option<RingBuf<MapData>>,
     backlog: VecDeque<(Instant, Box<DeferredSample>)>,
+    /// Samples waiting in `backlog`, per process.
+    per_process: StdHashMap<u32, usize>,
 }
 
 impl DeferredQueue {
@@ -40,6 +47,7 @@ impl DeferredQueue {
         Self {
             ring,
             backlog: VecDeque::new(),
+            per_process: StdHashMap::new(),
         }
     }
 
@@ -59,13 +67,15 @@ impl DeferredQueue {
         self.backlog.iter().map(|(_, rec)| rec.pid)
     }
 
-    /// Whether one more sample may wait.
-    fn has_room(&self) -> bool {
+    /// Whether one more sample of `pid` may wait.
+    fn has_room_for(&self, pid: u32) -> bool {
         self.backlog.len() < MAX_DEFERRED_BACKLOG
+            && self.per_process.get(&pid).copied().unwrap_or(0) < MAX_DEFERRED_PER_PROCESS
     }
 
     /// Puts a sample (back) to wait.
     fn wait(&mut self, seen: Instant, rec: Box<DeferredSample>) {
+        *self.per_process.entry(rec.pid).or_default() += 1;
         self.backlog.push_back((seen, rec));
     }
 
@@ -75,6 +85,7 @@ impl DeferredQueue {
         let ring = self.ring.as_mut()?;
         let now = Instant::now();
         let mut records: Vec<_> = std::mem::take(&mut self.backlog).into();
+        self.per_process.clear();
         while let Some(item) = ring.next() {
             if let Some(rec) = record(&item) {
                 records.push((now, rec));
@@ -97,6 +108,7 @@ impl DeferredQueue {
             };
             if let Some(rec) = record(&item) {
                 pids.push(rec.pid);
+                *self.per_process.entry(rec.pid).or_default() += 1;
                 self.backlog.push_back((now, rec));
             }
         }
@@ -214,12 +226,12 @@ impl Profiler {
             // A sample waits at most DEFERRED_PATIENCE, or for as long as its process is
             // queued for its first load or one of its objects is being built: both end
             // (a busy or emulated host can take longer than the patience to get there;
-            // the backlog's bound caps the memory either way).
+            // the backlog's bounds, in all and per process, cap the memory either way).
             let building = self.store.awaits_build(rec.pid);
             let held = building || self.pending.contains(rec.pid);
             let patient = !last
                 && (held || now.duration_since(seen) < DEFERRED_PATIENCE)
-                && self.deferred.has_room();
+                && self.deferred.has_room_for(rec.pid);
             // Its first load has not run yet; or an object it maps is being built on the
             // worker (walked now, the sample would stop there; a short process can have
             // exited meanwhile: its mappings are kept, the walk waits for the table).
@@ -316,5 +328,43 @@ impl Profiler {
     /// Deferred samples of process `pid` waiting for its tables.
     pub fn deferred_waiting_of(&self, pid: u32) -> usize {
         self.deferred.pids().filter(|&p| p == pid).count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(pid: u32) -> Box<DeferredSample> {
+        // SAFETY: DeferredSample is plain integers and bytes: all zeros is a value.
+        let mut rec: Box<DeferredSample> = Box::new(unsafe { std::mem::zeroed() });
+        rec.pid = pid;
+        rec
+    }
+
+    #[test]
+    fn one_process_cannot_take_every_place_of_the_backlog() {
+        let mut q = DeferredQueue::new(None);
+        let now = Instant::now();
+        while q.has_room_for(1) {
+            q.wait(now, sample(1));
+        }
+        assert_eq!(q.waiting(), MAX_DEFERRED_PER_PROCESS);
+        // Others still find room, up to the whole bound.
+        let mut pid = 2;
+        while q.waiting() < MAX_DEFERRED_BACKLOG {
+            assert!(q.has_room_for(pid), "pid {pid} at {}", q.waiting());
+            for _ in 0..MAX_DEFERRED_PER_PROCESS {
+                if q.has_room_for(pid) {
+                    q.wait(now, sample(pid));
+                }
+            }
+            pid += 1;
+        }
+        assert!(!q.has_room_for(pid), "the whole bound holds");
+        assert_eq!(
+            q.pids().filter(|&p| p == 1).count(),
+            MAX_DEFERRED_PER_PROCESS
+        );
     }
 }
