@@ -1122,6 +1122,78 @@ fn samples_waiting_at_the_end_are_walked_with_the_table_built_meanwhile() {
     drop(child);
 }
 
+/// A local user's process whose samples wait for a long build (here held: a large
+/// executable of its own, spinning) cannot take every place in the deferred backlog:
+/// another new process whose samples wait for its own build keeps them, and they walk
+/// complete once it is done.
+#[test]
+fn a_process_waiting_for_its_build_cannot_take_the_whole_deferred_backlog() {
+    if !bpf_or_skip("a_process_waiting_for_its_build_cannot_take_the_whole_deferred_backlog") {
+        return;
+    }
+    let _serial = serial();
+    // Two large executables with different contents (two builds, both held).
+    let hog_exe = compile_c(
+        "backlog_hog",
+        &SHORT_LARGE_SOURCE.replace("short_work(0.3)", "short_work(60.0)"),
+        &["-O2", "-fomit-frame-pointer"],
+    );
+    let exe = compile_c(
+        "backlog_victim",
+        &SHORT_LARGE_SOURCE.replace("= {1}", "= {2}"),
+        &["-O2", "-fomit-frame-pointer"],
+    );
+    let (cgroup, mut profiler) = profiler_of_own_cgroup("sframe-backlog");
+    profiler.store_mut().hold_builds(true);
+    // The attacker: unprivileged, moved into the profiled cgroup (a container's process).
+    let hog = KillOnDrop::spawn(&mut support::hostile::as_nobody(&hog_exe));
+    std::fs::write(cgroup.0.join("cgroup.procs"), hog.pid().to_string()).expect("move");
+    // Its samples wait for its build: past 1,024 of them (2 s of CPU at 499 Hz) an
+    // unshared backlog would be full.
+    pump_cpu(&mut profiler, hog.pid(), 2.5);
+    let hog_waiting = profiler.deferred_waiting_of(hog.pid());
+    assert!(
+        profiler.store().awaits_build(hog.pid()) && hog_waiting > 0,
+        "its samples wait for its build ({hog_waiting})"
+    );
+    let victim = spawn_in_cgroup(&cgroup, &exe, Stdio::piped());
+    let pid = victim.pid();
+    let cpu = pump_cpu(&mut profiler, pid, 0.25);
+    let started = Instant::now();
+    while procfs::state(pid) != Some(b'S') {
+        profiler.poll(Duration::from_millis(10));
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "never blocked"
+        );
+    }
+    profiler.poll(Duration::from_millis(10));
+    let waiting = profiler.deferred_waiting_of(pid);
+    let hog_waiting = profiler.deferred_waiting_of(hog.pid());
+    eprintln!("waiting: victim {waiting}, attacker {hog_waiting}");
+    assert!(
+        profiler.deferred_waiting() < 1024,
+        "the backlog is full: victim {waiting}, attacker {hog_waiting}"
+    );
+    drop(hog);
+    profiler.store_mut().hold_builds(false);
+    profiler.flush_deferred(Duration::from_secs(120));
+    let snap = profiler.collect();
+    let stacks = stacks_of(&profiler, &snap, &profiler.targets(), &[pid].into());
+    let (good, total, bad) = complete_through(&stacks, &["main", "short_work"]);
+    eprintln!("{waiting} waited; {good} of {total} complete");
+    assert!(
+        total >= samples_floor(cpu, 499),
+        "too few samples: {total} in {cpu:.2} s of CPU"
+    );
+    // Every sample it took waited for its table (none was walked without it).
+    assert!(
+        good as f64 >= 0.95 * total as f64,
+        "{good} of {total} complete ({waiting} waited):\n{bad}"
+    );
+    drop(victim);
+}
+
 #[test]
 fn drop_privileges_keeps_only_what_profiling_needs() {
     if !bpf_or_skip("drop_privileges_keeps_only_what_profiling_needs") {
