@@ -43,18 +43,16 @@ pub enum CgroupError {
 /// Resolves `path`: absolute, or relative to `/sys/fs/cgroup` (then
 /// `/sys/fs/cgroup/unified`, where hybrid systems mount cgroup2).
 pub fn resolve(path: &Path) -> Result<Cgroup, CgroupError> {
-    let candidates: Vec<PathBuf> = if path.is_absolute() {
-        vec![path.to_owned()]
+    let first = if path.is_absolute() {
+        path.to_owned()
     } else {
-        vec![
-            Path::new("/sys/fs/cgroup").join(path),
-            Path::new("/sys/fs/cgroup/unified").join(path),
-        ]
+        Path::new("/sys/fs/cgroup").join(path)
     };
-    let path = candidates
-        .iter()
+    let unified = (!path.is_absolute()).then(|| Path::new("/sys/fs/cgroup/unified").join(path));
+    let path = std::iter::once(&first)
+        .chain(&unified)
         .find(|p| p.is_dir())
-        .unwrap_or(&candidates[0]);
+        .unwrap_or(&first);
     let io = |source| CgroupError::Io {
         path: path.clone(),
         source,
@@ -218,7 +216,7 @@ pub fn container(path: &str) -> Option<Container> {
             }
         }
         if is_id(part)
-            && let Some(parent) = i.checked_sub(1).map(|j| parts[j])
+            && let Some(&parent) = i.checked_sub(1).and_then(|j| parts.get(j))
         {
             let parent = parent.strip_prefix("pod").map_or(parent, |_| "kubepods");
             if let Some((_, runtime)) = CGROUPFS_PARENTS.iter().find(|(p, _)| *p == parent) {

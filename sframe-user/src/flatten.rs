@@ -172,7 +172,7 @@ pub fn flatten(table: &UnwindTable, dict: &mut RuleDict) -> Result<FlatObject, F
         {
             last.1 = rule;
             // Merging may now make it equal to the one before.
-            if events.len() >= 2 && events[events.len() - 2].1 == rule {
+            if events.len() >= 2 && events.get(events.len() - 2).is_some_and(|e| e.1 == rule) {
                 events.pop();
             }
             return;

@@ -160,11 +160,16 @@ pub fn parse_maps_bytes(text: &[u8]) -> Result<Vec<Mapping>, (usize, &'static st
         .collect()
 }
 
+/// `b` without its leading spaces (only spaces: a path may begin with other whitespace).
+fn skip_spaces(b: &[u8]) -> &[u8] {
+    let n = b.iter().take_while(|&&c| c == b' ').count();
+    b.get(n..).unwrap_or_default()
+}
+
 fn parse_line(line: &[u8]) -> Result<Mapping, &'static str> {
     let mut rest = line;
     let mut field = |name: &'static str| -> Result<&str, &'static str> {
-        let start = rest.iter().position(|&b| b != b' ').unwrap_or(rest.len());
-        let trimmed = &rest[start..];
+        let trimmed = skip_spaces(rest);
         let end = trimmed
             .iter()
             .position(|&b| b == b' ')
@@ -181,8 +186,7 @@ fn parse_line(line: &[u8]) -> Result<Mapping, &'static str> {
     let offset = field("offset")?;
     let dev = field("device")?;
     let inode = field("inode")?;
-    let start = rest.iter().position(|&b| b != b' ').unwrap_or(rest.len());
-    let raw = &rest[start..];
+    let raw = skip_spaces(rest);
     let (path, raw_path) = match std::str::from_utf8(raw) {
         Ok(p) => (p.to_owned(), None),
         Err(_) => (
@@ -197,18 +201,17 @@ fn parse_line(line: &[u8]) -> Result<Mapping, &'static str> {
     if end < start {
         return Err("address range");
     }
-    let perms = perms.as_bytes();
-    if perms.len() < 4 {
+    let Some(&[r, w, x, s]) = perms.as_bytes().first_chunk::<4>() else {
         return Err("permissions");
-    }
+    };
     let (major, minor) = dev.split_once(':').ok_or("device")?;
     Ok(Mapping {
         start,
         end,
-        readable: perms[0] == b'r',
-        writable: perms[1] == b'w',
-        executable: perms[2] == b'x',
-        shared: perms[3] == b's',
+        readable: r == b'r',
+        writable: w == b'w',
+        executable: x == b'x',
+        shared: s == b's',
         offset: u64::from_str_radix(offset, 16).map_err(|_| "offset")?,
         dev_major: u32::from_str_radix(major, 16).map_err(|_| "device")?,
         dev_minor: u32::from_str_radix(minor, 16).map_err(|_| "device")?,
@@ -332,6 +335,13 @@ mod tests {
         assert_eq!(maps[2].path, "");
         assert_eq!(find(&maps, 0x5581f1a00010).map(|m| m.inode), Some(1835019));
         assert!(find(&maps, 0x10).is_none());
+    }
+
+    #[test]
+    fn only_spaces_separate_fields_a_path_keeps_other_leading_whitespace() {
+        let m = parse_line(b"1000-2000 r-xs 00000000 08:01 7   \t/tmp/tab").unwrap();
+        assert_eq!(m.path, "\t/tmp/tab");
+        assert!(m.readable && m.executable && m.shared && !m.writable);
     }
 
     #[test]

@@ -125,7 +125,11 @@ pub fn open_if_inode(
 
 fn openat2_in_root(root: &Path, path: &[u8], flags: i32) -> Result<(File, PathBuf), OpenError> {
     use std::os::unix::ffi::OsStrExt as _;
-    let relative = &path[path.iter().position(|&b| b != b'/').unwrap_or(path.len())..];
+    let relative = path
+        .iter()
+        .position(|&b| b != b'/')
+        .and_then(|i| path.get(i..))
+        .unwrap_or_default();
     let shown = root.join(std::ffi::OsStr::from_bytes(relative));
     let bad = || OpenError::BadPath {
         path: shown.clone(),

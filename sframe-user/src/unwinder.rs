@@ -334,7 +334,9 @@ impl Unwinder {
             if st.stack.len == recorded {
                 break;
             }
-            let word = st.stack.frames[recorded as usize % MAX_FRAMES];
+            let Some(&word) = st.stack.frames.get(recorded as usize % MAX_FRAMES) else {
+                break;
+            };
             let pc = frame_pc(word);
             let kind = match (frames.is_empty(), word & FRAME_EXACT != 0) {
                 (true, _) => FrameKind::Interrupted,

@@ -225,7 +225,7 @@ pub fn content_digest(data: &ObjectBytes) -> Option<[u8; 32]> {
                     let mut at = r.start;
                     while at < r.end {
                         let end = (at + CHUNK).min(r.end);
-                        h.update(&data[at..end]);
+                        h.update(data.get(at..end).unwrap_or_default());
                         data.release(at..end);
                         at = end;
                     }

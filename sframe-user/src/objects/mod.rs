@@ -409,7 +409,9 @@ impl ObjectStore {
         let loaded = || self.objects().filter(|o| o.placement.is_some());
         let mut by_source = [0; 4];
         for s in loaded().filter_map(|o| o.source) {
-            by_source[source_index(s)] += 1;
+            if let Some(n) = by_source.get_mut(source_index(s)) {
+                *n += 1;
+            }
         }
         let (rows_in_use, row_capacity) = self.tables.row_usage();
         StoreFigures {

@@ -113,8 +113,22 @@ impl Kept {
 
     /// Adds `n` samples to `key`, whose user stack is `frames` (when known and not
     /// stored yet). Past a bound, the samples go to the key's folded form.
+    /// The counts of `kind`.
+    fn of(&mut self, kind: Kind) -> &mut StdHashMap<CountKey, u64> {
+        let [on, off] = &mut self.counts;
+        match kind {
+            Kind::OnCpu => on,
+            Kind::OffCpu => off,
+        }
+    }
+
+    /// Keys counted, of both kinds.
+    fn key_count(&self) -> usize {
+        self.counts.iter().map(StdHashMap::len).sum()
+    }
+
     fn add(&mut self, kind: Kind, key: CountKey, n: u64, frames: Option<&[u64]>) {
-        if let Some(c) = self.counts[kind as usize].get_mut(&key) {
+        if let Some(c) = self.of(kind).get_mut(&key) {
             *c += n;
             return;
         }
@@ -126,7 +140,7 @@ impl Kept {
         } else {
             0
         };
-        let fits = self.counts[0].len() + self.counts[1].len() < b.keys
+        let fits = self.key_count() < b.keys
             && charge.keys < b.keys_per_process
             && (!new_stack
                 || (frames.is_some()
@@ -135,7 +149,7 @@ impl Kept {
         if !fits {
             self.folded += n;
             // The folded keys are kept beyond the bound: one per process and outcome.
-            *self.counts[kind as usize].entry(folded(key)).or_default() += n;
+            *self.of(kind).entry(folded(key)).or_default() += n;
             return;
         }
         if new_stack && let Some(frames) = frames {
@@ -145,7 +159,7 @@ impl Kept {
         let c = self.charges.entry(key.pid).or_default();
         c.keys += 1;
         c.words += words;
-        self.counts[kind as usize].insert(key, n);
+        self.of(kind).insert(key, n);
     }
 
     /// Drops the counts of the processes `gone`, and the stacks no count uses any more.
@@ -158,7 +172,7 @@ impl Kept {
         // Charges again from what is left: each stack to the lowest pid that uses it.
         self.charges.clear();
         let mut charged = HashSet::new();
-        let mut keys: Vec<&CountKey> = self.counts[0].keys().chain(self.counts[1].keys()).collect();
+        let mut keys: Vec<&CountKey> = self.counts.iter().flat_map(StdHashMap::keys).collect();
         keys.sort_unstable_by_key(|k| k.pid);
         for k in keys {
             if *k == folded(*k) {
@@ -174,7 +188,7 @@ impl Kept {
     }
 
     fn keys(&self) -> impl Iterator<Item = &CountKey> {
-        self.counts[0].keys().chain(self.counts[1].keys())
+        self.counts.iter().flat_map(StdHashMap::keys)
     }
 }
 
@@ -329,12 +343,13 @@ impl Counts {
             let frames = read.get(&key.user_stack).and_then(Option::as_deref);
             self.kept.add(kind, key, n, frames);
         }
+        let [on_cpu, off_cpu] = &self.kept.counts;
         let mut snap = Snapshot {
-            counts: self.kept.counts[Kind::OnCpu as usize]
+            counts: on_cpu
                 .iter()
                 .map(|(k, &count)| StackCount { key: *k, count })
                 .collect(),
-            off_cpu: self.kept.counts[Kind::OffCpu as usize]
+            off_cpu: off_cpu
                 .iter()
                 .map(|(k, &ns)| StackCount { key: *k, count: ns })
                 .collect(),
@@ -344,14 +359,15 @@ impl Counts {
             if let Ok(v) = self.outcomes_map.get(&(i as u32), 0) {
                 *slot = v.iter().sum();
             }
-            *slot += self.walked_here[i];
+            *slot += self.walked_here.get(i).copied().unwrap_or(0);
         }
         for (i, slot) in snap.counters.iter_mut().enumerate() {
             if let Ok(v) = self.counters_map.get(&(i as u32), 0) {
                 *slot = v.iter().sum();
             }
         }
-        kernel_stacks.empty_when_full(snap.counters[Counter::KernelStackFailed as usize]);
+        let failed = snap.counters.get(Counter::KernelStackFailed as usize);
+        kernel_stacks.empty_when_full(failed.copied().unwrap_or(0));
         snap
     }
 

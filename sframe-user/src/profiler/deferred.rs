@@ -281,6 +281,7 @@ impl Profiler {
                 continue;
             }
             let len = (st.stack.len as usize).min(st.stack.frames.len());
+            let frames = st.stack.frames.get(..len).unwrap_or_default();
             let key = CountKey {
                 pid: rec.pid,
                 tid: rec.tid,
@@ -304,10 +305,10 @@ impl Profiler {
                     },
                     rec.off_cpu_state & sframe_common::offcpu::OFF_CPU_UNINTERRUPTIBLE,
                     rec.off_cpu_ns,
-                    &st.stack.frames[..len],
+                    frames,
                 );
             } else {
-                self.counts.add_walked(key, &st.stack.frames[..len]);
+                self.counts.add_walked(key, frames);
             }
         }
     }

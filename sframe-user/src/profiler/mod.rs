@@ -838,8 +838,10 @@ impl Profiler {
     fn thread_comm(&mut self, pid: u32, tid: u32) -> [u8; 16] {
         let mut comm = [0u8; 16];
         if let Some(name) = self.read_thread_name(pid, tid) {
-            let n = name.len().min(15);
-            comm[..n].copy_from_slice(&name.as_bytes()[..n]);
+            // At most 15 bytes: the last stays 0, as in the kernel's `comm`.
+            for (to, from) in comm.iter_mut().zip(name.bytes().take(15)) {
+                *to = from;
+            }
         }
         comm
     }

@@ -243,7 +243,7 @@ impl Symbolizer {
         // Mappings sorted by start for a binary search (procfs gives them sorted; do not
         // rely on it).
         let mut order: Vec<usize> = (0..maps.len()).collect();
-        order.sort_by_key(|&i| maps[i].start);
+        order.sort_by_key(|&i| maps.get(i).map(|m| m.start));
         // Per mapping, for this call: its object, or why it has none.
         let mut resolved: HashMap<usize, Result<usize, std::sync::Arc<self::object::OpenError>>> =
             HashMap::new();
@@ -255,7 +255,7 @@ impl Symbolizer {
         let mut vdso_pending: Vec<(u64, u64)> = Vec::new();
 
         for &addr in addrs {
-            let Some(mi) = find_mapping(maps, &order, addr) else {
+            let Some((mi, m)) = find_mapping(maps, &order, addr) else {
                 slots.push(Slot::Done(Frame::unknown(
                     UNKNOWN_OBJECT,
                     addr,
@@ -263,7 +263,6 @@ impl Symbolizer {
                 )));
                 continue;
             };
-            let m = &maps[mi];
             let rel = addr - m.start;
             if m.path == VDSO {
                 let key = (VDSO_ID, rel);
@@ -503,11 +502,16 @@ enum Slot {
 }
 
 /// The index in `maps` of the mapping containing `addr`; `order` sorts `maps` by start.
-fn find_mapping(maps: &[Mapping], order: &[usize], addr: u64) -> Option<usize> {
+fn find_mapping<'m>(
+    maps: &'m [Mapping],
+    order: &[usize],
+    addr: u64,
+) -> Option<(usize, &'m Mapping)> {
     // Last mapping starting at or below addr.
-    let n = order.partition_point(|&i| maps[i].start <= addr);
+    let n = order.partition_point(|&i| maps.get(i).is_some_and(|m| m.start <= addr));
     let i = *order.get(n.checked_sub(1)?)?;
-    (addr < maps[i].end).then_some(i)
+    let m = maps.get(i)?;
+    (addr < m.end).then_some((i, m))
 }
 
 /// Why a blazesym call gave no result.
@@ -662,14 +666,14 @@ mod tests {
             mapping(0x2000, 0x3000, "/c"),
         ];
         let mut order: Vec<usize> = (0..maps.len()).collect();
-        order.sort_by_key(|&i| maps[i].start);
-        assert_eq!(find_mapping(&maps, &order, 0x0fff), None);
-        assert_eq!(find_mapping(&maps, &order, 0x1000), Some(1));
-        assert_eq!(find_mapping(&maps, &order, 0x1fff), Some(1));
-        assert_eq!(find_mapping(&maps, &order, 0x2000), Some(2));
-        assert_eq!(find_mapping(&maps, &order, 0x3000), None);
-        assert_eq!(find_mapping(&maps, &order, 0x5fff), Some(0));
-        assert_eq!(find_mapping(&maps, &order, u64::MAX), None);
+        order.sort_by_key(|&i| maps.get(i).map(|m| m.start));
+        assert_eq!(find_mapping(&maps, &order, 0x0fff).map(|(i, _)| i), None);
+        assert_eq!(find_mapping(&maps, &order, 0x1000).map(|(i, _)| i), Some(1));
+        assert_eq!(find_mapping(&maps, &order, 0x1fff).map(|(i, _)| i), Some(1));
+        assert_eq!(find_mapping(&maps, &order, 0x2000).map(|(i, _)| i), Some(2));
+        assert_eq!(find_mapping(&maps, &order, 0x3000).map(|(i, _)| i), None);
+        assert_eq!(find_mapping(&maps, &order, 0x5fff).map(|(i, _)| i), Some(0));
+        assert_eq!(find_mapping(&maps, &order, u64::MAX).map(|(i, _)| i), None);
         assert_eq!(find_mapping(&[], &[], 0x1000), None);
     }
 

@@ -78,7 +78,9 @@ impl OpenedObject {
             return Err(first);
         };
         let root_dir = PathBuf::from(format!("/proc/{pid}/root"));
-        let root = root_dir.join(std::ffi::OsStr::from_bytes(&path[1..]));
+        let root = root_dir.join(std::ffi::OsStr::from_bytes(
+            path.get(1..).unwrap_or_default(),
+        ));
         // Resolved inside the process's root: its symlinks cannot reach the host's files.
         let second = match crate::safe_open::open_in_root(&root_dir, path).map_err(OpenError::from)
         {

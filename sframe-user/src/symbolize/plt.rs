@@ -60,7 +60,7 @@ impl PltStubs {
             return None;
         }
         let i = self.entries.partition_point(|e| e.start <= offset);
-        let entry = i.checked_sub(1).map(|i| &self.entries[i]);
+        let entry = i.checked_sub(1).and_then(|i| self.entries.get(i));
         Some(
             entry
                 .filter(|e| offset < e.end)

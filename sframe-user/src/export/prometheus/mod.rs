@@ -8,6 +8,8 @@
 #[cfg(feature = "profiler")]
 mod feed;
 pub mod server;
+#[allow(clippy::indexing_slicing, clippy::unwrap_used, clippy::expect_used)]
+// not converted yet (issue 17)
 pub mod text_format;
 mod window;
 
