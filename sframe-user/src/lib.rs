@@ -43,8 +43,6 @@
 pub mod ehframe;
 pub mod flatten;
 pub mod mapped;
-#[allow(clippy::indexing_slicing, clippy::unwrap_used, clippy::expect_used)]
-// not converted yet (issue 17)
 pub mod objtable;
 pub mod procfs;
 pub mod sanitize;

@@ -230,11 +230,13 @@ fn sframe_table(
     }
     // to_table returns functions in address order; the unwinder needs them disjoint.
     for (i, w) in table.functions().windows(2).enumerate() {
-        if w[0].end() > w[1].start {
+        if let [a, b] = w
+            && a.end() > b.start
+        {
             return Err(SFrameRejection::Overlap {
                 first: i,
                 second: i + 1,
-                address: w[1].start,
+                address: b.start,
             });
         }
     }

@@ -28,8 +28,6 @@ mod elf;
 mod error;
 mod expr;
 mod plt;
-#[allow(clippy::indexing_slicing, clippy::unwrap_used, clippy::expect_used)]
-// not converted yet (issue 17)
 mod stats;
 
 use std::path::{Path, PathBuf};

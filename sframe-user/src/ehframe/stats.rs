@@ -145,7 +145,10 @@ impl DeriveStats {
     }
 
     pub fn category(&self, cat: RowCategory) -> CategoryCount {
-        self.categories[cat as usize]
+        self.categories
+            .get(cat as usize)
+            .copied()
+            .unwrap_or_default()
     }
 
     /// Bytes of code that have a rule (any category but [`RowCategory::NoRule`]).
@@ -178,9 +181,10 @@ impl DeriveStats {
             for span in row_spans(f, table.rows(f)) {
                 let row = span.row;
                 let cat = RowCategory::of(row.rule.as_ref());
-                let c = &mut self.categories[cat as usize];
-                c.rows += 1;
-                c.bytes += span.bytes();
+                if let Some(c) = self.categories.get_mut(cat as usize) {
+                    c.rows += 1;
+                    c.bytes += span.bytes();
+                }
                 if let Some(rule) = &row.rule {
                     if rule.flags.contains(RuleFlags::SIGNAL) {
                         self.signal_rows += 1;

@@ -174,7 +174,7 @@ impl Profile {
 fn thread_name(comm: &[u8; 16], read: Option<&str>) -> String {
     let len = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
     if len > 0 {
-        return crate::sanitize::name_bytes(&comm[..len]);
+        return crate::sanitize::name_bytes(comm.get(..len).unwrap_or_default());
     }
     crate::sanitize::name(read.unwrap_or_default()).into_owned()
 }

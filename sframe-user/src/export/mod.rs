@@ -8,19 +8,11 @@
 //! symbolization work proportional to distinct stacks, not samples.
 
 #[cfg(feature = "profiler")]
-#[allow(clippy::indexing_slicing, clippy::unwrap_used, clippy::expect_used)]
-// not converted yet (issue 17)
 mod build;
 mod folded;
-#[allow(clippy::indexing_slicing, clippy::unwrap_used, clippy::expect_used)]
-// not converted yet (issue 17)
 pub mod pprof;
-#[allow(clippy::indexing_slicing, clippy::unwrap_used, clippy::expect_used)]
-// not converted yet (issue 17)
 pub mod prometheus;
 mod svg;
-#[allow(clippy::indexing_slicing, clippy::unwrap_used, clippy::expect_used)]
-// not converted yet (issue 17)
 mod top;
 
 use std::{

@@ -321,7 +321,9 @@ impl Builder {
                 self.mappings.len() - 1
             }
         };
-        let m = &mut self.mappings[index];
+        let Some(m) = self.mappings.get_mut(index) else {
+            return 0; // (the index was taken from `mappings` just above)
+        };
         m.memory_limit = m.memory_limit.max(frame.file_offset.saturating_add(1));
         if frame.location.is_some() {
             m.has_filenames = true;

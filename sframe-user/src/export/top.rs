@@ -11,8 +11,8 @@ use super::{ProcessProfile, Profile};
 pub fn top(profile: &Profile, n: usize) -> String {
     let total = profile.total_samples();
     let mut out = String::new();
+    let c = |k: Counter| profile.counters.get(k as usize).copied().unwrap_or(0);
     if profile.off_cpu {
-        let c = |k: Counter| profile.counters[k as usize];
         let _ = writeln!(
             out,
             "off CPU: {:.3} s asleep in {:.1} s ({} sleeps walked, {} shorter than the threshold, {} lost, {} not timed by sampling, {} across a pause)",
@@ -29,14 +29,14 @@ pub fn top(profile: &Profile, n: usize) -> String {
             out,
             "{total} samples in {:.1} s ({} in kernel mode)",
             profile.duration.as_secs_f64(),
-            profile.counters[Counter::SamplesInKernel as usize]
+            c(Counter::SamplesInKernel)
         );
     }
     // The outcome and frame counts are the on-CPU samples'.
     if !profile.off_cpu {
         let _ = writeln!(out, "\nwalk outcomes:");
         for o in WalkOutcome::ALL {
-            let count = profile.outcomes[o as usize];
+            let count = profile.outcomes.get(o as usize).copied().unwrap_or(0);
             if count > 0 {
                 let pct = 100.0 * count as f64 / total.max(1) as f64;
                 let _ = writeln!(out, "  {:<22} {count:>8}  {pct:5.1}%", o.name());
@@ -45,8 +45,8 @@ pub fn top(profile: &Profile, n: usize) -> String {
         let _ = writeln!(
             out,
             "frames: {} from tables, {} from frame pointers",
-            profile.counters[Counter::FramesFromTable as usize],
-            profile.counters[Counter::FramesFromFramePointer as usize]
+            c(Counter::FramesFromTable),
+            c(Counter::FramesFromFramePointer)
         );
     }
     // Stacks that differ only in addresses inside the same functions are one line here.

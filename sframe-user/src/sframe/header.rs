@@ -211,6 +211,8 @@ impl Header {
         if abi.is_big_endian() != (endian == Endian::Big) {
             return Err(SFrameError::AbiEndianMismatch { abi: pre[4] });
         }
+        // (Constant offsets inside the fixed-size preamble.)
+        #[allow(clippy::indexing_slicing)]
         let w = |o: usize| endian.u32([pre[o], pre[o + 1], pre[o + 2], pre[o + 3]]);
         let h = Header {
             version,

@@ -8,8 +8,6 @@
 
 pub mod dump;
 pub mod error;
-#[allow(clippy::indexing_slicing, clippy::unwrap_used, clippy::expect_used)]
-// not converted yet (issue 17)
 pub mod header;
 pub mod lookup;
 #[allow(clippy::indexing_slicing, clippy::unwrap_used, clippy::expect_used)]

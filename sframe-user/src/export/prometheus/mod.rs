@@ -8,8 +8,6 @@
 #[cfg(feature = "profiler")]
 mod feed;
 pub mod server;
-#[allow(clippy::indexing_slicing, clippy::unwrap_used, clippy::expect_used)]
-// not converted yet (issue 17)
 pub mod text_format;
 mod window;
 
@@ -437,16 +435,17 @@ impl Metrics {
         let overflow = self.window.group_overflow() + self.off_cpu_window.group_overflow();
         self.group_overflow
             .inc_by(overflow.saturating_sub(self.group_overflow.get()));
+        let at = |values: &[u64], i: usize| values.get(i).copied().unwrap_or(0);
         for o in WalkOutcome::ALL {
             let i = o as usize;
-            let delta = health.outcomes[i].saturating_sub(self.last.outcomes[i]);
+            let delta = at(&health.outcomes, i).saturating_sub(at(&self.last.outcomes, i));
             self.outcomes
                 .get_or_create(&OutcomeLabels { outcome: o.name() })
                 .inc_by(delta);
         }
         for e in Event::ALL {
             let i = e as usize;
-            let delta = health.counters[i].saturating_sub(self.last.counters[i]);
+            let delta = at(&health.counters, i).saturating_sub(at(&self.last.counters, i));
             self.events
                 .get_or_create(&EventLabels { event: e.name() })
                 .inc_by(delta);

@@ -83,11 +83,11 @@ fn push_help(out: &mut String, name: &str, text: &str) {
 fn split_sample(line: &str) -> Option<(&str, &str)> {
     let bytes = line.as_bytes();
     let mut end = bytes.iter().position(|&b| b == b'{' || b == b' ')?;
-    if bytes[end] == b'{' {
+    if bytes.get(end) == Some(&b'{') {
         // Label values are quoted with `\` escapes; `}` and ` ` may appear inside.
         let mut quoted = false;
         let mut escaped = false;
-        let close = bytes[end..].iter().position(|&b| {
+        let close = bytes.get(end..)?.iter().position(|&b| {
             if escaped {
                 escaped = false;
             } else if quoted {

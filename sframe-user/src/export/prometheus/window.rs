@@ -198,11 +198,10 @@ impl StackWindow {
 
     /// The series: per process (by pid) its top-K stacks by name, then `[other]`.
     pub fn series(&self) -> Vec<Series> {
-        let mut pids: Vec<&u32> = self.processes.keys().collect();
-        pids.sort();
+        let mut processes: Vec<(&u32, &ProcessWindow)> = self.processes.iter().collect();
+        processes.sort_by_key(|&(pid, _)| *pid);
         let mut out = Vec::new();
-        for pid in pids {
-            let p = &self.processes[pid];
+        for (pid, p) in processes {
             let mut stacks: Vec<(&Rc<str>, &u64)> = p.exported.iter().collect();
             stacks.sort();
             let series = |stack: &str, value: u64| Series {
