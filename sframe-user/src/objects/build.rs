@@ -181,8 +181,17 @@ pub(super) struct Worker {
     done: std::sync::mpsc::Receiver<Done>,
 }
 
+/// Objects larger than this are identified and built on a thread of their own: a
+/// library of a few MB (libc is 2) must not wait seconds behind a compiler's hundreds.
+pub const LARGE_OBJECT_BYTES: usize = 8 << 20;
+
+/// The build thread for an object of `len` bytes: 0 for small ones, 1 for large ones.
+fn lane(len: usize) -> usize {
+    usize::from(len > LARGE_OBJECT_BYTES)
+}
+
 impl Worker {
-    fn spawn() -> Option<Self> {
+    fn spawn(name: &str) -> Option<Self> {
         let queue = std::sync::Arc::new((
             std::sync::Mutex::new(JobQueue::default()),
             std::sync::Condvar::new(),
@@ -190,7 +199,7 @@ impl Worker {
         let (done_tx, done) = std::sync::mpsc::channel();
         let shared = queue.clone();
         std::thread::Builder::new()
-            .name("sframe-build".into())
+            .name(name.into())
             .spawn(move || {
                 while let Some(job) = Self::next(&shared) {
                     let timer = load_timer();
@@ -280,13 +289,15 @@ impl Drop for Worker {
 }
 
 impl ObjectStore {
-    /// The build thread, started on first use (so that it inherits the privileges the
-    /// process has then, e.g. after `--drop-privileges`).
-    pub(super) fn worker(&mut self) -> Option<&Worker> {
-        if self.worker.is_none() {
-            self.worker = Worker::spawn();
+    /// The build thread for an object of `len` bytes, started on first use (so that it
+    /// inherits the privileges the process has then, e.g. after `--drop-privileges`).
+    pub(super) fn worker(&mut self, len: usize) -> Option<&Worker> {
+        let lane = lane(len);
+        let slot = self.workers.get_mut(lane)?;
+        if slot.is_none() {
+            *slot = Worker::spawn(["sframe-build", "sframe-build-large"][lane]);
         }
-        self.worker.as_ref()
+        slot.as_ref()
     }
 
     /// Loads the tables the worker finished; returns the processes to reload (they map
@@ -294,10 +305,15 @@ impl ObjectStore {
     pub fn poll_builds(&mut self) -> Vec<u32> {
         let _timer = load_timer();
         let mut reload = Vec::new();
-        let finished: Vec<Done> = match &self.worker {
-            Some(w) if !self.builds_held => w.done.try_iter().collect(),
-            _ => return reload,
-        };
+        if self.builds_held {
+            return reload;
+        }
+        let finished: Vec<Done> = self
+            .workers
+            .iter()
+            .flatten()
+            .flat_map(|w| w.done.try_iter())
+            .collect();
         let mut built = false;
         for done in finished {
             match done {
@@ -397,7 +413,7 @@ impl ObjectStore {
             if data.len() > SYNC_BUILD_BYTES
                 && build == Build::Background
                 && !self.cached(&key)
-                && let Some(worker) = self.worker()
+                && let Some(worker) = self.worker(data.len())
             {
                 // A large object takes long to derive: build it off the event loop;
                 // meanwhile its PCs use the frame-pointer fallback, and samples it cannot

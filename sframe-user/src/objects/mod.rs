@@ -218,8 +218,8 @@ pub struct ObjectStore {
     options: ObjTableOptions,
     /// Flattened tables on disk, by build-id (`--cache-dir`).
     cache: Option<crate::cache::TableCache>,
-    /// Derives the tables of large objects off the event loop.
-    worker: Option<Worker>,
+    /// Identify and derive objects off the event loop: small ones, large ones.
+    workers: [Option<Worker>; 2],
     /// Objects on the worker, and the processes to reload when they are done.
     in_flight: HashMap<ObjectKey, std::collections::HashSet<u32>>,
     /// Files being identified on the worker, and the processes that map them.
@@ -254,7 +254,7 @@ impl ObjectStore {
             processes: HashMap::new(),
             options: ObjTableOptions::default(),
             cache: None,
-            worker: None,
+            workers: [None, None],
             in_flight: HashMap::new(),
             identifying: HashMap::new(),
             builds_held: false,
@@ -598,8 +598,9 @@ impl ObjectStore {
                     Some(k) => k,
                     None if data.len() > SYNC_BUILD_BYTES
                         && build == Build::Background
-                        && self.worker().is_some() =>
+                        && self.worker(data.len()).is_some() =>
                     {
+                        let len = data.len();
                         let job = Job::Identify {
                             file: file_id.clone(),
                             stamp,
@@ -607,7 +608,7 @@ impl ObjectStore {
                             data,
                             fallback,
                         };
-                        match self.worker().map(|w| w.send(job)) {
+                        match self.worker(len).map(|w| w.send(job)) {
                             Some(true) => {
                                 self.stats.background_identifications += 1;
                                 self.identifying.insert(file_id, [pid].into());
