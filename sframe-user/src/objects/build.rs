@@ -295,7 +295,11 @@ impl ObjectStore {
         let lane = lane(len);
         let slot = self.workers.get_mut(lane)?;
         if slot.is_none() {
-            *slot = Worker::spawn(["sframe-build", "sframe-build-large"][lane]);
+            *slot = Worker::spawn(if lane == 0 {
+                "sframe-build"
+            } else {
+                "sframe-build-large"
+            });
         }
         slot.as_ref()
     }
