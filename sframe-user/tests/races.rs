@@ -18,7 +18,7 @@ use sframe_user::{
     bpf::MapSizes,
     profiler::{Profiler, ProfilerConfig},
 };
-use support::profiling::{assert_complete_through, pump, serial};
+use support::profiling::{assert_complete_through, pump, pump_cpu, pump_cpu_all, serial};
 use support::{KillOnDrop, bpf_or_skip, compile_c_linked, compile_c_shared, fixture_dir};
 
 /// The program: `main → swap_entry → <the library's spinner>` for `argv[1]` seconds.
@@ -89,11 +89,13 @@ fn inode(path: &Path) -> u64 {
     fs::metadata(path).expect("stat").ino()
 }
 
-/// Profiles for 1.5 s and asserts that each (pid, spinner) has its samples complete
+/// Profiles until each (pid, spinner) has used 1 s of CPU (not a wall-clock window: on
+/// a busy machine they get what they get) and asserts that its samples are complete
 /// through `main → swap_entry → spinner`.
 fn check_spinners(profiler: &mut Profiler, expect: &[(u32, &str)], what: &str) {
     let before = profiler.collect();
-    pump(profiler, Duration::from_millis(1500));
+    let pids: Vec<u32> = expect.iter().map(|&(pid, _)| pid).collect();
+    pump_cpu_all(profiler, &pids, 1.0);
     let after = profiler.collect();
     let delta = sframe_user::export::snapshot_delta(&after, &before);
     for &(pid, spinner) in expect {
@@ -246,10 +248,11 @@ fn full_kernel_maps_are_counted_and_profiling_goes_on() {
     assert_eq!(without.len(), 2, "two of four fit in a map of two");
     assert!(profiler.store().stats().process_table_full >= 2);
 
-    // Several windows: each collection empties STACKS and COUNTS, which overflow again.
+    // Several windows (0.5 s of each child's CPU, about 250 samples at 499 Hz): each
+    // collection empties STACKS and COUNTS, which overflow again.
     let mut last = profiler.collect();
     for window in 0..3 {
-        pump(&mut profiler, Duration::from_millis(1000));
+        pump_cpu_all(&mut profiler, &pids, 0.5);
         let snap = profiler.collect();
         let delta = sframe_user::export::snapshot_delta(&snap, &last);
         let counter =
@@ -444,12 +447,29 @@ fn a_storm_of_short_processes_leaves_the_profiler_memory_bounded() {
         ..ProfilerConfig::explicit(199)
     })
     .expect("start");
-    let loops: Vec<_> = (0..4).map(|_| storm(4)).collect();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while Instant::now() < deadline {
-        pump(&mut profiler, Duration::from_millis(100));
+    // Storms of 2 s until it has seen several times max_exited exits (not a wall-clock
+    // window: on a busy machine a storm starts fewer processes).
+    let exits_seen = |p: &Profiler| {
+        p.fleet_counters()
+            .iter()
+            .find(|c| c.0 == "exit")
+            .map_or(0, |c| c.1)
+    };
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let mut started = 0;
+    while exits_seen(&profiler) < 400 {
+        let loops: Vec<_> = (0..4).map(|_| storm(2)).collect();
+        let until = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < until {
+            pump(&mut profiler, Duration::from_millis(100));
+        }
+        started += storm_count(loops);
+        assert!(
+            Instant::now() < deadline,
+            "{} exits seen in 300 s",
+            exits_seen(&profiler)
+        );
     }
-    let started = storm_count(loops);
     pump(&mut profiler, Duration::from_millis(300));
     let known = profiler.targets().len();
     let running = running_processes();
@@ -526,8 +546,10 @@ fn a_full_kernel_stack_map_is_emptied_and_kernel_stacks_keep_coming() {
     profiler.add_target(child.pid()).expect("tables");
     let mut last = profiler.collect();
     let mut shares = Vec::new();
+    // Windows of 0.7 s of the child's CPU (not wall-clock time: on a busy machine it
+    // gets what it gets).
     for window in 0..6 {
-        pump(&mut profiler, Duration::from_millis(700));
+        pump_cpu(&mut profiler, child.pid(), 0.7);
         let snap = profiler.collect();
         let delta = sframe_user::export::snapshot_delta(&snap, &last);
         let in_kernel = snap.counters[Counter::SamplesInKernel as usize]

@@ -34,18 +34,19 @@ fn chain_source(n: usize) -> String {
     s
 }
 
-/// Profiles `pid` for `secs` at 499 Hz; returns symbolized stacks (outermost first) with
-/// their counts, and the outcome totals.
+/// Profiles `pid` for `cpu` seconds of its CPU time (not wall-clock time: on a busy
+/// machine it gets what it gets) at 499 Hz; returns symbolized stacks (outermost first)
+/// with their counts, and the outcome totals.
 type Stacks = Vec<(Vec<String>, u64, WalkOutcome)>;
 
-fn profile(pid: u32, secs: f64) -> (Stacks, [u64; WalkOutcome::COUNT]) {
+fn profile(pid: u32, cpu: f64) -> (Stacks, [u64; WalkOutcome::COUNT]) {
     let mut profiler = Profiler::start(499).expect("load and attach the profile program");
     let report = profiler.add_target(pid).expect("load the target's tables");
     assert!(
         report.with_table >= 2,
         "executable and libc have tables: {report:?}"
     );
-    thread::sleep(Duration::from_secs_f64(secs));
+    support::hostile::wait_cpu(pid, cpu, || {});
     let maps = procfs::read_maps(pid).expect("maps");
     let snap = profiler.collect();
     let mut sym = Symbolizer::new();
@@ -99,7 +100,7 @@ fn run_chain(flags: &[&str], name: &str) {
     let exe = compile_c(name, &chain_source(n), flags);
     let child = KillOnDrop::spawn(&mut Command::new(&exe));
     thread::sleep(Duration::from_millis(200));
-    let (stacks, outcomes) = profile(child.pid(), 2.0);
+    let (stacks, outcomes) = profile(child.pid(), 1.0);
     eprintln!("outcomes: {outcomes:?}");
     let mut expected = vec!["main".to_string()];
     expected.extend((0..n).map(|i| format!("f{i}")));
@@ -149,7 +150,8 @@ fn follows_child_processes_created_after_start() {
         stdin.write_all(b"x").expect("release the parent");
     }
     let mut child = None;
-    for _ in 0..40 {
+    let started = std::time::Instant::now();
+    while started.elapsed() < Duration::from_secs(120) {
         thread::sleep(Duration::from_millis(100));
         if let Some(&pid) = profiler.adopt_children().first() {
             child = Some(pid);
@@ -158,7 +160,8 @@ fn follows_child_processes_created_after_start() {
     }
     let child = child.expect("the forked child was adopted as a target");
     let _kill_child = ChildKiller(child);
-    thread::sleep(Duration::from_millis(1500));
+    // Half a second of the child's CPU (about 250 samples at 499 Hz).
+    support::hostile::wait_cpu(child, 0.5, || {});
     let maps = procfs::read_maps(child).expect("child maps");
     let snap = profiler.collect();
     let mut sym = Symbolizer::new();
@@ -282,7 +285,7 @@ fn unwinds_a_rust_program() {
     assert!(status.success(), "rustc failed");
     let child = KillOnDrop::spawn(&mut Command::new(&exe));
     thread::sleep(Duration::from_millis(200));
-    let (stacks, outcomes) = profile(child.pid(), 2.0);
+    let (stacks, outcomes) = profile(child.pid(), 1.0);
     eprintln!("outcomes: {outcomes:?}");
     let total: u64 = stacks.iter().map(|s| s.1).sum();
     let good: u64 = stacks
@@ -327,7 +330,8 @@ fn unwinds_through_the_vdso() {
         .clone();
     let mut profiler = Profiler::start(499).expect("load and attach");
     profiler.add_target(child.pid()).expect("tables");
-    thread::sleep(Duration::from_secs(2));
+    // A second of its CPU (about 500 samples at 499 Hz).
+    support::hostile::wait_cpu(child.pid(), 1.0, || {});
     let snap = profiler.collect();
     let (mut total, mut in_vdso, mut in_vdso_complete) = (0, 0, 0);
     for c in &snap.counts {

@@ -297,7 +297,9 @@ fn profile(name: &str, exe: &Path, min_tables: usize) -> Run {
         report.with_table >= min_tables,
         "{name}: expected ≥ {min_tables} objects with tables: {report:?}"
     );
-    thread::sleep(Duration::from_secs(PROFILE_SECS));
+    // PROFILE_SECS of the child's CPU (perf records that long in wall-clock time: on a
+    // busy machine its run is the shorter; only its dominant stacks are compared).
+    support::hostile::wait_cpu(pid, PROFILE_SECS as f64, || {});
     // Maps and symbols are read while the child is alive.
     let maps = procfs::read_maps(pid).expect("maps");
     let stacks: Vec<Stack> = request(|reply| Request::Finish { pid, maps, reply })

@@ -33,6 +33,27 @@ pub fn pump(profiler: &mut Profiler, d: Duration) {
     profiler.maintain();
 }
 
+/// Handles events until every process of `pids` has used `cpu` more seconds of CPU (a
+/// window in the workload's CPU time, not wall-clock time); panics after 300 s.
+pub fn pump_cpu_all(profiler: &mut Profiler, pids: &[u32], cpu: f64) {
+    let start: Vec<f64> = pids
+        .iter()
+        .map(|&p| super::hostile::cpu_seconds(p))
+        .collect();
+    let end = Instant::now() + Duration::from_secs(300);
+    while pids
+        .iter()
+        .zip(&start)
+        .any(|(&p, &s)| super::hostile::cpu_seconds(p) - s < cpu)
+    {
+        pump(profiler, Duration::from_millis(100));
+        assert!(
+            Instant::now() < end,
+            "{pids:?} did not get {cpu} s of CPU each in 300 s"
+        );
+    }
+}
+
 /// Handles events until process `pid` has used `cpu` more seconds of CPU: the test is
 /// budgeted in the workload's CPU time, not in wall-clock time (on a busy machine the
 /// workload gets what it gets). Panics when `pid` is gone or after 300 s of wall time
