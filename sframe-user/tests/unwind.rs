@@ -227,10 +227,11 @@ fn reloads_tables_when_a_target_execs() {
         let mut stdin = target.0.stdin.take().expect("piped stdin");
         stdin.write_all(b"x").expect("release the target");
     }
-    for _ in 0..20 {
-        thread::sleep(Duration::from_millis(100));
+    // 1.5 s of its CPU after the exec (about 750 samples at 499 Hz; not a wall-clock
+    // window: under `cargo xtask stress` 2 s gave it 297 samples).
+    support::hostile::wait_cpu(pid, 1.5, || {
         profiler.adopt_children();
-    }
+    });
     let maps = procfs::read_maps(pid).expect("maps after exec");
     let snap = profiler.collect();
     let mut sym = Symbolizer::new();
