@@ -109,3 +109,100 @@ impl UnwindRule {
             || matches!(self.fp, RegRule::InReg(_) | RegRule::AtReg { .. })
     }
 }
+
+impl core::fmt::Display for CfaBase {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            CfaBase::Sp => f.write_str("sp"),
+            CfaBase::Fp => f.write_str("fp"),
+            CfaBase::Reg(n) => write!(f, "r{n}"),
+        }
+    }
+}
+
+/// `sp+16`, `(fp-8)` (dereferenced).
+impl core::fmt::Display for CfaRule {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        if self.deref {
+            write!(f, "({}{:+})", self.base, self.offset)
+        } else {
+            write!(f, "{}{:+}", self.base, self.offset)
+        }
+    }
+}
+
+/// `u` unchanged, `c-8` at CFA-8, `=c+0` the value CFA+0, `r30` in a register,
+/// `(r6-8)` at a register plus offset, `U` undefined (DWARF register numbers).
+impl core::fmt::Display for RegRule {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            RegRule::Unchanged => f.write_str("u"),
+            RegRule::AtCfa(o) => write!(f, "c{o:+}"),
+            RegRule::ValCfa(o) => write!(f, "=c{o:+}"),
+            RegRule::InReg(n) => write!(f, "r{n}"),
+            RegRule::AtReg { reg, offset } => write!(f, "(r{reg}{offset:+})"),
+            RegRule::Undefined => f.write_str("U"),
+        }
+    }
+}
+
+/// One line: `cfa=sp+16 fp=c-16 ra=c-8`, then ` signal`, ` mangled_ra` and ` key_b` for
+/// the flags that are set.
+impl core::fmt::Display for UnwindRule {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "cfa={} fp={} ra={}", self.cfa, self.fp, self.ra)?;
+        if self.flags.contains(RuleFlags::SIGNAL) {
+            f.write_str(" signal")?;
+        }
+        if self.flags.contains(RuleFlags::MANGLED_RA) {
+            f.write_str(" mangled_ra")?;
+            if self.flags.contains(RuleFlags::PAUTH_KEY_B) {
+                f.write_str(" key_b")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use std::string::ToString;
+
+    use super::*;
+
+    #[test]
+    fn rules_display_in_one_line() {
+        let plain = UnwindRule {
+            cfa: CfaRule::sp(16),
+            ra: RegRule::AtCfa(-8),
+            fp: RegRule::Unchanged,
+            flags: RuleFlags::default(),
+        };
+        assert_eq!(plain.to_string(), "cfa=sp+16 fp=u ra=c-8");
+        let drap = UnwindRule {
+            cfa: CfaRule {
+                base: CfaBase::Fp,
+                offset: -8,
+                deref: true,
+            },
+            ra: RegRule::AtReg { reg: 6, offset: -8 },
+            fp: RegRule::ValCfa(0),
+            flags: RuleFlags::default().with(RuleFlags::SIGNAL),
+        };
+        assert_eq!(drap.to_string(), "cfa=(fp-8) fp==c+0 ra=(r6-8) signal");
+        let pac = UnwindRule {
+            cfa: CfaRule {
+                base: CfaBase::Reg(12),
+                offset: 0,
+                deref: false,
+            },
+            ra: RegRule::InReg(30),
+            fp: RegRule::Undefined,
+            flags: RuleFlags::default()
+                .with(RuleFlags::MANGLED_RA)
+                .with(RuleFlags::PAUTH_KEY_B),
+        };
+        assert_eq!(pac.to_string(), "cfa=r12+0 fp=U ra=r30 mangled_ra key_b");
+    }
+}

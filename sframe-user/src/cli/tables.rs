@@ -10,13 +10,13 @@ use std::io::{BufRead as _, Write as _};
 use std::path::{Path, PathBuf};
 
 use clap::{Args, Subcommand};
-use sframe_common::{CfaBase, RegRule, RuleFlags, UnwindRule};
+use sframe_common::{RuleFlags, UnwindRule};
 use sframe_user::ehframe::{self, DeriveOptions, DeriveStats, RowCategory};
 use sframe_user::sframe::{
-    Abi, Section, WriteError, WriteOptions, WriteStats, WriteVersion, dump_to_string, lookup_line,
-    write_section,
+    self, Abi, Section, WriteError, WriteOptions, WriteStats, WriteVersion, dump_to_string,
+    lookup_line, write_section,
 };
-use sframe_user::table::{Arch, FunctionRows, PcType, Row, UnwindTable};
+use sframe_user::table::{Arch, FunctionRows, PcType, UnwindTable};
 
 use super::elf_add;
 
@@ -366,7 +366,7 @@ fn encode(table: &UnwindTable, version: WriteVersion, addr: u64) -> Result<Encod
             if let Some(rule) = row.rule {
                 let ok = *cache
                     .entry(rule)
-                    .or_insert_with(|| can_write(table.arch, &rule, version));
+                    .or_insert_with(|| sframe::stores_rule(table.arch, version, &rule));
                 if !ok {
                     row.rule = None;
                     dropped_rows += 1;
@@ -426,47 +426,6 @@ fn failing_function(e: &WriteError) -> Option<usize> {
         | WriteError::TooManyRows { function, .. } => Some(function),
         WriteError::TooLarge { .. } | WriteError::UnsupportedArch { .. } => None,
     }
-}
-
-/// Whether the writer stores `rule` as it is in `version`.
-fn can_write(arch: Arch, rule: &UnwindRule, version: WriteVersion) -> bool {
-    // v2 has no signal-frame bit: such rows would read back without it.
-    if version == WriteVersion::V2 && rule.flags.contains(RuleFlags::SIGNAL) {
-        return false;
-    }
-    let probe = UnwindTable::from_functions(
-        arch,
-        sframe_user::table::Source::Synthesized,
-        [FunctionRows {
-            start: 0x1000,
-            size: 16,
-            pc_type: PcType::Inc,
-            rows: vec![Row {
-                start_offset: 0,
-                rule: Some(*rule),
-            }],
-        }],
-    );
-    let opts = WriteOptions {
-        version,
-        section_vaddr: 0x2000,
-    };
-    let Ok((bytes, _)) = write_section(&probe, &opts) else {
-        return false;
-    };
-    // Stored as it is: reading back gives the same rule (zero-word "RA undefined" rows
-    // keep only the CFA base and the flags, by design).
-    Section::parse(&bytes, 0x2000)
-        .ok()
-        .and_then(|s| s.find_fre(0x1000))
-        .map(|found| found.rule)
-        .is_some_and(|r| {
-            r == *rule
-                || (rule.is_outermost()
-                    && r.is_outermost()
-                    && r.cfa.base == rule.cfa.base
-                    && r.flags == rule.flags)
-        })
 }
 
 /// Code bytes covered by each row of `f` (all repetitions for PCMASK).
@@ -587,14 +546,14 @@ fn spans(table: &UnwindTable) -> Vec<Span> {
     out
 }
 
-/// Whether an SFrame section of `version` can express `rule` (the derived side's row).
-fn expressible(version: u8, rule: &UnwindRule) -> bool {
-    match RowCategory::of(Some(rule)) {
-        RowCategory::Plain => version >= 3 || !rule.flags.contains(RuleFlags::SIGNAL),
-        // v1 has no zero-word rows.
-        RowCategory::Outermost => version >= 2,
-        RowCategory::NoRule => false,
-        _ => version >= 3,
+/// Whether an SFrame section of `version` can express `rule` (the derived side's row):
+/// what the writer stores in v2 and v3 ([`sframe::stores_rule`]); v1 is v2 without
+/// zero-word (outermost) rows.
+fn expressible(arch: Arch, version: u8, rule: &UnwindRule) -> bool {
+    match version {
+        1 => !rule.is_outermost() && sframe::stores_rule(arch, WriteVersion::V2, rule),
+        2 => sframe::stores_rule(arch, WriteVersion::V2, rule),
+        _ => sframe::stores_rule(arch, WriteVersion::V3, rule),
     }
 }
 
@@ -615,35 +574,7 @@ fn same(version: u8, sf: &UnwindRule, derived: &UnwindRule) -> bool {
 }
 
 fn fmt_rule(r: &Option<UnwindRule>) -> String {
-    let Some(r) = r else {
-        return "no rule".into();
-    };
-    let base = match r.cfa.base {
-        CfaBase::Sp => "sp".to_string(),
-        CfaBase::Fp => "fp".to_string(),
-        CfaBase::Reg(n) => format!("r{n}"),
-    };
-    let cfa = if r.cfa.deref {
-        format!("({base}{:+})", r.cfa.offset)
-    } else {
-        format!("{base}{:+}", r.cfa.offset)
-    };
-    let reg = |rr: &RegRule| match rr {
-        RegRule::Unchanged => "u".to_string(),
-        RegRule::AtCfa(o) => format!("c{o:+}"),
-        RegRule::ValCfa(o) => format!("=c{o:+}"),
-        RegRule::InReg(n) => format!("r{n}"),
-        RegRule::AtReg { reg, offset } => format!("(r{reg}{offset:+})"),
-        RegRule::Undefined => "U".to_string(),
-    };
-    let mut s = format!("cfa={cfa} fp={} ra={}", reg(&r.fp), reg(&r.ra));
-    if r.flags.contains(RuleFlags::SIGNAL) {
-        s.push_str(" signal");
-    }
-    if r.flags.contains(RuleFlags::MANGLED_RA) {
-        s.push_str(" mangled_ra");
-    }
-    s
+    r.map_or_else(|| "no rule".into(), |r| r.to_string())
 }
 
 #[derive(Default)]
@@ -657,7 +588,7 @@ struct CheckResult {
     sframe_only_bytes: u64,
 }
 
-fn compare(version: u8, sf: &[Span], dv: &[Span]) -> CheckResult {
+fn compare(arch: Arch, version: u8, sf: &[Span], dv: &[Span]) -> CheckResult {
     let mut res = CheckResult::default();
     let (mut i, mut j) = (0, 0);
     let mut sf_covered = 0u64;
@@ -668,7 +599,7 @@ fn compare(version: u8, sf: &[Span], dv: &[Span]) -> CheckResult {
         if lo < hi {
             sf_covered += hi - lo;
             if let (Some(x), Some(y)) = (&a.rule, &b.rule) {
-                if !expressible(version, y) {
+                if !expressible(arch, version, y) {
                     res.inexpressible_bytes += hi - lo;
                 } else {
                     res.compared_bytes += hi - lo;
@@ -715,7 +646,12 @@ fn check(a: &CheckArgs) -> Res<i32> {
     // The object's own CFI only: a separate debug file is not what the assembler saw.
     let derived = ehframe::derive_from_elf(&data).map_err(|e| fail(&a.file, 2, e))?;
     let version = section.version();
-    let res = compare(version, &spans(&sf_table), &spans(&derived.table));
+    let res = compare(
+        sf_table.arch,
+        version,
+        &spans(&sf_table),
+        &spans(&derived.table),
+    );
     let mut out = String::new();
     for (lo, hi, x, y) in res.bad.iter().take(a.max_report) {
         out.push_str(&format!(

@@ -24,4 +24,4 @@ pub use error::{FlexProblem, SFrameError, Subsection, WriteError};
 pub use header::{Abi, Endian, Header};
 pub use lookup::{FoundRule, lookup_line};
 pub use read::{Fde, FdeIter, Fre, FreIter, MAX_FUNCTIONS, MAX_SECTION_ROWS, Section};
-pub use write::{WriteOptions, WriteStats, WriteVersion, write_section};
+pub use write::{WriteOptions, WriteStats, WriteVersion, stores_rule, write_section};

@@ -830,3 +830,109 @@ fn ten_million_functions_are_refused_from_the_header() {
         }
     ));
 }
+
+/// The probe [`super::write::stores_rule`] replaced: write a one-row section and read it back.
+fn stored_by_probe(arch: Arch, version: WriteVersion, rule: &UnwindRule) -> bool {
+    let probe = UnwindTable::from_functions(
+        arch,
+        Source::Synthesized,
+        [FunctionRows {
+            start: 0x1000,
+            size: 16,
+            pc_type: PcType::Inc,
+            rows: vec![row(0, *rule)],
+        }],
+    );
+    let opts = WriteOptions {
+        version,
+        section_vaddr: VADDR,
+    };
+    let Ok((bytes, _)) = write_section(&probe, &opts) else {
+        return false;
+    };
+    Section::parse(&bytes, VADDR)
+        .ok()
+        .and_then(|s| s.find_fre(0x1000))
+        .is_some_and(|found| {
+            let r = found.rule;
+            r == *rule
+                || (rule.is_outermost()
+                    && r.is_outermost()
+                    && r.cfa.base == rule.cfa.base
+                    && r.flags == rule.flags)
+        })
+}
+
+#[test]
+fn stores_agrees_with_writing_and_reading_back_every_rule_shape() {
+    // Other registers than each architecture's SP and FP (which read back as `Sp`, `Fp`).
+    let bases = [CfaBase::Sp, CfaBase::Fp, CfaBase::Reg(2), CfaBase::Reg(12)];
+    let offsets = [8, -8, 160, 40_000, i32::MAX];
+    let regs = [
+        RegRule::Unchanged,
+        RegRule::AtCfa(-8),
+        RegRule::AtCfa(-16),
+        RegRule::AtCfa(0),
+        RegRule::AtCfa(-3),
+        RegRule::AtCfa(i32::MIN),
+        RegRule::ValCfa(-8),
+        RegRule::InReg(30),
+        RegRule::AtReg { reg: 6, offset: -8 },
+        RegRule::Undefined,
+    ];
+    let flags = [
+        RuleFlags::default(),
+        RuleFlags::default().with(RuleFlags::SIGNAL),
+        RuleFlags::default().with(RuleFlags::MANGLED_RA),
+        RuleFlags::default()
+            .with(RuleFlags::MANGLED_RA)
+            .with(RuleFlags::PAUTH_KEY_B),
+    ];
+    let archs = [
+        Arch::Amd64,
+        Arch::Aarch64 { big_endian: false },
+        Arch::Aarch64 { big_endian: true },
+        Arch::S390x,
+    ];
+    let (mut checked, mut stored) = (0u32, [0u32; 2]);
+    for base in bases {
+        for deref in [false, true] {
+            for offset in offsets {
+                for ra in regs {
+                    for fp in regs {
+                        for flags in flags {
+                            let rule = UnwindRule {
+                                cfa: CfaRule {
+                                    base,
+                                    offset,
+                                    deref,
+                                },
+                                ra,
+                                fp,
+                                flags,
+                            };
+                            for arch in archs {
+                                for (i, v) in
+                                    [WriteVersion::V2, WriteVersion::V3].into_iter().enumerate()
+                                {
+                                    let want = stored_by_probe(arch, v, &rule);
+                                    assert_eq!(
+                                        super::write::stores_rule(arch, v, &rule),
+                                        want,
+                                        "{arch:?} {v:?} {rule:?}"
+                                    );
+                                    checked += 1;
+                                    stored[i] += u32::from(want);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // Both answers occur in both versions, and v3 stores strictly more.
+    assert!(checked > 100_000, "{checked}");
+    assert!(stored[0] > 1_000 && stored[1] > stored[0], "{stored:?}");
+    assert!(stored[1] < checked / 2, "{stored:?} of {checked}");
+}

@@ -17,7 +17,7 @@
 //!   function; in v2 they are a [`WriteError::Unrepresentable`] error, as are rules no
 //!   encoding expresses (`ValCfa`, undefined FP, `reg + offset` without dereference).
 //! - RA-undefined rows are stored as zero-data-word FREs: only the CFA base register
-//!   bit and the mangled-RA bit are kept (the CFA offset and FP rule are not stored;
+//!   bit (so the base must be SP or FP) and the mangled-RA bit are kept (the CFA offset and FP rule are not stored;
 //!   they read back as offset 0 and FP unchanged).
 //! - `PAUTH_KEY_B` is stored per function and only read back on rows with
 //!   `MANGLED_RA`; `SIGNAL` is stored per function (v3 only).
@@ -116,11 +116,19 @@ impl Ctx {
         }
     }
 
-    fn default_row(&self, rule: &UnwindRule, version: u8) -> Result<EncRow, Fail> {
-        let mut e = Self::empty(rule);
-        if rule.ra == RegRule::Undefined {
-            return Ok(e);
+    /// The zero-word row of an RA-undefined rule: it keeps one bit of the CFA base.
+    fn outermost(rule: &UnwindRule) -> Result<EncRow, Fail> {
+        match rule.cfa.base {
+            CfaBase::Reg(_) => Err("an outermost row with a CFA based on another register"),
+            CfaBase::Sp | CfaBase::Fp => Ok(Self::empty(rule)),
         }
+    }
+
+    fn default_row(&self, rule: &UnwindRule, version: u8) -> Result<EncRow, Fail> {
+        if rule.ra == RegRule::Undefined {
+            return Self::outermost(rule);
+        }
+        let mut e = Self::empty(rule);
         if rule.cfa.deref {
             return Err("a dereferenced CFA");
         }
@@ -182,10 +190,10 @@ impl Ctx {
     }
 
     fn flex_row(&self, rule: &UnwindRule) -> Result<EncRow, Fail> {
-        let mut e = Self::empty(rule);
         if rule.ra == RegRule::Undefined {
-            return Ok(e);
+            return Self::outermost(rule);
         }
+        let mut e = Self::empty(rule);
         let mut words: Vec<(i64, bool)> = Vec::with_capacity(6);
         let ctrl =
             (i64::from(self.dwarf(rule.cfa.base)) << 3) | (i64::from(rule.cfa.deref) << 1) | 1;
@@ -251,21 +259,63 @@ fn fre_type_for(size: u32) -> u8 {
     }
 }
 
+fn abi_of(arch: Arch) -> (Abi, Endian) {
+    match arch {
+        Arch::Amd64 => (Abi::Amd64LittleEndian, Endian::Little),
+        Arch::Aarch64 { big_endian: false } => (Abi::Aarch64LittleEndian, Endian::Little),
+        Arch::Aarch64 { big_endian: true } => (Abi::Aarch64BigEndian, Endian::Big),
+        Arch::S390x => (Abi::S390xBigEndian, Endian::Big),
+    }
+}
+
+impl Ctx {
+    fn new(abi: Abi) -> Ctx {
+        let fixed_ra: i8 = if abi == Abi::Amd64LittleEndian { -8 } else { 0 };
+        Ctx { abi, fixed_ra }
+    }
+}
+
+impl WriteVersion {
+    /// The version number in the header.
+    pub const fn number(self) -> u8 {
+        match self {
+            WriteVersion::V2 => 2,
+            WriteVersion::V3 => 3,
+        }
+    }
+}
+
+/// Whether [`write_section`] stores `rule` for `arch` in `version` so that it reads back
+/// as it is, the one place that decides what a version can express: a row with this rule
+/// is neither an [`WriteError::Unrepresentable`] error nor altered. RA-undefined rules
+/// count as stored: their zero-word rows keep, by design, only the CFA base and the flags.
+///
+/// Per-function consistency (one signal flag and one pointer-authentication key per
+/// function) is not a property of one rule and is not checked here.
+pub fn stores_rule(arch: Arch, version: WriteVersion, rule: &UnwindRule) -> bool {
+    let (abi, _) = abi_of(arch);
+    let v3 = version == WriteVersion::V3;
+    if rule.flags.contains(RuleFlags::SIGNAL) && !v3 {
+        return false;
+    }
+    if rule.flags.contains(RuleFlags::MANGLED_RA) && !abi.is_aarch64() {
+        return false;
+    }
+    let ctx = Ctx::new(abi);
+    let fits = |row: Result<EncRow, Fail>| row.ok().and_then(|r| size_code(&r)).is_some();
+    fits(ctx.default_row(rule, version.number())) || (v3 && fits(ctx.flex_row(rule)))
+}
+
 /// Encode `table` as an SFrame section of the requested version.
 pub fn write_section(
     table: &UnwindTable,
     opts: &WriteOptions,
 ) -> Result<(Vec<u8>, WriteStats), WriteError> {
-    let (abi, endian) = match table.arch {
-        Arch::Amd64 => (Abi::Amd64LittleEndian, Endian::Little),
-        Arch::Aarch64 { big_endian: false } => (Abi::Aarch64LittleEndian, Endian::Little),
-        Arch::Aarch64 { big_endian: true } => (Abi::Aarch64BigEndian, Endian::Big),
-        Arch::S390x => (Abi::S390xBigEndian, Endian::Big),
-    };
+    let (abi, endian) = abi_of(table.arch);
     let v3 = opts.version == WriteVersion::V3;
-    let version: u8 = if v3 { 3 } else { 2 };
-    let fixed_ra: i8 = if abi == Abi::Amd64LittleEndian { -8 } else { 0 };
-    let ctx = Ctx { abi, fixed_ra };
+    let version = opts.version.number();
+    let ctx = Ctx::new(abi);
+    let fixed_ra = ctx.fixed_ra;
     let mut stats = WriteStats::default();
     let max_rows = if v3 {
         usize::from(u16::MAX)
