@@ -492,30 +492,28 @@ struct Reader<'a> {
 
 impl<'a> Reader<'a> {
     fn take(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], Corruption> {
-        let end = self.at.checked_add(n).filter(|&e| e <= self.bytes.len());
-        let Some(end) = end else {
+        let end = self.at.checked_add(n);
+        let Some((s, end)) = end.and_then(|e| Some((self.bytes.get(self.at..e)?, e))) else {
             return Err(Corruption::Truncated { what, at: self.at });
         };
-        let s = &self.bytes[self.at..end];
         self.at = end;
         Ok(s)
     }
+    fn array<const N: usize>(&mut self, what: &'static str) -> Result<[u8; N], Corruption> {
+        let at = self.at;
+        <[u8; N]>::try_from(self.take(N, what)?).map_err(|_| Corruption::Truncated { what, at })
+    }
     fn u8(&mut self, what: &'static str) -> Result<u8, Corruption> {
-        Ok(self.take(1, what)?[0])
+        self.array::<1>(what).map(|[b]| b)
     }
     fn u16(&mut self, what: &'static str) -> Result<u16, Corruption> {
-        let b = self.take(2, what)?;
-        Ok(u16::from_le_bytes([b[0], b[1]]))
+        self.array(what).map(u16::from_le_bytes)
     }
     fn u32(&mut self, what: &'static str) -> Result<u32, Corruption> {
-        let b = self.take(4, what)?;
-        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        self.array(what).map(u32::from_le_bytes)
     }
     fn u64(&mut self, what: &'static str) -> Result<u64, Corruption> {
-        let b = self.take(8, what)?;
-        let mut a = [0u8; 8];
-        a.copy_from_slice(b);
-        Ok(u64::from_le_bytes(a))
+        self.array(what).map(u64::from_le_bytes)
     }
     /// A count of `size`-byte items that must fit in the bytes left.
     fn count(&mut self, size: usize, what: &'static str) -> Result<usize, Corruption> {
@@ -579,15 +577,28 @@ fn decode(
     let n = r.count(12, "rules")?;
     let mut global = Vec::with_capacity(n);
     for _ in 0..n {
-        let b = r.take(12, "rule")?;
+        let [
+            c0,
+            c1,
+            c2,
+            c3,
+            r0,
+            r1,
+            f0,
+            f1,
+            cfa_base,
+            ra_kind,
+            fp_kind,
+            flags,
+        ] = r.array::<12>("rule")?;
         let rule = RuleEntry {
-            cfa_offset: i32::from_le_bytes([b[0], b[1], b[2], b[3]]),
-            ra_offset: i16::from_le_bytes([b[4], b[5]]),
-            fp_offset: i16::from_le_bytes([b[6], b[7]]),
-            cfa_base: b[8],
-            ra_kind: b[9],
-            fp_kind: b[10],
-            flags: b[11],
+            cfa_offset: i32::from_le_bytes([c0, c1, c2, c3]),
+            ra_offset: i16::from_le_bytes([r0, r1]),
+            fp_offset: i16::from_le_bytes([f0, f1]),
+            cfa_base,
+            ra_kind,
+            fp_kind,
+            flags,
         };
         global.push(dict.intern(rule).map_err(Corruption::Rules)?);
     }
@@ -611,7 +622,7 @@ fn decode(
         return Err(Corruption::Trailing(body.len() - r.at).into());
     }
     // The kernel side relies on pages pointing into the rows, in order.
-    if pages.windows(2).any(|w| w[0] > w[1])
+    if pages.windows(2).any(|w| matches!(w, [a, b] if a > b))
         || pages.last().is_some_and(|&l| l as usize > rows.len())
     {
         return Err(Corruption::Pages.into());

@@ -173,15 +173,17 @@ impl<T: Copy> MmapArray<T> {
 
     /// Bytes of the array mapped into this process now.
     fn mapped_bytes(&self) -> usize {
-        (0..self.chunks.len())
-            .filter(|&c| self.chunks[c].get().is_some())
-            .map(|c| self.chunk_bytes(c))
+        self.chunks
+            .iter()
+            .enumerate()
+            .filter(|(_, chunk)| chunk.get().is_some())
+            .map(|(c, _)| self.chunk_bytes(c))
             .sum()
     }
 
     fn unmap(&mut self) {
         for c in 0..self.chunks.len() {
-            if let Some(ptr) = self.chunks[c].take() {
+            if let Some(ptr) = self.chunks.get_mut(c).and_then(|chunk| chunk.take()) {
                 // SAFETY: unmapping what `chunk` mapped; no reference into it outlives
                 // `&mut self`.
                 unsafe { libc::munmap(ptr.as_ptr().cast(), self.chunk_bytes(c)) };
@@ -421,12 +423,17 @@ impl KernelTables {
         let written = (|| {
             for (b, rows) in flat.rows.chunks(ROW_BLOCK).enumerate() {
                 let mut block = RowBlock::default();
-                block.0[..rows.len()].copy_from_slice(rows);
+                // `chunks` gives at most a block's worth.
+                for (slot, row) in block.0.iter_mut().zip(rows) {
+                    *slot = *row;
+                }
                 self.rows.set(row_block as usize + b, block)?;
             }
             for (b, entries) in flat.pages.chunks(PAGE_BLOCK).enumerate() {
                 let mut block = PageBlock::default();
-                block.0[..entries.len()].copy_from_slice(entries);
+                for (slot, entry) in block.0.iter_mut().zip(entries) {
+                    *slot = *entry;
+                }
                 self.pages.set(page_block as usize + b, block)?;
             }
             Ok(())
@@ -455,7 +462,9 @@ impl KernelTables {
         if self.object_entries.len() <= slot {
             self.object_entries.resize(slot + 1, ObjectEntry::default());
         }
-        self.object_entries[slot] = entry;
+        if let Some(e) = self.object_entries.get_mut(slot) {
+            *e = entry;
+        }
         if self.free_objects.last() == Some(&id) {
             self.free_objects.pop();
         } else {
@@ -476,10 +485,10 @@ impl KernelTables {
 
     fn upload_rules(&mut self) -> Result<(), TablesError> {
         let rules = self.dict.rules();
-        while self.uploaded_rules < rules.len() {
+        while let Some(&rule) = rules.get(self.uploaded_rules) {
             let i = self.uploaded_rules;
             self.rules
-                .set(i as u32, rules[i], 0)
+                .set(i as u32, rule, 0)
                 .map_err(|source| TablesError::Map {
                     map: maps::RULES,
                     source,
@@ -498,7 +507,9 @@ impl KernelTables {
     ) -> Result<usize, TablesError> {
         let mut entry = Box::<ProcessEntry>::default();
         let n = mappings.len().min(MAX_MAPPINGS);
-        entry.mappings[..n].copy_from_slice(&mappings[..n]);
+        for (slot, m) in entry.mappings.iter_mut().zip(mappings) {
+            *slot = *m;
+        }
         entry.count = n as u32;
         entry.addr_bits = process_addr_bits(mappings);
         self.processes
@@ -584,14 +595,14 @@ impl sframe_common::step::Tables for KernelView<'_> {
         self.tables
             .pages
             .get(i / PAGE_BLOCK)
-            .map(|b| b.0[i % PAGE_BLOCK])
+            .and_then(|b| b.0.get(i % PAGE_BLOCK).copied())
     }
     fn row(&mut self, index: u32) -> Option<RowEntry> {
         let i = index as usize;
         self.tables
             .rows
             .get(i / ROW_BLOCK)
-            .map(|b| b.0[i % ROW_BLOCK])
+            .and_then(|b| b.0.get(i % ROW_BLOCK).copied())
     }
     fn rule(&mut self, index: u16) -> Option<RuleEntry> {
         self.tables.dict.rules().get(usize::from(index)).copied()
@@ -602,7 +613,9 @@ impl sframe_common::step::Tables for KernelView<'_> {
 impl KernelTables {
     pub fn row(&mut self, index: u32) -> Option<RowEntry> {
         let i = index as usize;
-        self.rows.get(i / ROW_BLOCK).map(|b| b.0[i % ROW_BLOCK])
+        self.rows
+            .get(i / ROW_BLOCK)
+            .and_then(|b| b.0.get(i % ROW_BLOCK).copied())
     }
 }
 

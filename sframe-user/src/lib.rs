@@ -34,7 +34,7 @@
 //! (`sframe-common`: map layout, names, budgets, the frame step).
 
 // Library code does not panic on what it reads: no `unwrap`/`expect`, no indexing or
-// slicing that can fail (the modules marked below are not converted yet; tests may).
+// slicing that can fail (tests may; the few proven-safe hot loops say why they allow it).
 #![cfg_attr(
     not(test),
     deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)
@@ -48,16 +48,12 @@ pub mod procfs;
 pub mod sanitize;
 pub mod segments;
 pub mod sframe;
-#[allow(clippy::indexing_slicing, clippy::unwrap_used, clippy::expect_used)]
-// not converted yet (issue 17)
 pub mod table;
 pub mod unwinder;
 
 #[cfg(feature = "profiler")]
 pub mod bpf;
 #[cfg(feature = "profiler")]
-#[allow(clippy::indexing_slicing, clippy::unwrap_used, clippy::expect_used)]
-// not converted yet (issue 17)
 pub mod cache;
 #[cfg(feature = "profiler")]
 pub mod cgroup;
@@ -68,8 +64,6 @@ pub mod export;
 #[cfg(feature = "profiler")]
 pub mod governor;
 #[cfg(feature = "profiler")]
-#[allow(clippy::indexing_slicing, clippy::unwrap_used, clippy::expect_used)]
-// not converted yet (issue 17)
 pub mod kmaps;
 #[cfg(feature = "profiler")]
 pub mod objects;

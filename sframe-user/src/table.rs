@@ -504,7 +504,7 @@ impl RuleIndex {
         let bits = self.slots.len().trailing_zeros();
         let mut i = (rule_hash(rule) >> (64 - bits)) as usize;
         loop {
-            match self.slots[i] {
+            match self.slots.get(i).copied().unwrap_or(0) {
                 0 => return i,
                 n if rules.get(usize::from(n) - 1) == Some(rule) => return i,
                 _ => i = (i + 1) & mask,
@@ -520,7 +520,7 @@ impl RuleIndex {
             self.rebuild(rules, 64);
         }
         let i = self.probe(&rule, rules);
-        match self.slots[i] {
+        match self.slots.get(i).copied().unwrap_or(0) {
             0 => self.insert(rule, rules, i),
             n => n,
         }
@@ -534,7 +534,9 @@ impl RuleIndex {
         rules.push(rule);
         // At most MAX_TABLE_RULES rules: the number fits.
         let n = rules.len() as u16;
-        self.slots[slot] = n;
+        if let Some(s) = self.slots.get_mut(slot) {
+            *s = n;
+        }
         if rules.len() * 2 > self.slots.len() {
             self.rebuild(rules, self.slots.len() * 2);
         }
@@ -545,7 +547,9 @@ impl RuleIndex {
         self.slots = vec![0; slots];
         for (k, rule) in rules.iter().enumerate() {
             let i = self.probe(rule, rules);
-            self.slots[i] = (k + 1) as u16;
+            if let Some(s) = self.slots.get_mut(i) {
+                *s = (k + 1) as u16;
+            }
         }
     }
 }
@@ -656,7 +660,11 @@ impl TableBuilder {
         source: Source,
         mut functions: Vec<Function>,
     ) -> UnwindTable {
-        debug_assert!(functions.windows(2).all(|w| w[0].end() <= w[1].start));
+        debug_assert!(
+            functions
+                .windows(2)
+                .all(|w| matches!(w, [a, b] if a.end() <= b.start))
+        );
         let used: u64 = functions.iter().map(|f| u64::from(f.row_count)).sum();
         if used == self.table.rows.len() as u64 {
             // Every row is used (the usual case: nothing was cut or dropped).
@@ -668,11 +676,13 @@ impl TableBuilder {
         // Move each function's rows down to the next free slot, in row order: a slot
         // is never written before its row was moved.
         let mut order: Vec<u32> = (0..functions.len() as u32).collect();
-        order.sort_unstable_by_key(|&i| functions[i as usize].first_row);
+        order.sort_unstable_by_key(|&i| functions.get(i as usize).map_or(0, |f| f.first_row));
         let rows = &mut self.table.rows;
         let mut cursor = 0usize;
         for i in order {
-            let f = &mut functions[i as usize];
+            let Some(f) = functions.get_mut(i as usize) else {
+                continue;
+            };
             let first = (f.first_row as usize).min(rows.len());
             let end = first.saturating_add(f.row_count as usize).min(rows.len());
             debug_assert!(first >= cursor, "rows shared by two functions");

@@ -92,20 +92,26 @@ fn dedupe(
     // buffer a stable sort allocates.
     cands.sort_unstable_by_key(|c| (c.start(), std::cmp::Reverse(c.end()), c.index()));
     // Compacted in place: `kept` never passes the candidate being looked at.
-    let mut kept = 0;
+    let mut kept = 0usize;
     for i in 0..cands.len() {
-        let c = cands[i];
-        let prev_end = if kept == 0 { 0 } else { cands[kept - 1].end() };
-        if c.start() >= prev_end || kept == 0 {
-            cands[kept] = c;
+        let Some(&c) = cands.get(i) else {
+            break;
+        };
+        let prev = kept.checked_sub(1).and_then(|k| cands.get(k));
+        let Some(prev_end) = prev.map(Candidate::end).filter(|&e| c.start() < e) else {
+            if let Some(slot) = cands.get_mut(kept) {
+                *slot = c;
+            }
             kept += 1;
             continue;
-        }
+        };
         match slice(builder, &c.function(), prev_end, c.end())
             .and_then(|function| c.with_function(&function))
         {
             Some(cut) => {
-                cands[kept] = cut;
+                if let Some(slot) = cands.get_mut(kept) {
+                    *slot = cut;
+                }
                 kept += 1;
             }
             None => drop_candidate(c.origin(section), stats),
@@ -129,7 +135,7 @@ fn fill_gaps(
         let mut pieces = Vec::new();
         let mut cursor = a;
         let first = base.partition_point(|f| f.end() <= a);
-        for f in &base[first..] {
+        for f in base.get(first..).unwrap_or_default() {
             if f.start() >= b {
                 break;
             }
@@ -163,7 +169,7 @@ fn fill_gaps(
 fn cfi_covers(builder: &TableBuilder, base: &[Candidate], a: u64, b: u64) -> bool {
     let mut cursor = a;
     let first = base.partition_point(|f| f.end() <= a);
-    for c in &base[first..] {
+    for c in base.get(first..).unwrap_or_default() {
         let f = c.function();
         if f.start >= b || f.start > cursor {
             break;
@@ -205,11 +211,14 @@ fn replace_range(
 ) -> Vec<Candidate> {
     // Non-overlapping and sorted by start, so sorted by end too.
     let lo = base.partition_point(|c| c.end() <= a);
-    let hi = lo + base[lo..].partition_point(|c| c.start() < b);
+    let hi = lo
+        + base
+            .get(lo..)
+            .map_or(0, |rest| rest.partition_point(|c| c.start() < b));
     let mut front = None;
     let mut back = None;
-    if lo < hi {
-        let (first, last) = (base[lo], base[hi - 1]);
+    let last = hi.checked_sub(1).and_then(|h| base.get(h));
+    if let (true, Some(&first), Some(&last)) = (lo < hi, base.get(lo), last) {
         front = slice(builder, &first.function(), first.start(), a)
             .and_then(|f| first.with_function(&f));
         back = slice(builder, &last.function(), b, last.end()).and_then(|f| last.with_function(&f));
@@ -247,7 +256,8 @@ pub(crate) fn slice(builder: &mut TableBuilder, f: &Function, a: u64, b: u64) ->
     let first = rows
         .partition_point(|r| r.start_offset() <= lo)
         .checked_sub(1)?;
-    let kept: Vec<_> = rows[first..]
+    let kept: Vec<_> = rows
+        .get(first..)?
         .iter()
         .take_while(|r| r.start_offset() < hi)
         .map(|r| r.at(r.start_offset().saturating_sub(lo)))

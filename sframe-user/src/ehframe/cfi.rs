@@ -208,7 +208,7 @@ fn patch_cie(entry: &[u8], is_eh: bool) -> Option<(usize, Vec<u8>, bool)> {
     }
     let aug_at = version_at + 1;
     let nul = aug_at + entry.get(aug_at..)?.iter().position(|&b| b == 0)?;
-    let aug = &entry[aug_at..nul];
+    let aug = entry.get(aug_at..nul)?;
     let dropped = aug
         .iter()
         .filter(|c| FLAG_AUGMENTATIONS.contains(c))
@@ -230,10 +230,10 @@ fn patch_cie(entry: &[u8], is_eh: bool) -> Option<(usize, Vec<u8>, bool)> {
         .filter(|c| !FLAG_AUGMENTATIONS.contains(c))
         .collect();
     fixed.push(0);
-    let caf = &entry[caf_at..caf_at + caf_len];
-    fixed.extend_from_slice(&caf[..caf_len - 1]);
+    let (&last, head) = entry.get(caf_at..caf_at + caf_len)?.split_last()?;
+    fixed.extend_from_slice(head);
     // The last byte goes on with a continuation bit; zero-valued groups follow.
-    fixed.push(caf[caf_len - 1] | 0x80);
+    fixed.push(last | 0x80);
     fixed.extend(std::iter::repeat_n(0x80, dropped - 1));
     fixed.push(0);
     debug_assert_eq!(fixed.len(), caf_at + caf_len - aug_at);
@@ -288,7 +288,10 @@ fn prescan(
             && let Some((at, fixed, key_b)) = patch_cie(entry, is_eh)
         {
             let copy = patched.get_or_insert_with(|| data.to_vec());
-            copy[offset + at..offset + at + fixed.len()].copy_from_slice(&fixed);
+            // Inside `entry`, a part of `data`: the range is in the copy.
+            if let Some(dst) = copy.get_mut(offset + at..offset + at + fixed.len()) {
+                dst.copy_from_slice(&fixed);
+            }
             if key_b && let Ok(o) = u32::try_from(offset) {
                 key_b_cies.push(o);
             }
@@ -779,7 +782,9 @@ pub(crate) fn push_row(rows: &mut Vec<Row>, row: Row) {
         if last.start_offset == row.start_offset {
             last.rule = row.rule;
             // The replaced row may now equal its predecessor.
-            if rows.len() >= 2 && rows[rows.len() - 2].rule == rows[rows.len() - 1].rule {
+            if let [.., a, b] = rows.as_slice()
+                && a.rule == b.rule
+            {
                 rows.pop();
             }
             return;

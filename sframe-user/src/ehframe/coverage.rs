@@ -96,21 +96,21 @@ fn ruled_bytes(table: &UnwindTable, f: &Function, a: u64, b: u64) -> u64 {
 /// `xchg %ax,%ax`, `nopl`/`nopw` with prefixes), `int3` and zero bytes; AArch64 `nop`
 /// words and zero words.
 pub(crate) fn trailing_padding(arch: Arch, gap: &[u8]) -> usize {
-    let from = gap.len().saturating_sub(MAX_PADDING);
+    let tail = gap
+        .get(gap.len().saturating_sub(MAX_PADDING)..)
+        .unwrap_or_default();
     match arch {
-        Arch::Amd64 => x86_trailing_padding(&gap[from..]),
-        Arch::Aarch64 { big_endian } => aarch64_padding(&gap[from..], big_endian),
+        Arch::Amd64 => x86_trailing_padding(tail),
+        Arch::Aarch64 { big_endian } => aarch64_padding(tail, big_endian),
         Arch::S390x => 0,
     }
 }
 
 /// Trailing AArch64 `nop` (0xd503201f) and zero words.
 fn aarch64_padding(gap: &[u8], big_endian: bool) -> usize {
-    let words = gap.len() / 4;
-    let tail = &gap[gap.len() - words * 4..];
-    tail.rchunks_exact(4)
-        .take_while(|w| {
-            let w = [w[0], w[1], w[2], w[3]];
+    gap.rchunks_exact(4)
+        .filter_map(|w| <[u8; 4]>::try_from(w).ok())
+        .take_while(|&w| {
             let v = if big_endian {
                 u32::from_be_bytes(w)
             } else {
@@ -127,15 +127,18 @@ fn aarch64_padding(gap: &[u8], big_endian: bool) -> usize {
 /// instruction at `i` is, and so is the suffix after it (linear time).
 fn x86_trailing_padding(gap: &[u8]) -> usize {
     let n = gap.len().min(MAX_PADDING);
-    let gap = &gap[gap.len() - n..];
+    let gap = gap.get(gap.len() - n..).unwrap_or_default();
+    // ok[i]: the suffix from `i` is padding (the empty suffix at `n` is).
     let mut ok = [false; MAX_PADDING + 1];
-    ok[n] = true;
     let mut start = n;
     for i in (0..n).rev() {
-        if let Some(len) = x86_padding_len(&gap[i..])
-            && ok[i + len]
-        {
-            ok[i] = true;
+        let Some(len) = gap.get(i..).and_then(x86_padding_len) else {
+            continue;
+        };
+        if i + len == n || ok.get(i + len).copied().unwrap_or(false) {
+            if let Some(o) = ok.get_mut(i) {
+                *o = true;
+            }
             start = i;
         }
     }
@@ -154,7 +157,7 @@ fn x86_padding_len(b: &[u8]) -> Option<usize> {
         .take(14)
         .take_while(|&&c| c == 0x66 || c == 0x2e)
         .count();
-    let rest = &b[prefixes..];
+    let rest = b.get(prefixes..)?;
     match rest {
         [0x90, ..] if prefixes > 0 => Some(prefixes + 1),
         [0x0f, 0x1f, modrm, ..] => {

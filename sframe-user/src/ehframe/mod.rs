@@ -15,14 +15,8 @@
 //!
 //! Not here: choosing between `.sframe` and CFI per object, and writing SFrame.
 
-#[allow(clippy::indexing_slicing, clippy::unwrap_used, clippy::expect_used)]
-// not converted yet (issue 17)
 mod assemble;
-#[allow(clippy::indexing_slicing, clippy::unwrap_used, clippy::expect_used)]
-// not converted yet (issue 17)
 mod cfi;
-#[allow(clippy::indexing_slicing, clippy::unwrap_used, clippy::expect_used)]
-// not converted yet (issue 17)
 mod coverage;
 mod elf;
 mod error;

@@ -10,8 +10,6 @@ pub mod dump;
 pub mod error;
 pub mod header;
 pub mod lookup;
-#[allow(clippy::indexing_slicing, clippy::unwrap_used, clippy::expect_used)]
-// not converted yet (issue 17)
 pub mod read;
 mod scan;
 pub mod write;
