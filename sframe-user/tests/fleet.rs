@@ -833,18 +833,22 @@ fn large_objects_are_built_off_the_event_loop_and_then_used() {
         "volatile unsigned long sink;",
         "volatile unsigned long sink;\nconst unsigned char ballast[12 << 20] = {1};",
     ) + "\nunsigned long touch(int i) { return ballast[i]; }\n";
-    let exe = compile_c("large", &source, &["-O2", "-fomit-frame-pointer"]);
+    // Static: the executable is the only file its process maps, so the store's
+    // figures below are about it alone.
+    let exe = compile_c(
+        "large",
+        &source,
+        &["-O2", "-fomit-frame-pointer", "-static"],
+    );
     let size = std::fs::metadata(&exe).unwrap().len();
     assert!(
         size > sframe_user::objects::SYNC_BUILD_BYTES as u64,
         "fixture of {size} bytes"
     );
-    let spec = TargetSpec {
-        all: true,
-        ..TargetSpec::default()
-    };
-    let mut profiler = Profiler::start_with(config(499, spec)).expect("start");
-    let spinner = KillOnDrop::spawn(&mut Command::new(&exe));
+    // Its own cgroup (loaded from events as in whole-system mode), entered before the
+    // exec: no other process of a busy machine is profiled.
+    let (cgroup, mut profiler) = profiler_of_own_cgroup("sframe-large");
+    let spinner = spawn_into_cgroup(&cgroup, &mut Command::new(&exe));
     let pid = spinner.pid();
     // The build runs on the worker while the spinner runs: wait for it (bounded by the
     // spinner's CPU, not by wall time).
@@ -858,11 +862,12 @@ fn large_objects_are_built_off_the_event_loop_and_then_used() {
             profiler.store().stats()
         );
     }
-    // It was hashed on the worker too, not on the loop (its first sight).
+    // It was hashed on the worker too, not on the loop (its first sight), and built
+    // there once.
+    let stats = profiler.store().stats();
     assert!(
-        profiler.store().stats().background_identifications >= 1,
-        "{:?}",
-        profiler.store().stats()
+        stats.background_identifications == 1 && stats.background_builds == 1,
+        "{stats:?}"
     );
     let before = profiler.collect();
     let cpu = pump_cpu(&mut profiler, pid, 0.5);
@@ -1076,14 +1081,8 @@ fn samples_waiting_at_the_end_are_walked_with_the_table_built_meanwhile() {
     // It spins 0.3 s of CPU, then waits on its stdin (alive, no more samples); the loop
     // does not run meanwhile: every sample is deferred.
     let cpu = support::hostile::wait_cpu(pid, 0.25, || {});
+    wait_blocked(pid, || thread::sleep(Duration::from_millis(5)));
     let started = Instant::now();
-    while procfs::state(pid) != Some(b'S') {
-        thread::sleep(Duration::from_millis(5));
-        assert!(
-            started.elapsed() < Duration::from_secs(120),
-            "never blocked"
-        );
-    }
     while !profiler
         .targets()
         .iter()
@@ -1101,12 +1100,8 @@ fn samples_waiting_at_the_end_are_walked_with_the_table_built_meanwhile() {
     let waiting = profiler.deferred_waiting_of(pid);
     assert!(waiting > 0, "its samples wait for the table");
     // The profile ends: the build finishes while the end waits for it.
-    profiler.store_mut().hold_builds(false);
-    profiler.flush_deferred(Duration::from_secs(120));
+    let (good, total, bad) = release_builds_and_flush(&mut profiler, pid);
     assert!(profiler.is_alive(pid), "alive to the end");
-    let snap = profiler.collect();
-    let stacks = stacks_of(&profiler, &snap, &profiler.targets(), &[pid].into());
-    let (good, total, bad) = complete_through(&stacks, &["main", "short_work"]);
     eprintln!("{waiting} waited for the build; {good} of {total} complete");
     // The samples that waited for the build are what this is about: without the reload
     // none of them is complete. (Others can end incomplete before the loop first runs:
@@ -1159,14 +1154,9 @@ fn a_process_waiting_for_its_build_cannot_take_the_whole_deferred_backlog() {
     let victim = spawn_in_cgroup(&cgroup, &exe, Stdio::piped());
     let pid = victim.pid();
     let cpu = pump_cpu(&mut profiler, pid, 0.25);
-    let started = Instant::now();
-    while procfs::state(pid) != Some(b'S') {
+    wait_blocked(pid, || {
         profiler.poll(Duration::from_millis(10));
-        assert!(
-            started.elapsed() < Duration::from_secs(120),
-            "never blocked"
-        );
-    }
+    });
     profiler.poll(Duration::from_millis(10));
     let waiting = profiler.deferred_waiting_of(pid);
     let hog_waiting = profiler.deferred_waiting_of(hog.pid());
@@ -1176,11 +1166,7 @@ fn a_process_waiting_for_its_build_cannot_take_the_whole_deferred_backlog() {
         "the backlog is full: victim {waiting}, attacker {hog_waiting}"
     );
     drop(hog);
-    profiler.store_mut().hold_builds(false);
-    profiler.flush_deferred(Duration::from_secs(120));
-    let snap = profiler.collect();
-    let stacks = stacks_of(&profiler, &snap, &profiler.targets(), &[pid].into());
-    let (good, total, bad) = complete_through(&stacks, &["main", "short_work"]);
+    let (good, total, bad) = release_builds_and_flush(&mut profiler, pid);
     eprintln!("{waiting} waited; {good} of {total} complete");
     assert!(
         total >= samples_floor(cpu, 499),
@@ -1511,6 +1497,59 @@ fn spawn_in_cgroup(cgroup: &TestCgroup, exe: &Path, stdin: Stdio) -> KillOnDrop 
             .arg(exe)
             .stdin(stdin),
     )
+}
+
+/// Waits (calling `step` meanwhile) until `pid` sleeps: a [`SHORT_LARGE_SOURCE`]
+/// process is done spinning and waits on its stdin.
+fn wait_blocked(pid: u32, mut step: impl FnMut()) {
+    let started = Instant::now();
+    while procfs::state(pid) != Some(b'S') {
+        step();
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "never blocked"
+        );
+    }
+}
+
+/// Lets the held builds run, waits for the deferred samples to be walked (as the end
+/// of a profile does), and returns `pid`'s stacks through `main`, `short_work`:
+/// (complete, all, the incomplete ones).
+fn release_builds_and_flush(profiler: &mut Profiler, pid: u32) -> (u64, u64, String) {
+    profiler.store_mut().hold_builds(false);
+    profiler.flush_deferred(Duration::from_secs(120));
+    let snap = profiler.collect();
+    let stacks = stacks_of(profiler, &snap, &profiler.targets(), &[pid].into());
+    complete_through(&stacks, &["main", "short_work"])
+}
+
+/// Spawns `command` in `cgroup`, moved there between fork and exec: unlike
+/// [`spawn_in_cgroup`] no shell (and its libraries) runs in the cgroup first.
+fn spawn_into_cgroup(cgroup: &TestCgroup, command: &mut Command) -> KillOnDrop {
+    use std::os::unix::process::CommandExt as _;
+    let procs = std::ffi::CString::new(
+        cgroup
+            .0
+            .join("cgroup.procs")
+            .into_os_string()
+            .into_encoded_bytes(),
+    )
+    .expect("path without NUL");
+    // SAFETY: the hook only calls open, write and close (async-signal-safe) on memory
+    // prepared before the fork.
+    unsafe {
+        command.pre_exec(move || {
+            let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
+            if fd < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let ok = libc::write(fd, b"0".as_ptr().cast(), 1) == 1;
+            let err = std::io::Error::last_os_error();
+            libc::close(fd);
+            if ok { Ok(()) } else { Err(err) }
+        });
+    }
+    KillOnDrop::spawn(command)
 }
 
 /// ROWS and PAGES, mapped into the profiler, count 19 MB in its RSS: they are unmapped

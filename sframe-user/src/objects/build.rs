@@ -463,18 +463,6 @@ impl ObjectStore {
         derived: Option<Result<Derived, ObjectError>>,
     ) -> ObjectInfo {
         let started = Instant::now();
-        let info = self.build_info(key, path, data, derived);
-        self.build_time += started.elapsed();
-        info
-    }
-
-    pub(super) fn build_info(
-        &mut self,
-        key: &ObjectKey,
-        path: &str,
-        data: &ObjectBytes,
-        derived: Option<Result<Derived, ObjectError>>,
-    ) -> ObjectInfo {
         let mut info = ObjectInfo {
             path: path.to_owned(),
             placement: None,
@@ -546,6 +534,7 @@ impl ObjectStore {
                 info.error = Some(e);
             }
         }
+        self.build_time += started.elapsed();
         info
     }
 }
