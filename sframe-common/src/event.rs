@@ -7,6 +7,7 @@
 pub struct ProcEvent {
     /// A `ProcEventKind`.
     pub kind: u32,
+    /// Process id (thread-group id) the event is about.
     pub pid: u32,
 }
 
@@ -51,8 +52,12 @@ pub const MISS_INTERVAL_NS: u64 = 50_000_000;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CgroupFilter {
+    /// Cgroup id: the inode number of the cgroup's directory.
     pub id: u64,
+    /// Depth of the cgroup below the root of its cgroup2 mount (the root is 0): the
+    /// ancestor level passed to `bpf_get_current_ancestor_cgroup_id`.
     pub level: u32,
+    /// Explicit padding; zero.
     pub _pad: u32,
 }
 

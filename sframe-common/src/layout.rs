@@ -29,7 +29,9 @@ pub const NO_OBJECT: u32 = u32::MAX;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MappingEntry {
+    /// Start address of the mapping in the process (inclusive).
     pub start: u64,
+    /// End address of the mapping in the process (exclusive).
     pub end: u64,
     /// `object virtual address = pc - bias`.
     pub bias: u64,
@@ -51,11 +53,13 @@ pub const MAPPING_FLAG_BUILDING: u32 = 1 << 1;
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct ProcessEntry {
+    /// Number of valid entries at the start of `mappings`.
     pub count: u32,
     /// The process's user virtual-address bits ([`addr_bits`]): every return address
     /// the walk recovers is cut to them, which strips AArch64's pointer-authentication
     /// codes whichever key signed them. 0: no cut (x86-64).
     pub addr_bits: u32,
+    /// The mappings, sorted by `start`; the first `count` are valid.
     pub mappings: [MappingEntry; MAX_MAPPINGS],
 }
 
@@ -105,6 +109,7 @@ pub struct ObjectEntry {
     pub page_count: u32,
     /// Index of the object's first row in ROWS (not in blocks).
     pub row_first: u32,
+    /// Explicit padding; zero.
     pub _pad: u32,
 }
 
@@ -118,7 +123,9 @@ pub struct RowEntry {
     pub rule: u16,
 }
 
+/// Rows per ROWS element ([`RowBlock`]).
 pub const ROW_BLOCK: usize = 8;
+/// PAGES entries per element ([`PageBlock`]).
 pub const PAGE_BLOCK: usize = 8;
 
 /// ROWS element.
@@ -133,6 +140,7 @@ pub struct PageBlock(pub [u32; PAGE_BLOCK]);
 
 /// How to find the CFA: `RuleEntry::cfa_base`.
 pub const CFA_BASE_SP: u8 = 0;
+/// The CFA is computed from the frame pointer.
 pub const CFA_BASE_FP: u8 = 1;
 /// `0x80 | dwarf_register` (register < 32, [`crate::step::TOP_REGS`]; the step masks it with `& 0x1f`): top frame only.
 pub const CFA_BASE_REG: u8 = 0x80;
@@ -171,12 +179,22 @@ pub const RULE_FLAG_PLT16: u8 = 1 << 3;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RuleEntry {
+    /// Bytes added to the CFA base register's value (for a [`RULE_FLAG_PLT16`] rule, see
+    /// [`RuleEntry::cfa_offset_at`]).
     pub cfa_offset: i32,
+    /// Offset for `ra_kind`: bytes from the CFA, SP or FP, or the DWARF register number
+    /// for [`REG_IN_REG`].
     pub ra_offset: i16,
+    /// Offset for `fp_kind`, as `ra_offset`; for a [`RULE_FLAG_PLT16`] rule, the byte of
+    /// each PLT entry from which the CFA is 8 further.
     pub fp_offset: i16,
+    /// How to find the CFA: a `CFA_BASE_*` value.
     pub cfa_base: u8,
+    /// How to recover the caller's return address: a `REG_*` value.
     pub ra_kind: u8,
+    /// How to recover the caller's frame pointer: a `REG_*` value.
     pub fp_kind: u8,
+    /// `RULE_FLAG_*` bits.
     pub flags: u8,
 }
 
@@ -192,6 +210,8 @@ impl RuleEntry {
         flags: 0,
     };
 
+    /// Whether this is the "no rule" entry (`cfa_base == CFA_BASE_NONE`, as in
+    /// [`RuleEntry::NONE`]).
     pub const fn is_none(&self) -> bool {
         self.cfa_base == CFA_BASE_NONE
     }

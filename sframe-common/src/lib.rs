@@ -7,6 +7,7 @@
 //!
 //! It is not a parser: reading SFrame or DWARF happens in `sframe-user`.
 #![no_std]
+#![deny(missing_docs)]
 
 pub mod budget;
 pub mod codec;

@@ -37,8 +37,11 @@ pub struct OffCpuStart {
     pub carried_ns: u64,
     /// The user PC and SP it will return to.
     pub pc: u64,
+    /// The user stack pointer it will return to (see `pc`).
     pub sp: u64,
+    /// Process id (thread-group id).
     pub pid: u32,
+    /// Thread id.
     pub tid: u32,
     /// `OFF_CPU_UNINTERRUPTIBLE` or 0.
     pub state: u32,
@@ -48,6 +51,7 @@ pub struct OffCpuStart {
     /// The observation window it started in ([`OFF_CPU_CONTROL_WINDOW`]): a sleep is
     /// charged only if it ends in the same one.
     pub window: u32,
+    /// Explicit padding; zero.
     pub _pad: u32,
 }
 
@@ -82,11 +86,18 @@ pub const OFF_CPU_CONTROL_LEN: u32 = 3;
 pub struct OffCpuDue {
     /// The task (its `task_struct` address); 0 = none.
     pub task: u64,
+    /// Nanoseconds slept, weighted by `weight`, plus those carried from earlier sleeps
+    /// ([`OffCpuStart::carried_ns`]).
     pub ns: u64,
+    /// The user PC the thread will return to (as [`OffCpuStart::pc`]).
     pub pc: u64,
+    /// The user stack pointer the thread will return to (as [`OffCpuStart::sp`]).
     pub sp: u64,
+    /// Process id (thread-group id).
     pub pid: u32,
+    /// Thread id.
     pub tid: u32,
+    /// [`OFF_CPU_UNINTERRUPTIBLE`] or 0 (as [`OffCpuStart::state`]).
     pub state: u32,
     /// As [`OffCpuStart::weight`] (`ns` is weighted already).
     pub weight: u32,
@@ -100,7 +111,9 @@ pub struct OffCpuDue {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct OffCpuKey {
+    /// Process id (thread-group id).
     pub pid: u32,
+    /// Thread id.
     pub tid: u32,
     /// Key of the user stack in `STACKS`; 0 = none.
     pub user_stack: u64,
@@ -108,6 +121,7 @@ pub struct OffCpuKey {
     pub kernel_stack: u64,
     /// A `WalkOutcome`, with `OFF_CPU_UNINTERRUPTIBLE`.
     pub outcome: u32,
+    /// Explicit padding; zero.
     pub _pad: u32,
     /// The thread's name (`comm`, NUL-padded).
     pub comm: [u8; 16],

@@ -32,7 +32,9 @@ pub enum WalkOutcome {
 }
 
 impl WalkOutcome {
+    /// Number of outcomes (the length of [`WalkOutcome::ALL`]).
     pub const COUNT: usize = 12;
+    /// Every outcome, in the order of their codes (`ALL[i] as usize == i`).
     pub const ALL: [WalkOutcome; Self::COUNT] = [
         Self::Complete,
         Self::Truncated,
@@ -48,6 +50,7 @@ impl WalkOutcome {
         Self::ZeroReturnAddress,
     ];
 
+    /// The outcome's name in snake case (e.g. `no_mapping`), for reports and metrics.
     pub const fn name(self) -> &'static str {
         match self {
             Self::Complete => "complete",
@@ -136,7 +139,9 @@ pub enum Counter {
 }
 
 impl Counter {
+    /// Number of counters (the length of [`Counter::ALL`]).
     pub const COUNT: usize = 19;
+    /// Every counter, in the order of their codes (`ALL[i] as usize == i`).
     pub const ALL: [Counter; Self::COUNT] = [
         Self::Samples,
         Self::SamplesInKernel,
@@ -159,6 +164,7 @@ impl Counter {
         Self::OffCpuPaused,
     ];
 
+    /// The counter's name in snake case (e.g. `stack_map_full`), for reports and metrics.
     pub const fn name(self) -> &'static str {
         match self {
             Self::Samples => "samples",

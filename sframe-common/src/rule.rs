@@ -24,12 +24,16 @@ pub enum CfaBase {
 /// (e.g. a DRAP-realigned frame on AMD64: CFA = *(rbp - 8)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct CfaRule {
+    /// The register the CFA is computed from.
     pub base: CfaBase,
+    /// Bytes added to the base register's value.
     pub offset: i32,
+    /// The CFA is the word read at `base + offset`, not the sum itself.
     pub deref: bool,
 }
 
 impl CfaRule {
+    /// `CFA = SP + offset`.
     pub const fn sp(offset: i32) -> Self {
         Self {
             base: CfaBase::Sp,
@@ -37,6 +41,7 @@ impl CfaRule {
             deref: false,
         }
     }
+    /// `CFA = FP + offset`.
     pub const fn fp(offset: i32) -> Self {
         Self {
             base: CfaBase::Fp,
@@ -60,7 +65,12 @@ pub enum RegRule {
     InReg(u16),
     /// Saved in memory at `*(reg + offset)` (SFrame v3 FLEX, DWARF expressions of the
     /// form `DW_OP_bregN off`); known in the top frame only unless `reg` is SP/FP.
-    AtReg { reg: u16, offset: i32 },
+    AtReg {
+        /// DWARF register number.
+        reg: u16,
+        /// Bytes added to the register's value.
+        offset: i32,
+    },
     /// Undefined. For the RA this marks the outermost frame (`_start`, `clone`): the walk
     /// is complete.
     Undefined,
@@ -78,9 +88,11 @@ impl RuleFlags {
     /// The signing key is B (else A); meaningful with `MANGLED_RA`.
     pub const PAUTH_KEY_B: u8 = 1 << 2;
 
+    /// Whether flag `bit` (one of the constants above) is set.
     pub const fn contains(self, bit: u8) -> bool {
         self.0 & bit != 0
     }
+    /// These flags with `bit` set too.
     pub const fn with(self, bit: u8) -> Self {
         Self(self.0 | bit)
     }
@@ -89,9 +101,13 @@ impl RuleFlags {
 /// The rule for one PC: how to get from this frame's registers to the caller's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct UnwindRule {
+    /// How to compute the CFA.
     pub cfa: CfaRule,
+    /// How to recover the caller's return address.
     pub ra: RegRule,
+    /// How to recover the caller's frame pointer.
     pub fp: RegRule,
+    /// Signal frame and return-address signing ([`RuleFlags`] bits).
     pub flags: RuleFlags,
 }
 

@@ -40,7 +40,9 @@ const _: () = assert!(core::mem::size_of::<RawSample>() == 48);
 /// Stack bytes a deferred sample carries: whole pages from the page of the stack pointer
 /// up (pages are mapped or not as a whole, so a read never half-fails).
 pub const DEFERRED_PAGES: usize = 4;
+/// Bytes per page of a deferred sample's stack copy.
 pub const DEFERRED_PAGE: usize = 4096;
+/// Capacity of [`DeferredSample::stack`] in bytes.
 pub const DEFERRED_STACK_BYTES: usize = DEFERRED_PAGES * DEFERRED_PAGE;
 
 /// A sample the kernel side could not unwind for lack of tables (a process not loaded
@@ -49,7 +51,9 @@ pub const DEFERRED_STACK_BYTES: usize = DEFERRED_PAGES * DEFERRED_PAGE;
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct DeferredSample {
+    /// Process id (thread-group id).
     pub pid: u32,
+    /// Thread id.
     pub tid: u32,
     /// Kernel stack id (`bpf_get_stackid`), or -1.
     pub kernel_stack: i32,
@@ -62,11 +66,16 @@ pub struct DeferredSample {
     pub off_cpu_ns: u64,
     /// The off-CPU sleep's state flags (`OFF_CPU_UNINTERRUPTIBLE`).
     pub off_cpu_state: u32,
+    /// Explicit padding; zero.
     pub _pad: u32,
     /// The off-CPU sleep's kernel stack, a key in `STACKS` (0: none).
     pub off_cpu_kernel_stack: u64,
+    /// The registers the walk starts from (PC, SP and FP of the interrupted frame).
     pub regs: crate::step::Regs,
+    /// DWARF registers of the interrupted frame (as
+    /// [`WalkState::top`](crate::step::WalkState::top)).
     pub top: [u64; crate::step::TOP_REGS],
+    /// The stack bytes from `stack_base`; the first `stack_len` are valid.
     pub stack: [u8; DEFERRED_STACK_BYTES],
 }
 

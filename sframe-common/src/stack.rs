@@ -8,8 +8,11 @@ use crate::budget::MAX_FRAMES;
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct UserStack {
+    /// Number of valid entries at the start of `frames`.
     pub len: u32,
+    /// Explicit padding; zero.
     pub _pad: u32,
+    /// Frame words, innermost first; the first `len` are valid.
     pub frames: [u64; MAX_FRAMES],
 }
 
@@ -53,7 +56,9 @@ pub const fn lookup_address(index: usize, word: u64) -> u64 {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct CountKey {
+    /// Process id (thread-group id).
     pub pid: u32,
+    /// Thread id.
     pub tid: u32,
     /// Key of the user stack in STACKS (a hash of its frames); 0 = no user stack.
     pub user_stack: u64,
@@ -72,8 +77,12 @@ pub const fn mix(hash: u64, word: u64) -> u64 {
     (hash ^ word).wrapping_mul(0x0000_0100_0000_01b3)
 }
 
+/// Initial value of a stack hash (the 64-bit FNV offset basis), fed each frame word with
+/// [`mix`].
 pub const HASH_SEED: u64 = 0xcbf2_9ce4_8422_2325;
 
+/// Completes a stack hash: folds in the frame count `len`, and maps 0 to 1 (so a stack
+/// key is never 0).
 #[inline(always)]
 pub const fn finish(hash: u64, len: u32) -> u64 {
     let h = mix(hash, len as u64);
@@ -90,11 +99,15 @@ pub const BASELINE_FRAMES: usize = 127;
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct BaselineSample {
+    /// Process id (thread-group id).
     pub pid: u32,
+    /// Thread id.
     pub tid: u32,
     /// Frames `bpf_get_stack` returned (0 when it failed).
     pub len: u32,
+    /// Explicit padding; zero.
     pub _pad: u32,
+    /// Frame addresses, innermost first; the first `len` are valid.
     pub frames: [u64; BASELINE_FRAMES],
 }
 

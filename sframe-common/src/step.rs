@@ -20,8 +20,11 @@ pub const TOP_REGS: usize = 32;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Regs {
+    /// Program counter.
     pub pc: u64,
+    /// Stack pointer.
     pub sp: u64,
+    /// Frame pointer (rbp on x86-64, x29 on AArch64).
     pub fp: u64,
 }
 
@@ -29,12 +32,15 @@ pub struct Regs {
 pub trait Tables {
     /// Executable mappings of the sampled process (sorted by start).
     fn mapping_count(&mut self) -> u32;
+    /// The mapping at `index` (in start order), or `None` if it cannot be read.
     fn mapping(&mut self, index: u32) -> Option<MappingEntry>;
+    /// OBJECTS entry `id`, or `None` if it cannot be read.
     fn object(&mut self, id: u32) -> Option<ObjectEntry>;
     /// PAGES entry by absolute index.
     fn page_entry(&mut self, index: u32) -> Option<u32>;
     /// ROWS entry by absolute index.
     fn row(&mut self, index: u32) -> Option<RowEntry>;
+    /// RULES entry `index` (0 is [`RuleEntry::NONE`]), or `None` if it cannot be read.
     fn rule(&mut self, index: u16) -> Option<RuleEntry>;
     /// The process's [`crate::layout::addr_mask`]: every recovered return address is cut
     /// to it (AArch64 pointer authentication).
@@ -117,16 +123,23 @@ pub struct LookupCache {
     pub mapping_hint: u32,
     /// Id of the object in `object`, or [`NO_OBJECT`]: none cached.
     pub object_id: u32,
+    /// The OBJECTS entry of `object_id`.
     pub object: ObjectEntry,
     /// Absolute PAGES index whose entry and the next are `page_lo`, `page_hi`, valid when
     /// `page_valid` is non-zero.
     pub page_index: u32,
+    /// Non-zero when `page_index`, `page_lo` and `page_hi` are valid.
     pub page_valid: u32,
+    /// PAGES entry `page_index`: the page's first row, relative to the object's
+    /// `row_first`.
     pub page_lo: u32,
+    /// PAGES entry `page_index + 1`: the end (exclusive) of the page's rows, relative to
+    /// the object's `row_first`.
     pub page_hi: u32,
 }
 
 impl LookupCache {
+    /// Nothing cached.
     pub const EMPTY: LookupCache = LookupCache {
         mapping_hint: 0,
         object_id: NO_OBJECT,
@@ -240,7 +253,12 @@ pub fn find_rule<T: Tables>(t: &mut T, pc: u64, cache: &mut LookupCache) -> Look
 pub enum Step {
     /// The caller's registers; `exact_pc` when the caller's PC is not a return address
     /// (the frame was a signal trampoline).
-    Caller { regs: Regs, exact_pc: bool },
+    Caller {
+        /// The caller's registers (its SP is this frame's CFA).
+        regs: Regs,
+        /// The caller's PC is exact, not a return address.
+        exact_pc: bool,
+    },
     /// This frame is the outermost one.
     Outermost,
 }
@@ -366,18 +384,24 @@ pub fn step_frame_pointer(
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct WalkState {
+    /// The registers of the frame being unwound.
     pub regs: Regs,
     /// DWARF registers of the interrupted frame.
     pub top: [u64; TOP_REGS],
+    /// Hash of the frame words recorded so far ([`mix`] from [`HASH_SEED`]);
+    /// [`WalkState::stack_key`] completes it.
     pub hash: u64,
     /// A `WalkOutcome`, valid once the walk stopped.
     pub outcome: u32,
     /// Non-zero when `regs.pc` is exact (after a signal frame), not a return address.
     pub exact_pc: u32,
+    /// Frames unwound with a table rule.
     pub frames_from_table: u32,
+    /// Frames unwound (or attempted) with the frame-pointer step.
     pub frames_from_fp: u32,
     /// What the previous frame's lookup found (a search shortcut).
     pub cache: LookupCache,
+    /// The frame words recorded so far.
     pub stack: UserStack,
 }
 

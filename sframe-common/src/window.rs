@@ -24,8 +24,11 @@ pub const WINDOW_SLACK: u64 = 64;
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct StackWindow {
+    /// User address of the window's first byte.
     pub start: u64,
+    /// Bytes held (0: empty).
     pub len: u64,
+    /// The bytes copied, as 8-byte words; the first `len / 8` are valid.
     pub words: [u64; WINDOW_WORDS],
 }
 

@@ -25,14 +25,24 @@ const MAX_PCMASK_EXPANSION: u64 = 1 << 16;
 /// Pages one object may span (4 GiB of address space).
 const MAX_PAGES_PER_OBJECT: u64 = 1 << 16;
 
+/// Why a table could not be flattened.
 #[derive(Debug, thiserror::Error, Clone, Copy, PartialEq, Eq)]
 pub enum FlattenError {
+    /// The shared rule dictionary holds [`MAX_RULES`] rules already.
     #[error("the rule dictionary is full ({MAX_RULES} rules)")]
     RuleDictionaryFull,
+    /// The object's rows span more 64 KiB pages than one object may (65,536: 4 GiB).
     #[error("object spans {pages} pages of 64 KiB (limit {MAX_PAGES_PER_OBJECT})")]
-    TooManyPages { pages: u64 },
+    TooManyPages {
+        /// Pages the rows span.
+        pages: u64,
+    },
+    /// The object has more rows than a 32-bit index counts.
     #[error("object has {rows} rows (limit u32::MAX)")]
-    TooManyRows { rows: usize },
+    TooManyRows {
+        /// Rows of the flattened object.
+        rows: usize,
+    },
 }
 
 /// The shared rule dictionary: index 0 is "no rule".
@@ -54,6 +64,8 @@ impl Default for RuleDict {
 }
 
 impl RuleDict {
+    /// The index of `rule`, added if it is new; [`FlattenError::RuleDictionaryFull`] when
+    /// it is new and the dictionary holds [`MAX_RULES`] rules already.
     pub fn intern(&mut self, rule: RuleEntry) -> Result<u16, FlattenError> {
         if let Some(&i) = self.index.get(&rule) {
             return Ok(i);
@@ -66,12 +78,15 @@ impl RuleDict {
         self.index.insert(rule, i);
         Ok(i)
     }
+    /// The rules by index (index 0 is [`RuleEntry::NONE`]): the contents of the RULES map.
     pub fn rules(&self) -> &[RuleEntry] {
         &self.rules
     }
+    /// Number of rules, the "no rule" entry included.
     pub fn len(&self) -> usize {
         self.rules.len()
     }
+    /// Always false: the dictionary always holds the "no rule" entry.
     pub fn is_empty(&self) -> bool {
         false
     }
@@ -125,9 +140,12 @@ fn plt16_rule(
 /// One object in the kernel layout (row and page indices relative to the object).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FlatObject {
+    /// Object virtual address of the start of page 0 (page-aligned), as
+    /// [`ObjectEntry::base`].
     pub base: u64,
     /// `page_count + 1` entries; the last is `rows.len()`.
     pub pages: Vec<u32>,
+    /// The rows of all pages in order; each page's rows start with one at `addr_low` 0.
     pub rows: Vec<RowEntry>,
     /// Rows of the input table the kernel cannot apply (became "no rule").
     pub unencodable_rows: u64,
@@ -152,6 +170,7 @@ impl FlatObject {
         Ok(())
     }
 
+    /// Number of pages (`pages.len() - 1`).
     pub fn page_count(&self) -> u32 {
         self.pages.len().saturating_sub(1) as u32
     }
@@ -161,6 +180,9 @@ impl FlatObject {
     }
 }
 
+/// Flattens `table` into the kernel layout, interning its rules in `dict`. Empty
+/// functions and functions that overlap the previous one are left out; rules the kernel
+/// walker cannot apply become "no rule" rows ([`FlatObject::unencodable_rows`]).
 pub fn flatten(table: &UnwindTable, dict: &mut RuleDict) -> Result<FlatObject, FlattenError> {
     let functions = table.functions();
     let mut events: Vec<(u64, u16)> = Vec::with_capacity(table.row_count() + functions.len());
@@ -329,10 +351,16 @@ pub fn flatten(table: &UnwindTable, dict: &mut RuleDict) -> Result<FlatObject, F
 /// walker (tests, fuzzing, `sframe-user` diagnostics).
 #[derive(Debug, Default, Clone)]
 pub struct HostTables {
+    /// MAPPINGS of the one address space walked, sorted by start (as
+    /// `ProcessEntry::mappings`).
     pub mappings: Vec<MappingEntry>,
+    /// OBJECTS entries, by object id ([`HostTables::add_object`]).
     pub objects: Vec<ObjectEntry>,
+    /// PAGES entries of all objects, one after the other (not in blocks).
     pub pages: Vec<u32>,
+    /// ROWS entries of all objects, one after the other (not in blocks).
     pub rows: Vec<RowEntry>,
+    /// RULES entries: the shared dictionary ([`RuleDict::rules`]), index 0 "no rule".
     pub rules: Vec<RuleEntry>,
     /// The address space's [`sframe_common::layout::addr_bits`] (0: no cut), as
     /// `ProcessEntry::addr_bits` in the kernel.

@@ -15,19 +15,19 @@
 //! - [`segments`]: an ELF object's `PT_LOAD` segments and the bias of a mapping of it.
 //!
 //! # The profiler (feature `profiler`, on by default)
-//! - [`bpf`]: loading the embedded eBPF object and forwarding its logs.
-//! - [`kmaps`]: the kernel's table maps, written through mmap.
-//! - [`objects`]: per-object tables: identity, building (a worker thread), residency.
-//! - [`cache`]: the on-disk table cache.
-//! - [`profiler`]: targets, lifecycle events, deferred samples, counts.
-//! - [`governor`]: keeps the BPF and collection cost under `--max-overhead`.
-//! - [`sampler`]: attaching the perf-event program and reading raw samples.
-//! - [`symbolize`]: addresses to function names (blazesym, PLT stubs).
-//! - [`export`]: folded, SVG, pprof, top and Prometheus outputs.
-//! - [`cgroup`], [`cputime`], [`safe_open`]: cgroup filters, CPU time, opening a
+//! - `bpf`: loading the embedded eBPF object and forwarding its logs.
+//! - `kmaps`: the kernel's table maps, written through mmap.
+//! - `objects`: per-object tables: identity, building (a worker thread), residency.
+//! - `cache`: the on-disk table cache.
+//! - `profiler`: targets, lifecycle events, deferred samples, counts.
+//! - `governor`: keeps the BPF and collection cost under `--max-overhead`.
+//! - `sampler`: attaching the perf-event program and reading raw samples.
+//! - `symbolize`: addresses to function names (blazesym, PLT stubs).
+//! - `export`: folded, SVG, pprof, top and Prometheus outputs.
+//! - `cgroup`, `cputime`, `safe_open`: cgroup filters, CPU time, opening a
 //!   process's files without following a path it chose.
-//! - [`perfscript`]: `perf record --call-graph dwarf` stacks, the walker's ground truth.
-//! - [`privileges`]: whether this process may load BPF programs (used by tests to run
+//! - `perfscript`: `perf record --call-graph dwarf` stacks, the walker's ground truth.
+//! - `privileges`: whether this process may load BPF programs (used by tests to run
 //!   for real or say clearly why they were skipped).
 //!
 //! It does not contain the kernel-side code (`sframe-ebpf`) nor the kernel contract
@@ -39,6 +39,8 @@
     not(test),
     deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)
 )]
+// The library surface (without the profiler) documents every public item.
+#![cfg_attr(not(feature = "profiler"), deny(missing_docs))]
 
 pub mod ehframe;
 pub mod flatten;

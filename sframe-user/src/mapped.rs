@@ -94,6 +94,7 @@ pub struct Stamp {
 }
 
 impl Stamp {
+    /// The stamp of a file, from its metadata.
     pub fn of(meta: &std::fs::Metadata) -> Self {
         use std::os::unix::fs::MetadataExt as _;
         Self {
@@ -154,7 +155,7 @@ const MAX_RELEASED_MAPPINGS: usize = 4096;
 /// runs: the advice is given to the address ranges `/proc/self/maps` listed, and a range
 /// unmapped and reused meanwhile (by the heap, say) would lose its contents. In the
 /// profiler such mappings are only blazesym's, made and unmapped by the
-/// [`crate::symbolize::Symbolizer`] that calls this, under `&mut`.
+/// `Symbolizer` (module `symbolize`) that calls this, under `&mut`.
 pub unsafe fn release_shared_file_pages() -> u64 {
     let maps = match crate::procfs::read_shared_read_only_maps(
         std::process::id(),
@@ -200,14 +201,18 @@ fn releasable(m: &crate::procfs::Mapping) -> bool {
 /// The bytes of an object: a read-only private mapping of its file, or a heap copy (the
 /// vDSO, read from a process's memory).
 pub enum ObjectBytes {
+    /// A read-only private mapping of the object's file.
     Mapped {
+        /// The mapping.
         map: memmap2::Mmap,
         /// [`truncated_pages`] when it was mapped.
         faults_before: u64,
         /// The file, and its size, modification and status-change times when mapped.
         file: File,
+        /// The file's size, modification and status-change times when it was mapped.
         stamp: Stamp,
     },
+    /// A copy on the heap (the vDSO, read from a process's memory).
     Heap(Vec<u8>),
 }
 

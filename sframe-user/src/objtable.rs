@@ -61,16 +61,29 @@ impl Default for ObjTableOptions {
 /// Why a present `.sframe` section was not used.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum SFrameRejection {
+    /// The section's bytes could not be read, failed the reader's validation, or could not
+    /// be converted to a table.
     #[error(".sframe is invalid: {0}")]
     Invalid(#[source] SFrameError),
+    /// The section's ABI is not the ELF file's machine.
     #[error(".sframe describes {sframe:?} code but the ELF machine is {elf:?}")]
-    ArchMismatch { sframe: Arch, elf: Arch },
+    ArchMismatch {
+        /// The architecture of the section's ABI.
+        sframe: Arch,
+        /// The architecture of the ELF machine.
+        elf: Arch,
+    },
+    /// The section describes no function.
     #[error(".sframe describes no function")]
     NoFunctions,
+    /// Two functions of the section overlap.
     #[error(".sframe functions {first} and {second} overlap (at {address:#x})")]
     Overlap {
+        /// Index of the first function in address order.
         first: usize,
+        /// Index of the second function (`first + 1`).
         second: usize,
+        /// Start address of the second function.
         address: u64,
     },
 }
@@ -78,6 +91,7 @@ pub enum SFrameRejection {
 /// The table of one object and where it came from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ObjectTable {
+    /// The unwind table.
     pub table: UnwindTable,
     /// `table.source`, repeated for convenience. For an `.sframe` table with added PLT
     /// rows this is still `SFrame`; see `plt_functions`.
@@ -95,12 +109,15 @@ pub struct ObjectTable {
 /// No table could be built for an object.
 #[derive(Debug, thiserror::Error)]
 pub enum ObjTableError {
+    /// The bytes are not an ELF file `object` can parse.
     #[error("not a readable ELF file")]
     Elf(#[source] object::read::Error),
+    /// Neither the `.sframe` section nor the CFI gave a table.
     #[error("no usable unwind information: {cfi}{}", sframe_note(.sframe))]
     NoUnwindInfo {
         /// Why the `.sframe` section was rejected, when there is one.
         sframe: Option<SFrameRejection>,
+        /// Why the CFI deriver failed.
         #[source]
         cfi: EhFrameError,
     },

@@ -13,17 +13,25 @@ use std::path::PathBuf;
 /// One line of `/proc/PID/maps`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Mapping {
+    /// Start address of the mapping (inclusive).
     pub start: u64,
+    /// End address of the mapping (exclusive).
     pub end: u64,
+    /// Readable (`r` in the permissions).
     pub readable: bool,
+    /// Writable (`w` in the permissions).
     pub writable: bool,
+    /// Executable (`x` in the permissions).
     pub executable: bool,
     /// `MAP_SHARED` (`s` in the permissions), else private (`p`).
     pub shared: bool,
     /// File offset of `start`.
     pub offset: u64,
+    /// Major number of the device holding the file (0 for anonymous memory).
     pub dev_major: u32,
+    /// Minor number of the device holding the file.
     pub dev_minor: u32,
+    /// Inode of the file (0 for anonymous memory and pseudo-regions).
     pub inode: u64,
     /// Path or pseudo-name (`[vdso]`, `[stack]`); empty for anonymous memory. A deleted
     /// file keeps its path with a ` (deleted)` suffix. Bytes that are not UTF-8 are
@@ -52,18 +60,26 @@ impl Mapping {
     }
 }
 
+/// Why `/proc/PID/maps` could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum MapsError {
+    /// The file could not be opened or read.
     #[error("reading {path}: {source}")]
     Io {
+        /// The file's path.
         path: PathBuf,
+        /// The I/O error.
         #[source]
         source: std::io::Error,
     },
+    /// A line could not be parsed.
     #[error("{path}: line {line}: malformed {field}")]
     Malformed {
+        /// The file's path.
         path: PathBuf,
+        /// The line's number (1-based).
         line: usize,
+        /// The field that could not be parsed (e.g. `"permissions"`).
         field: &'static str,
     },
 }
@@ -286,12 +302,16 @@ pub fn state(pid: u32) -> Option<u8> {
 /// What one read of `/proc/PID/stat` says of a process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Liveness {
+    /// The process does not exist (`/proc/PID/stat` cannot be read).
     Gone,
     /// Exited, not reaped yet (`Z` or `X`): `/proc/PID` is there, its mappings are not.
     Zombie,
+    /// The process exists and is not a zombie.
     Alive,
 }
 
+/// Whether process `pid` is alive, a zombie or gone, from one read of
+/// `/proc/PID/stat`.
 pub fn liveness(pid: u32) -> Liveness {
     match state(pid) {
         None => Liveness::Gone,

@@ -22,8 +22,14 @@ pub const MAX_TABLE_RULES: usize = u16::MAX as usize;
 /// Architecture of the object the rows describe.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Arch {
+    /// x86-64.
     Amd64,
-    Aarch64 { big_endian: bool },
+    /// AArch64.
+    Aarch64 {
+        /// Big-endian (`aarch64_be`); else little-endian.
+        big_endian: bool,
+    },
+    /// s390x (big-endian).
     S390x,
 }
 
@@ -46,7 +52,10 @@ pub enum PcType {
     Inc,
     /// Row start offsets are matched against `(pc - start) % rep_size`
     /// (SFRAME_FDE_TYPE_PCMASK: a block of identical PLT entries).
-    Mask { rep_size: u8 },
+    Mask {
+        /// Size in bytes of the repeating block (`sfde_func_rep_size`).
+        rep_size: u8,
+    },
 }
 
 impl PcType {
@@ -94,7 +103,10 @@ pub fn row_ranges(
 /// (CFI that no supported rule expresses).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Row {
+    /// Start of the row in bytes from the function start (for PCMASK, from the start of
+    /// each block).
     pub start_offset: u32,
+    /// The rule; `None` for "no rule here".
     pub rule: Option<UnwindRule>,
 }
 
@@ -103,13 +115,18 @@ pub struct Row {
 /// ([`UnwindTable::to_function_rows`]).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct FunctionRows {
+    /// Start address (virtual address in the object, before any load bias).
     pub start: u64,
+    /// Size in bytes.
     pub size: u32,
+    /// How the rows match a PC.
     pub pc_type: PcType,
+    /// The rows, sorted by `start_offset`.
     pub rows: Vec<Row>,
 }
 
 impl FunctionRows {
+    /// End address (exclusive): `start + size`, saturating.
     pub fn end(&self) -> u64 {
         self.start.saturating_add(u64::from(self.size))
     }
@@ -120,8 +137,11 @@ impl FunctionRows {
 /// `start_offset`, are [`UnwindTable::rows`].
 #[derive(Clone, Copy, Debug)]
 pub struct Function {
+    /// Start address (virtual address in the object, before any load bias).
     pub start: u64,
+    /// Size in bytes.
     pub size: u32,
+    /// How the rows match a PC.
     pub pc_type: PcType,
     /// The bytes from its end to the next function's start are alignment padding
     /// (never executed): the kernel layout then needs no "no rule" row between them.
@@ -155,9 +175,11 @@ impl Function {
     pub fn padding_after(&self) -> bool {
         self.padding_after
     }
+    /// End address (exclusive): `start + size`, saturating.
     pub fn end(&self) -> u64 {
         self.start.saturating_add(u64::from(self.size))
     }
+    /// Number of rows.
     pub fn row_count(&self) -> usize {
         self.row_count as usize
     }
@@ -194,6 +216,8 @@ impl CompactRow {
     pub(crate) fn at(self, start_offset: u32) -> Self {
         Self::new(start_offset, self.rule)
     }
+    /// Start of the row in bytes from the function start (for PCMASK, from the start of
+    /// each block).
     #[inline]
     pub fn start_offset(&self) -> u32 {
         u32::from(self.start_low) | u32::from(self.start_high) << 16
@@ -208,9 +232,17 @@ impl CompactRow {
 /// Where a table came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Source {
-    SFrame { version: u8 },
+    /// An `.sframe` section.
+    SFrame {
+        /// Its SFrame version.
+        version: u8,
+    },
+    /// `.eh_frame` (with any `.debug_frame` and PLT rows added).
     EhFrame,
+    /// `.debug_frame` (own or of a separate debug file), when `.eh_frame` gave no
+    /// functions (PLT rows may be added).
     DebugFrame,
+    /// Only synthesized PLT rows: no CFI gave functions.
     Synthesized,
 }
 
@@ -232,7 +264,9 @@ impl Source {
 /// contract; the table does not reorder what it is given).
 #[derive(Clone, Debug)]
 pub struct UnwindTable {
+    /// Architecture of the code.
     pub arch: Arch,
+    /// Where the rows came from.
     pub source: Source,
     functions: Vec<Function>,
     rows: Vec<CompactRow>,
@@ -264,6 +298,7 @@ impl UnwindTable {
         b.finish()
     }
 
+    /// The functions (sorted by start address: the producers' contract).
     pub fn functions(&self) -> &[Function] {
         &self.functions
     }
@@ -289,6 +324,7 @@ impl UnwindTable {
         &self.rules
     }
 
+    /// Number of rows, all functions together.
     pub fn row_count(&self) -> usize {
         self.rows.len()
     }
@@ -555,6 +591,7 @@ impl RuleIndex {
 }
 
 impl TableBuilder {
+    /// An empty builder for a table of `arch` code from `source`.
     pub fn new(arch: Arch, source: Source) -> Self {
         Self {
             table: UnwindTable::new(arch, source),
@@ -699,6 +736,7 @@ impl TableBuilder {
         self.table
     }
 
+    /// Appends `f` with its rows.
     pub fn push_function(&mut self, f: &FunctionRows) {
         self.push(f.start, f.size, f.pc_type, f.rows.iter().copied());
     }
@@ -708,6 +746,7 @@ impl TableBuilder {
         self.push(f.start, f.size, f.pc_type, from.rows(f));
     }
 
+    /// Number of functions appended so far.
     pub fn function_count(&self) -> usize {
         self.table.functions.len()
     }

@@ -90,6 +90,21 @@ pub fn test(args: TestArgs) -> Result<()> {
         cargo().arg("test").args(library).arg("--doc"),
         "doc tests (the library)",
     )?;
+    // Its documentation (every public item has some: `missing_docs`) links only to
+    // what exists, with and without the profiler.
+    for features in [
+        &library[..],
+        &["-p", "sframe-user", "-p", "sframe-common"][..],
+    ] {
+        cmd::run(
+            cargo()
+                .arg("doc")
+                .args(features)
+                .arg("--no-deps")
+                .env("RUSTDOCFLAGS", "-D warnings"),
+            "cargo doc (broken links are errors)",
+        )?;
+    }
     cmd::run(
         cargo()
             .arg("run")

@@ -69,7 +69,9 @@ impl ArchRegs {
 /// One section's bytes and the address they are loaded at.
 #[derive(Clone, Copy, Debug)]
 pub struct SectionData<'a> {
+    /// The section's bytes.
     pub data: &'a [u8],
+    /// Virtual address of the section's first byte.
     pub address: u64,
 }
 

@@ -38,7 +38,9 @@ use crate::table::{Arch, Source, TableBuilder, UnwindTable};
 /// The derived table of one object and what happened on the way.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Derived {
+    /// The derived table.
     pub table: UnwindTable,
+    /// What was converted and skipped, and the row categories.
     pub stats: DeriveStats,
 }
 
@@ -57,13 +59,19 @@ const MAX_DEBUG_FILE_BYTES: u64 = 1 << 31;
 /// Raw CFI sections with their load addresses, e.g. of a vDSO read from process memory.
 #[derive(Clone, Copy, Debug)]
 pub struct CfiSections<'a> {
+    /// Architecture of the code the sections describe.
     pub arch: Arch,
+    /// `.eh_frame`, when present.
     pub eh_frame: Option<SectionData<'a>>,
+    /// `.eh_frame_hdr`, when present: its table enumerates the `.eh_frame` FDEs.
     pub eh_frame_hdr: Option<SectionData<'a>>,
+    /// `.debug_frame`, when present.
     pub debug_frame: Option<SectionData<'a>>,
     /// Bases for `DW_EH_PE_textrel` / `DW_EH_PE_datarel` pointers, when known.
     pub text_address: Option<u64>,
+    /// Base for `DW_EH_PE_datarel` pointers (the GOT's address), when known.
     pub got_address: Option<u64>,
+    /// PLT sections to synthesize rows for.
     pub plts: &'a [PltSection<'a>],
 }
 

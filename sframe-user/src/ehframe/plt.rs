@@ -26,6 +26,7 @@ pub enum PltKind {
 }
 
 impl PltKind {
+    /// The section's name (`.plt`, `.plt.sec` or `.plt.got`).
     pub fn name(self) -> &'static str {
         match self {
             Self::Plt => ".plt",
@@ -47,8 +48,11 @@ impl PltKind {
 /// A PLT section: its address, size and (when known) its bytes.
 #[derive(Clone, Copy, Debug)]
 pub struct PltSection<'a> {
+    /// Which PLT section.
     pub kind: PltKind,
+    /// Virtual address of the section.
     pub address: u64,
+    /// Size of the section in bytes.
     pub size: u64,
     /// The section's bytes, used to recognize the entry layout. Empty when unknown
     /// (the classic layout is assumed).

@@ -33,6 +33,7 @@ pub enum RowCategory {
 }
 
 impl RowCategory {
+    /// Every category, in the order of [`DeriveStats::categories`].
     pub const ALL: [RowCategory; 7] = [
         Self::Plain,
         Self::Outermost,
@@ -56,6 +57,7 @@ impl RowCategory {
         }
     }
 
+    /// The category of a row with `rule` (`None`: a row without a rule).
     pub fn of(rule: Option<&UnwindRule>) -> Self {
         let Some(rule) = rule else {
             return Self::NoRule;
@@ -85,7 +87,9 @@ impl RowCategory {
 /// Rows and bytes of code in one category.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CategoryCount {
+    /// Number of rows.
     pub rows: u64,
+    /// Bytes of code the rows cover.
     pub bytes: u64,
 }
 
@@ -105,6 +109,7 @@ pub struct DeriveStats {
     pub fdes_skipped: BTreeMap<SkipReason, u64>,
     /// The first [`MAX_KEPT_ERRORS`] skip reasons with their location.
     pub errors: Vec<FdeError>,
+    /// What was worth reporting but did not stop the derivation.
     pub warnings: Vec<Warning>,
     /// Functions synthesized for PLT sections.
     pub plt_functions: u64,
@@ -114,11 +119,13 @@ pub struct DeriveStats {
     pub debug_file: Option<PathBuf>,
     /// Functions and rows in the final table.
     pub functions: u64,
+    /// Rows in the final table.
     pub rows: u64,
     /// Rows and code bytes per category, indexed like [`RowCategory::ALL`].
     pub categories: [CategoryCount; 7],
     /// Rows with the SIGNAL / MANGLED_RA flag.
     pub signal_rows: u64,
+    /// Rows with the MANGLED_RA flag.
     pub mangled_ra_rows: u64,
     /// Bytes of code covered by functions of the table (with or without a rule).
     pub code_bytes: u64,
@@ -140,10 +147,12 @@ impl DeriveStats {
         }
     }
 
+    /// FDEs skipped, all reasons together.
     pub fn skipped_total(&self) -> u64 {
         self.fdes_skipped.values().sum()
     }
 
+    /// The rows and code bytes counted in category `cat`.
     pub fn category(&self, cat: RowCategory) -> CategoryCount {
         self.categories
             .get(cat as usize)

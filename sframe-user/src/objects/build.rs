@@ -19,7 +19,7 @@ use crate::{
 };
 
 /// Jobs waiting for the build thread at most (objects to identify or to build); more
-/// are dropped (counted in [`StoreStats::builds_dropped`]) and tried again at their
+/// are dropped (counted in [`super::StoreStats::builds_dropped`]) and tried again at their
 /// process's next reload. Each holds a file mapping, not its bytes.
 pub const MAX_QUEUED_BUILDS: usize = 64;
 

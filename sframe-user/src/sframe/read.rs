@@ -2,13 +2,13 @@
 //!
 //! `Section::parse` walks every FDE and FRE once and checks the whole section (see
 //! [`SFrameError`] for the list of checks); afterwards the iterators and lookups cannot
-//! fail. The hot loops live in [`super::scan`]; the careful decoders here name the
+//! fail. The hot loops live in the `scan` module; the careful decoders here name the
 //! failed check and are run only on the FDE that failed (and by
 //! [`Section::parse_reference`], the slow reference the tests compare against).
 //! Allocations, all at open and bounded by counts already checked against the section
 //! size: a private sort index, only when the section does not carry
 //! `SFRAME_F_FDE_SORTED`, and lookup checkpoints for functions with more than
-//! [`CHECKPOINT_STEP`] FREs (16 bytes per that many FREs). Iteration allocates nothing.
+//! `CHECKPOINT_STEP` FREs (16 bytes per that many FREs). Iteration allocates nothing.
 
 use sframe_common::{CfaBase, CfaRule, RegRule, RuleFlags, UnwindRule};
 
@@ -22,7 +22,9 @@ use crate::table::{Arch, PcType, Row, Source, TableBuilder, UnwindTable};
 
 /// Offsets of the header's count fields, named by the errors about them.
 pub const HDR_NUM_FDES: usize = 8;
+/// Offset of `sfh_num_fres`.
 pub const HDR_NUM_FRES: usize = 12;
+/// Offset of `sfh_fre_len`.
 pub const HDR_FRE_LEN: usize = 16;
 
 /// The maximum number of data words an FRE info byte can announce (4-bit field).
@@ -48,16 +50,24 @@ pub struct Fde {
     pub rel_start: i64,
     /// Absolute function start: section address + `rel_start` (wrapping, as libsframe).
     pub start: u64,
+    /// Function size in bytes (`sfde_func_size`).
     pub size: u32,
+    /// Number of FREs of the function (`sfde_func_num_fres`; v3: in the attribute record).
     pub num_fres: u32,
     /// FRE start-address width code (0: 1 byte, 1: 2 bytes, 2: 4 bytes).
     pub fre_type: u8,
+    /// How the rows match a PC: the FDE type, PCINC or PCMASK (bit 4 of the info byte).
     pub pc_type: PcType,
     /// The raw info byte(s) and rep_size as stored.
     pub info: u8,
+    /// v3: the attribute record's info2 byte (FDE type in bits 0..=4); 0 in v1 and v2.
     pub info2: u8,
+    /// `sfde_func_rep_size` as stored: the block size in bytes of a PCMASK function (0 in v1,
+    /// which has no such field; see `pc_type`).
     pub rep_size: u8,
+    /// AArch64: signed return addresses use key B (bit 5 of the info byte), else key A.
     pub pauth_key_b: bool,
+    /// v3: the function is a signal trampoline (bit 7 of the info byte).
     pub signal: bool,
     /// v3 FLEX FDE type.
     pub flex: bool,
@@ -86,6 +96,8 @@ pub struct Fre<'a> {
     pub offset: usize,
     /// Start offset relative to the function start (a mask offset for PCMASK).
     pub start_offset: u32,
+    /// The FRE's info byte (`sfre_info`): CFA base register, data word count and size,
+    /// mangled-RA bit.
     pub info: u8,
     /// Encoded length in bytes.
     pub len: usize,
@@ -126,6 +138,7 @@ impl<'a> Fre<'a> {
     pub fn size_code(&self) -> u8 {
         (self.info >> 5) & 0x3
     }
+    /// Data word size in bytes (1, 2 or 4).
     #[inline]
     pub fn word_size(&self) -> usize {
         match self.size_code() {
@@ -139,6 +152,7 @@ impl<'a> Fre<'a> {
     pub fn base_is_sp(&self) -> bool {
         self.info & 1 != 0
     }
+    /// Whether the RA is signed (bit 7 of the info byte; AArch64 pointer authentication).
     #[inline]
     pub fn mangled_ra(&self) -> bool {
         self.info & 0x80 != 0
@@ -609,21 +623,27 @@ impl<'a> Section<'a> {
         Section::from_elf(&file)
     }
 
+    /// The decoded header.
     pub fn header(&self) -> &Header {
         &self.header
     }
+    /// The SFrame version (1, 2 or 3).
     pub fn version(&self) -> u8 {
         self.header.version
     }
+    /// The section's ABI/arch.
     pub fn abi(&self) -> Abi {
         self.header.abi
     }
+    /// The virtual address the section is loaded at, as given at open.
     pub fn section_vaddr(&self) -> u64 {
         self.vaddr
     }
+    /// The section's bytes.
     pub fn data(&self) -> &'a [u8] {
         self.data
     }
+    /// Number of FDEs (functions).
     pub fn num_fdes(&self) -> u32 {
         self.header.num_fdes
     }

@@ -37,12 +37,16 @@ use crate::table::{Arch, PcType, UnwindTable};
 /// Output format version.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum WriteVersion {
+    /// SFrame version 2, with PC-relative function starts.
     V2,
+    /// SFrame version 3.
     V3,
 }
 
+/// How [`write_section`] encodes a table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct WriteOptions {
+    /// The SFrame version to write.
     pub version: WriteVersion,
     /// Virtual address the section will be loaded at (FDE starts are PC-relative).
     pub section_vaddr: u64,
@@ -51,7 +55,9 @@ pub struct WriteOptions {
 /// What the writer did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct WriteStats {
+    /// FDEs written.
     pub fdes: u32,
+    /// FREs (rows) written.
     pub fres: u32,
     /// `rule: None` rows, each of which ended an FDE.
     pub none_rows: u32,
