@@ -116,14 +116,6 @@ impl UnwindRule {
     pub const fn is_outermost(&self) -> bool {
         matches!(self.ra, RegRule::Undefined)
     }
-
-    /// True when the rule needs registers other than SP, FP (and the RA register on
-    /// AArch64) and so is only usable in the interrupted frame.
-    pub const fn top_frame_only(&self) -> bool {
-        matches!(self.cfa.base, CfaBase::Reg(_))
-            || matches!(self.ra, RegRule::InReg(_) | RegRule::AtReg { .. })
-            || matches!(self.fp, RegRule::InReg(_) | RegRule::AtReg { .. })
-    }
 }
 
 impl core::fmt::Display for CfaBase {

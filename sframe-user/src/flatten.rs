@@ -260,7 +260,10 @@ pub fn flatten(table: &UnwindTable, dict: &mut RuleDict) -> Result<FlatObject, F
                         e.fp_offset = i16::from(rule.1);
                         dict.intern(e)?
                     }
-                    None => 0,
+                    None => {
+                        unencodable += 1;
+                        0
+                    }
                 };
                 debug_assert_eq!(rep_size, 16);
                 push(&mut events, f.start, id);
@@ -701,6 +704,14 @@ mod tests {
         let t = table(vec![func(0x1000, 0x10, &[(0, Some(r))])]);
         let mut dict = RuleDict::default();
         let flat = flatten(&t, &mut dict).unwrap();
+        assert_eq!(flat.unencodable_rows, 1);
+        assert_eq!(dict.len(), 1, "only the no-rule entry");
+        // The same in an AMD64 PLT block (one row for all its entries).
+        let mut second = r;
+        second.cfa.offset += 8;
+        let mut plt = func(0x2000, 0x40, &[(0, Some(r)), (11, Some(second))]);
+        plt.pc_type = PcType::Mask { rep_size: 16 };
+        let flat = flatten(&table(vec![plt]), &mut dict).unwrap();
         assert_eq!(flat.unencodable_rows, 1);
         assert_eq!(dict.len(), 1, "only the no-rule entry");
     }

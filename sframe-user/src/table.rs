@@ -34,6 +34,15 @@ pub enum Arch {
 }
 
 impl Arch {
+    /// The ELF `e_machine` of objects of this architecture.
+    pub const fn elf_machine(self) -> u16 {
+        match self {
+            Arch::Amd64 => object::elf::EM_X86_64,
+            Arch::Aarch64 { .. } => object::elf::EM_AARCH64,
+            Arch::S390x => object::elf::EM_S390,
+        }
+    }
+
     /// The architecture's DWARF register numbers.
     pub fn dwarf_regs(self) -> &'static sframe_common::dwarf::DwarfRegs {
         use sframe_common::dwarf;

@@ -424,7 +424,7 @@ fn failing_function(e: &WriteError) -> Option<usize> {
         | WriteError::NoneRowInMaskFunction { function, .. }
         | WriteError::StartOutOfRange { function }
         | WriteError::TooManyRows { function, .. } => Some(function),
-        WriteError::TooLarge { .. } | WriteError::UnsupportedArch { .. } => None,
+        WriteError::TooLarge { .. } => None,
     }
 }
 

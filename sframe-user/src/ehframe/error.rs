@@ -54,18 +54,6 @@ pub enum EhFrameError {
         /// The deriver's limit.
         limit: u64,
     },
-    /// A section could not be read at all. (Not returned at present: bad entries are
-    /// skipped and counted as [`FdeError`]s instead.)
-    #[error("{section} at offset {offset:#x}: {source}")]
-    Section {
-        /// The section.
-        section: CfiSection,
-        /// Byte offset in the section where reading failed.
-        offset: u64,
-        /// gimli's error.
-        #[source]
-        source: gimli::Error,
-    },
 }
 
 /// Why an FDE (or a run of entries) was not converted. Each is a counter in

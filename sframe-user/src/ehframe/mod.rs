@@ -181,7 +181,7 @@ fn derive(
     separate_debug_frame: Option<SectionData<'_>>,
 ) -> Result<Derived, EhFrameError> {
     let regs = cfi::ArchRegs::for_arch(s.arch).ok_or(EhFrameError::UnsupportedArch {
-        machine: object::elf::EM_S390,
+        machine: s.arch.elf_machine(),
     })?;
     if s.eh_frame.is_none()
         && s.debug_frame.is_none()

@@ -25,8 +25,9 @@ pub enum RowCategory {
     CfaOtherReg,
     /// The RA is held in a register or at `*(reg + offset)`. SFrame v3 FLEX.
     RaInRegister,
-    /// Other FLEX-expressible rows: FP in a register or at `*(reg + offset)`, or
-    /// `val_offset` rules.
+    /// The other rows with a rule: FP in a register or at `*(reg + offset)` (SFrame v3
+    /// FLEX), and `val_offset` rules for the RA or FP (no SFrame encoding: see
+    /// [`crate::sframe::stores_rule`]).
     OtherFlex,
     /// No rule: CFI that no supported rule expresses (arbitrary DWARF expressions).
     NoRule,
@@ -69,9 +70,8 @@ impl RowCategory {
             return Self::CfaDeref;
         }
         match rule.ra {
-            RegRule::InReg(_) | RegRule::AtReg { .. } | RegRule::ValCfa(_) => {
-                return Self::RaInRegister;
-            }
+            RegRule::InReg(_) | RegRule::AtReg { .. } => return Self::RaInRegister,
+            RegRule::ValCfa(_) => return Self::OtherFlex,
             _ => {}
         }
         if !matches!(rule.fp, RegRule::Unchanged | RegRule::AtCfa(_)) {

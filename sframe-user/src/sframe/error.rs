@@ -546,11 +546,4 @@ pub enum WriteError {
         /// What does not fit: the FDE count, or an FDE or FRE sub-section offset or length.
         what: &'static str,
     },
-    /// The table's architecture cannot be written. (Not returned at present: every
-    /// [`Arch`](crate::table::Arch) has an SFrame ABI.)
-    #[error("architecture {what} cannot be written")]
-    UnsupportedArch {
-        /// The architecture.
-        what: &'static str,
-    },
 }
