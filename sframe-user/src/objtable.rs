@@ -104,6 +104,9 @@ pub struct ObjectTable {
     pub plt_functions: usize,
     /// Functions taken from the CFI where an `.sframe` table had none.
     pub cfi_functions: usize,
+    /// The object's `PT_LOAD` segments (read from the same parse, for the bias of its
+    /// mappings).
+    pub segments: Vec<crate::segments::Segment>,
 }
 
 /// No table could be built for an object.
@@ -128,10 +131,14 @@ fn sframe_note(s: &Option<SFrameRejection>) -> String {
 }
 
 /// The unwind table of the ELF image `data`: `.sframe` when present and valid, else the
-/// rows derived from its CFI. Never panics on any bytes.
+/// rows derived from its CFI. Never panics on any bytes. The file is parsed once
+/// ([`ehframe::ParsedElf`]) for all of it.
 pub fn table_for_elf(data: &[u8], opts: &ObjTableOptions) -> Result<ObjectTable, ObjTableError> {
-    let file = object::File::parse(data).map_err(ObjTableError::Elf)?;
-    let elf_arch = elf_arch(&file);
+    let elf = ehframe::ParsedElf::new(
+        object::read::elf::ElfFile64::parse(data).map_err(ObjTableError::Elf)?,
+    );
+    let file = elf.file();
+    let elf_arch = elf_arch(file);
     let mut sframe_error = None;
     if !opts.ignore_sframe
         && let Some(sec) = file.section_by_name(".sframe")
@@ -139,7 +146,7 @@ pub fn table_for_elf(data: &[u8], opts: &ObjTableOptions) -> Result<ObjectTable,
         match sframe_table(&sec, elf_arch) {
             Ok(mut table) => {
                 let plt_functions = if opts.synthesize_plt {
-                    add_plt_rows(&file, &mut table)
+                    add_plt_rows(file, &mut table)
                 } else {
                     0
                 };
@@ -147,16 +154,17 @@ pub fn table_for_elf(data: &[u8], opts: &ObjTableOptions) -> Result<ObjectTable,
                 // _start, hand-written assembly) has CFI but no SFrame: take those
                 // functions from the CFI, so that the outermost frame is known.
                 let cfi_functions = if opts.fill_from_cfi {
-                    fill_gaps_from_cfi(data, &opts.derive, &mut table)
+                    fill_gaps_from_cfi(&elf, &opts.derive, &mut table)
                 } else {
                     0
                 };
                 // The same purpose: an entry point without CFI either is outermost.
                 if opts.fill_from_cfi {
-                    add_entry_row(&file, &mut table);
+                    add_entry_row(file, &mut table);
                 }
-                ehframe::mark_padding(data, &mut table);
+                ehframe::mark_padding(&elf, &mut table);
                 return Ok(ObjectTable {
+                    segments: crate::segments::of_file(file),
                     source: table.source,
                     table,
                     sframe_error: None,
@@ -168,12 +176,13 @@ pub fn table_for_elf(data: &[u8], opts: &ObjTableOptions) -> Result<ObjectTable,
             Err(e) => sframe_error = Some(e),
         }
     }
-    match ehframe::derive_from_elf_with(data, &opts.derive) {
+    match ehframe::derive_from_parsed(&elf, &opts.derive) {
         Ok(mut derived) => Ok(ObjectTable {
+            segments: crate::segments::of_file(file),
             source: derived.table.source,
             table: {
-                if add_entry_row(&file, &mut derived.table) {
-                    ehframe::mark_padding(data, &mut derived.table);
+                if add_entry_row(file, &mut derived.table) {
+                    ehframe::mark_padding(&elf, &mut derived.table);
                 }
                 derived.table
             },
@@ -191,11 +200,11 @@ pub fn table_for_elf(data: &[u8], opts: &ObjTableOptions) -> Result<ObjectTable,
 
 /// Adds the CFI-derived functions that overlap no function of `table`; returns how many.
 fn fill_gaps_from_cfi(
-    data: &[u8],
+    elf: &ehframe::ParsedElf<'_>,
     derive: &ehframe::DeriveOptions,
     table: &mut UnwindTable,
 ) -> usize {
-    let Ok(derived) = ehframe::derive_from_elf_with(data, derive) else {
+    let Ok(derived) = ehframe::derive_from_parsed(elf, derive) else {
         return 0;
     };
     let existing = table.functions();
@@ -212,7 +221,7 @@ fn fill_gaps_from_cfi(
     table.functions().len() - before
 }
 
-fn elf_arch(file: &object::File<'_>) -> Option<Arch> {
+fn elf_arch<'d>(file: &impl Object<'d>) -> Option<Arch> {
     let big_endian = !file.is_little_endian();
     match file.architecture() {
         object::Architecture::X86_64 => Some(Arch::Amd64),
@@ -223,8 +232,8 @@ fn elf_arch(file: &object::File<'_>) -> Option<Arch> {
 }
 
 /// The validated `.sframe` table, functions sorted and non-overlapping.
-fn sframe_table(
-    sec: &object::Section<'_, '_>,
+fn sframe_table<'d>(
+    sec: &impl ObjectSection<'d>,
     elf_arch: Option<Arch>,
 ) -> Result<UnwindTable, SFrameRejection> {
     let bytes = sec.data().map_err(|_| {
@@ -262,7 +271,7 @@ fn sframe_table(
 
 /// Adds synthesized rows for the PLT sections no function of `table` touches; returns
 /// how many functions were added.
-fn add_plt_rows(file: &object::File<'_>, table: &mut UnwindTable) -> usize {
+fn add_plt_rows<'d>(file: &impl Object<'d>, table: &mut UnwindTable) -> usize {
     if !matches!(table.arch, Arch::Amd64 | Arch::Aarch64 { .. }) {
         return 0;
     }
@@ -327,7 +336,7 @@ const ENTRY_ROW_MAX: u64 = 256;
 /// `no_rule` although the walk reached the bottom of the stack. The row spans from
 /// the entry to the next function, at most [`ENTRY_ROW_MAX`] bytes. Returns whether a
 /// row was added.
-fn add_entry_row(file: &object::File<'_>, table: &mut UnwindTable) -> bool {
+fn add_entry_row<'d>(file: &impl Object<'d>, table: &mut UnwindTable) -> bool {
     let entry = file.entry();
     if entry == 0 || touches(table.functions(), entry, entry + 1) {
         return false;

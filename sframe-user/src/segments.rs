@@ -18,10 +18,12 @@ pub struct Segment {
 
 /// The `PT_LOAD` segments of the ELF image `data` (none if it does not parse).
 pub fn segments(data: &[u8]) -> Vec<Segment> {
-    use object::{Object as _, ObjectSegment as _};
-    let Ok(file) = object::File::parse(data) else {
-        return Vec::new();
-    };
+    object::File::parse(data).map_or_else(|_| Vec::new(), |file| of_file(&file))
+}
+
+/// The `PT_LOAD` segments of a parsed ELF file.
+pub fn of_file<'d>(file: &impl object::Object<'d>) -> Vec<Segment> {
+    use object::ObjectSegment as _;
     file.segments()
         .map(|s| {
             let (offset, size) = s.file_range();

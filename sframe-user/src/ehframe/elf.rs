@@ -39,7 +39,12 @@ pub(crate) struct ElfCfi<'a> {
 }
 
 pub(crate) fn parse<'a>(data: &'a [u8]) -> Result<ElfCfi<'a>, EhFrameError> {
-    let file = ElfFile64::<Endianness>::parse(data).map_err(EhFrameError::Elf)?;
+    scan(&ElfFile64::<Endianness>::parse(data).map_err(EhFrameError::Elf)?)
+}
+
+/// What the deriver needs from the parsed ELF file `file`.
+pub(crate) fn scan<'a>(file: &ElfFile64<'a, Endianness>) -> Result<ElfCfi<'a>, EhFrameError> {
+    let data = file.data();
     let endian = file.endian();
     let machine = file.elf_header().e_machine(endian);
     let big = endian == Endianness::Big;
@@ -117,7 +122,7 @@ pub(crate) fn parse<'a>(data: &'a [u8]) -> Result<ElfCfi<'a>, EhFrameError> {
     }
 
     if out.eh_frame_hdr.is_none() || out.eh_frame.is_none() {
-        from_program_headers(&file, data, &mut out);
+        from_program_headers(file, data, &mut out);
     }
     Ok(out)
 }

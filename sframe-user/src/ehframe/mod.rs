@@ -85,7 +85,43 @@ pub fn derive_from_elf(data: &[u8]) -> Result<Derived, EhFrameError> {
 /// file (when `options.debug_root` is set and one is found) for code `.eh_frame` does
 /// not cover.
 pub fn derive_from_elf_with(data: &[u8], options: &DeriveOptions) -> Result<Derived, EhFrameError> {
-    let info = elf::parse(data)?;
+    derive_from_parsed(&ParsedElf::parse(data)?, options)
+}
+
+/// An ELF file parsed once for everything its table is built from: the object crate's
+/// view of its headers and sections ([`ParsedElf::file`]: the `.sframe` section, the
+/// entry point, the PLT sections) and what the CFI deriver finds in it.
+pub struct ParsedElf<'a> {
+    file: object::read::elf::ElfFile64<'a, object::Endianness>,
+    cfi: Result<elf::ElfCfi<'a>, EhFrameError>,
+}
+
+impl<'a> ParsedElf<'a> {
+    /// Parses the 64-bit ELF file `data`.
+    pub fn parse(data: &'a [u8]) -> Result<Self, EhFrameError> {
+        object::read::elf::ElfFile64::parse(data)
+            .map(Self::new)
+            .map_err(EhFrameError::Elf)
+    }
+
+    /// The file parsed by the object crate.
+    pub fn new(file: object::read::elf::ElfFile64<'a, object::Endianness>) -> Self {
+        let cfi = elf::scan(&file);
+        Self { file, cfi }
+    }
+
+    /// The object crate's view of the file.
+    pub fn file(&self) -> &object::read::elf::ElfFile64<'a, object::Endianness> {
+        &self.file
+    }
+}
+
+/// [`derive_from_elf_with`] on a file already parsed.
+pub fn derive_from_parsed(
+    elf: &ParsedElf<'_>,
+    options: &DeriveOptions,
+) -> Result<Derived, EhFrameError> {
+    let info = elf.cfi.as_ref().map_err(Clone::clone)?;
     let mut warnings = info.warnings.clone();
     // A compressed `.debug_frame` (common in debug files: `SHF_COMPRESSED`, zlib or
     // zstd) is decompressed into a buffer this function owns.
@@ -109,7 +145,7 @@ pub fn derive_from_elf_with(data: &[u8], options: &DeriveOptions) -> Result<Deri
             }));
     let debug_file = match (&options.debug_root, own_debug_frame) {
         (Some(root), None) => {
-            read_debug_file(root, &info, options.object_path.as_deref(), &mut warnings)
+            read_debug_file(root, info, options.object_path.as_deref(), &mut warnings)
         }
         _ => None,
     };
@@ -249,10 +285,10 @@ fn derive(
 }
 
 /// Marks the functions of `table` that are followed by alignment padding in the code of
-/// the ELF file `data` (see [`crate::table::Function::padding_after`]); nothing when the
-/// file does not parse.
-pub fn mark_padding(data: &[u8], table: &mut UnwindTable) {
-    if let Ok(info) = elf::parse(data) {
+/// the ELF file `elf` (see [`crate::table::Function::padding_after`]); nothing when the
+/// deriver could not read the file (an architecture without CFI support).
+pub fn mark_padding(elf: &ParsedElf<'_>, table: &mut UnwindTable) {
+    if let Ok(info) = &elf.cfi {
         coverage::scan(table, &info.exec);
     }
 }

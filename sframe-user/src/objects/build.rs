@@ -70,6 +70,8 @@ pub const SYNC_BUILD_BYTES: usize = 1 << 20;
 ///
 /// [`FlatObject::renumber`]: crate::flatten::FlatObject::renumber
 pub(super) struct Derived {
+    /// The object's segments, from the parse its table was built from.
+    segments: Vec<crate::segments::Segment>,
     source: Source,
     table_rows: usize,
     flat: crate::flatten::FlatObject,
@@ -95,6 +97,7 @@ pub(super) fn derive(
     let mut rules = RuleDict::default();
     let flat = flatten(&t.table, &mut rules).map_err(ObjectError::Flatten)?;
     Ok(Derived {
+        segments: t.segments,
         source: t.source,
         table_rows: t.table.row_count(),
         flat,
@@ -468,7 +471,7 @@ impl ObjectStore {
             placement: None,
             source: None,
             error: None,
-            segments: segments::segments(data),
+            segments: Vec::new(),
             table_rows: 0,
             unencodable_rows: 0,
             refs: 0,
@@ -492,6 +495,7 @@ impl ObjectStore {
             None => derived
                 .unwrap_or_else(|| derive(data, &self.options))
                 .and_then(|d| {
+                    info.segments = d.segments;
                     info.source = Some(d.source);
                     info.table_rows = d.table_rows;
                     let mut flat = d.flat;
@@ -509,6 +513,10 @@ impl ObjectStore {
                     Ok(flat)
                 }),
         };
+        // From a cache hit, or a derivation that failed: the segments' own parse.
+        if info.segments.is_empty() {
+            info.segments = segments::segments(data);
+        }
         let result = flat.and_then(|flat| {
             info.unencodable_rows = flat.unencodable_rows;
             self.load_evicting(&flat).map_err(|e| {
