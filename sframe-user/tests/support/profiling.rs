@@ -139,7 +139,7 @@ pub fn stacks_of(
 pub fn complete_through(stacks: &[(Vec<String>, bool, u64)], chain: &[&str]) -> (u64, u64, String) {
     let mut good = 0;
     let mut total = 0;
-    let mut bad = Vec::new();
+    let mut bad: Vec<(u64, bool, String)> = Vec::new();
     for (names, complete, count) in stacks {
         total += count;
         let user: Vec<&str> = names
@@ -151,11 +151,26 @@ pub fn complete_through(stacks: &[(Vec<String>, bool, u64)], chain: &[&str]) -> 
             user.first() == Some(&"_start") && user.windows(chain.len()).any(|w| w == chain);
         if *complete && through {
             good += count;
-        } else if bad.len() < 8 {
-            bad.push(format!("{count}x complete={complete}: {}", names.join(";")));
+        } else {
+            bad.push((*count, *complete, names.join(";")));
         }
     }
-    (good, total, bad.join("\n"))
+    // The hottest of the others, and how many samples they are in all.
+    bad.sort_by_key(|b| std::cmp::Reverse(b.0));
+    let (complete_other, incomplete): (u64, u64) =
+        bad.iter().fold(
+            (0, 0),
+            |(c, i), b| {
+                if b.1 { (c + b.0, i) } else { (c, i + b.0) }
+            },
+        );
+    let mut message = format!(
+        "{complete_other} samples complete but not through {chain:?}, {incomplete} incomplete; the hottest:"
+    );
+    for (count, complete, names) in bad.iter().take(8) {
+        message.push_str(&format!("\n{count}x complete={complete}: {names}"));
+    }
+    (good, total, message)
 }
 
 /// Asserts a workload's samples, `(good, total, bad)` as `complete_through` gives them:
