@@ -5,18 +5,13 @@
 //! cannot be written), 2 when the input cannot be read or is malformed; errors are one
 //! line on stderr naming the file, the check that failed and the offset.
 
-use std::collections::HashMap;
 use std::io::{BufRead as _, Write as _};
 use std::path::{Path, PathBuf};
 
 use clap::{Args, Subcommand};
-use sframe_common::{RuleFlags, UnwindRule};
+use sframe_common::UnwindRule;
 use sframe_user::ehframe::{self, DeriveOptions, DeriveStats, RowCategory};
-use sframe_user::sframe::{
-    self, Abi, Section, WriteError, WriteOptions, WriteStats, WriteVersion, dump_to_string,
-    lookup_line, write_section,
-};
-use sframe_user::table::{Arch, FunctionRows, PcType, UnwindTable};
+use sframe_user::sframe::{self, Abi, Section, WriteVersion, dump_to_string, lookup_line};
 
 use super::elf_add;
 
@@ -247,8 +242,7 @@ fn dump(a: &DumpArgs) -> Res<i32> {
     if a.from_eh_frame {
         let derived = derive(&a.file, &data)?;
         let addr = default_section_addr(&data);
-        let enc =
-            encode(&derived.table, a.sframe_version, addr).map_err(|e| fail(&a.file, 2, e))?;
+        let enc = encode(&a.file, &derived.table, a.sframe_version, addr)?;
         let section = Section::parse(&enc.bytes, addr)
             .map_err(|e| fail(&a.file, 1, format_args!("internal: written SFrame: {e}")))?;
         emit(&dump_text(&a.file, elf_format(&data), &section));
@@ -272,8 +266,7 @@ fn lookup(a: &LookupArgs) -> Res<i32> {
     let section = if a.from_eh_frame {
         let derived = derive(&a.file, &data)?;
         let addr = default_section_addr(&data);
-        encoded =
-            encode(&derived.table, WriteVersion::V3, addr).map_err(|e| fail(&a.file, 2, e))?;
+        encoded = encode(&a.file, &derived.table, WriteVersion::V3, addr)?;
         Section::parse(&encoded.bytes, addr)
             .map_err(|e| fail(&a.file, 1, format_args!("internal: written SFrame: {e}")))?
     } else {
@@ -342,104 +335,15 @@ fn default_section_addr(data: &[u8]) -> u64 {
     end.checked_add(0xfff).map_or(end, |e| e & !0xfff)
 }
 
-/// An encoded section and what was left out.
-struct Encoded {
-    bytes: Vec<u8>,
-    stats: WriteStats,
-    /// Rows whose rule the version cannot express, turned into "no rule" ranges.
-    dropped_rows: u64,
-    dropped_bytes: u64,
-    /// Functions left out entirely (PCMASK with an inexpressible row, writer limits).
-    dropped_functions: u64,
-}
-
-/// Encodes `table`, turning what the version cannot express into "no rule" ranges (the
-/// writer then ends the FDE there) and leaving out functions the writer rejects.
-fn encode(table: &UnwindTable, version: WriteVersion, addr: u64) -> Result<Encoded, String> {
-    let mut cache: HashMap<UnwindRule, bool> = HashMap::new();
-    let mut fns = table.to_function_rows();
-    let (mut dropped_rows, mut dropped_bytes, mut dropped_functions) = (0u64, 0u64, 0u64);
-    fns.retain_mut(|f| {
-        let mut lost = false;
-        let spans = row_spans(f);
-        for (i, row) in f.rows.iter_mut().enumerate() {
-            if let Some(rule) = row.rule {
-                let ok = *cache
-                    .entry(rule)
-                    .or_insert_with(|| sframe::stores_rule(table.arch, version, &rule));
-                if !ok {
-                    row.rule = None;
-                    dropped_rows += 1;
-                    dropped_bytes += spans.get(i).copied().unwrap_or(0);
-                    lost = true;
-                }
-            }
-        }
-        if lost && matches!(f.pc_type, PcType::Mask { .. }) {
-            dropped_functions += 1;
-            return false;
-        }
-        true
-    });
-    // The pre-filter covers rules; what remains (per-function consistency, limits) is
-    // handled by leaving the function out and trying again, a bounded number of times.
-    for _ in 0..256 {
-        let t = UnwindTable::from_functions(table.arch, table.source, fns.iter().cloned());
-        match write_section(
-            &t,
-            &WriteOptions {
-                version,
-                section_vaddr: addr,
-            },
-        ) {
-            Ok((bytes, stats)) => {
-                return Ok(Encoded {
-                    bytes,
-                    stats,
-                    dropped_rows,
-                    dropped_bytes,
-                    dropped_functions,
-                });
-            }
-            Err(e) => {
-                let Some(fi) = failing_function(&e) else {
-                    return Err(format!("cannot write SFrame: {e}"));
-                };
-                if fi >= fns.len() {
-                    return Err(format!("cannot write SFrame: {e}"));
-                }
-                fns.remove(fi);
-                dropped_functions += 1;
-            }
-        }
-    }
-    Err("cannot write SFrame: too many functions the writer rejects".into())
-}
-
-fn failing_function(e: &WriteError) -> Option<usize> {
-    match *e {
-        WriteError::Unrepresentable { function, .. }
-        | WriteError::BadRowOrder { function, .. }
-        | WriteError::InconsistentFunction { function, .. }
-        | WriteError::NoneRowInMaskFunction { function, .. }
-        | WriteError::StartOutOfRange { function }
-        | WriteError::TooManyRows { function, .. } => Some(function),
-        WriteError::TooLarge { .. } => None,
-    }
-}
-
-/// Code bytes covered by each row of `f` (all repetitions for PCMASK).
-fn row_spans(f: &FunctionRows) -> Vec<u64> {
-    f.rows
-        .iter()
-        .enumerate()
-        .map(|(i, r)| {
-            let next = f.rows.get(i + 1).map(|n| n.start_offset);
-            sframe_user::table::row_ranges(f.size, f.pc_type, r.start_offset, next)
-                .map(|(lo, hi)| hi - lo)
-                .sum()
-        })
-        .collect()
+/// What `version` can store of `table`, as a section for `addr`.
+fn encode(
+    file: &Path,
+    table: &sframe_user::table::UnwindTable,
+    version: WriteVersion,
+    addr: u64,
+) -> Res<sframe::StorableSection> {
+    sframe::write_storable(table, version, addr)
+        .map_err(|e| fail(file, 2, format_args!("cannot write SFrame: {e}")))
 }
 
 fn gen_cmd(a: &GenArgs) -> Res<i32> {
@@ -455,7 +359,7 @@ fn gen_cmd(a: &GenArgs) -> Res<i32> {
         (None, Some(addr)) => addr,
         (None, None) => default_section_addr(&data),
     };
-    let enc = encode(&derived.table, a.sframe_version, addr).map_err(|e| fail(&a.file, 2, e))?;
+    let enc = encode(&a.file, &derived.table, a.sframe_version, addr)?;
     let version = match a.sframe_version {
         WriteVersion::V2 => 2,
         WriteVersion::V3 => 3,
@@ -513,119 +417,8 @@ fn copy_permissions(from: &Path, to: &Path) {
 // ---------------------------------------------------------------------------------------
 // check
 
-/// A PC range with one rule (or an explicit "no rule").
-#[derive(Clone, Copy, Debug)]
-struct Span {
-    start: u64,
-    end: u64,
-    rule: Option<UnwindRule>,
-}
-
-/// Most PCMASK blocks expanded per function (a PLT has a few thousand at most).
-const MAX_BLOCKS: u64 = 1 << 20;
-
-/// The table as sorted, disjoint spans.
-fn spans(table: &UnwindTable) -> Vec<Span> {
-    let mut out = Vec::new();
-    for f in table.functions() {
-        let rows = table.rows(f);
-        for (i, r) in rows.clone().enumerate() {
-            let next = rows.get(i + 1).map(|n| n.start_offset);
-            for (lo, hi) in sframe_user::table::row_ranges(f.size, f.pc_type, r.start_offset, next)
-                .take(MAX_BLOCKS as usize)
-            {
-                out.push(Span {
-                    start: f.start.saturating_add(lo),
-                    end: f.start.saturating_add(hi),
-                    rule: r.rule,
-                });
-            }
-        }
-    }
-    out.sort_by_key(|s| s.start);
-    out
-}
-
-/// Whether an SFrame section of `version` can express `rule` (the derived side's row):
-/// what the writer stores in v2 and v3 ([`sframe::stores_rule`]); v1 is v2 without
-/// zero-word (outermost) rows.
-fn expressible(arch: Arch, version: u8, rule: &UnwindRule) -> bool {
-    match version {
-        1 => !rule.is_outermost() && sframe::stores_rule(arch, WriteVersion::V2, rule),
-        2 => sframe::stores_rule(arch, WriteVersion::V2, rule),
-        _ => sframe::stores_rule(arch, WriteVersion::V3, rule),
-    }
-}
-
-/// Rules equal as far as `version` stores them.
-fn same(version: u8, sf: &UnwindRule, derived: &UnwindRule) -> bool {
-    if sf.is_outermost() || derived.is_outermost() {
-        // Zero-word rows store no CFA offset or FP rule.
-        return sf.is_outermost() && derived.is_outermost();
-    }
-    let mask = |r: &UnwindRule| {
-        let mut r = *r;
-        if version < 3 {
-            r.flags = RuleFlags(r.flags.0 & !RuleFlags::SIGNAL);
-        }
-        r
-    };
-    mask(sf) == mask(derived)
-}
-
-fn fmt_rule(r: &Option<UnwindRule>) -> String {
-    r.map_or_else(|| "no rule".into(), |r| r.to_string())
-}
-
-#[derive(Default)]
-struct CheckResult {
-    /// Disagreeing ranges: (start, end, sframe rule, derived rule).
-    bad: Vec<(u64, u64, Option<UnwindRule>, Option<UnwindRule>)>,
-    bad_bytes: u64,
-    compared_bytes: u64,
-    /// Both have a row, but the derived one is not expressible in this SFrame version.
-    inexpressible_bytes: u64,
-    sframe_only_bytes: u64,
-}
-
-fn compare(arch: Arch, version: u8, sf: &[Span], dv: &[Span]) -> CheckResult {
-    let mut res = CheckResult::default();
-    let (mut i, mut j) = (0, 0);
-    let mut sf_covered = 0u64;
-    while i < sf.len() && j < dv.len() {
-        let (a, b) = (&sf[i], &dv[j]);
-        let lo = a.start.max(b.start);
-        let hi = a.end.min(b.end);
-        if lo < hi {
-            sf_covered += hi - lo;
-            if let (Some(x), Some(y)) = (&a.rule, &b.rule) {
-                if !expressible(arch, version, y) {
-                    res.inexpressible_bytes += hi - lo;
-                } else {
-                    res.compared_bytes += hi - lo;
-                    if !same(version, x, y) {
-                        res.bad_bytes += hi - lo;
-                        match res.bad.last_mut() {
-                            Some(last) if last.1 == lo && last.2 == a.rule && last.3 == b.rule => {
-                                last.1 = hi;
-                            }
-                            _ => res.bad.push((lo, hi, a.rule, b.rule)),
-                        }
-                    }
-                }
-            } else {
-                res.inexpressible_bytes += hi - lo;
-            }
-        }
-        if a.end <= b.end {
-            i += 1;
-        } else {
-            j += 1;
-        }
-    }
-    let sf_total: u64 = sf.iter().map(|s| s.end - s.start).sum();
-    res.sframe_only_bytes = sf_total.saturating_sub(sf_covered);
-    res
+fn fmt_rule(r: &UnwindRule) -> String {
+    r.to_string()
 }
 
 fn check(a: &CheckArgs) -> Res<i32> {
@@ -646,29 +439,26 @@ fn check(a: &CheckArgs) -> Res<i32> {
     // The object's own CFI only: a separate debug file is not what the assembler saw.
     let derived = ehframe::derive_from_elf(&data).map_err(|e| fail(&a.file, 2, e))?;
     let version = section.version();
-    let res = compare(
-        sf_table.arch,
-        version,
-        &spans(&sf_table),
-        &spans(&derived.table),
-    );
+    let res = sframe::compare_tables(&sf_table, version, &derived.table);
     let mut out = String::new();
-    for (lo, hi, x, y) in res.bad.iter().take(a.max_report) {
+    for d in res.disagreements.iter().take(a.max_report) {
         out.push_str(&format!(
-            "{lo:#x}-{hi:#x}: .sframe {} | .eh_frame {}\n",
-            fmt_rule(x),
-            fmt_rule(y)
+            "{:#x}-{:#x}: .sframe {} | .eh_frame {}\n",
+            d.start,
+            d.end,
+            fmt_rule(&d.sframe),
+            fmt_rule(&d.derived)
         ));
     }
-    if res.bad.len() > a.max_report {
+    if res.disagreements.len() > a.max_report {
         out.push_str(&format!(
             "... {} more ranges\n",
-            res.bad.len() - a.max_report
+            res.disagreements.len() - a.max_report
         ));
     }
     out.push_str(&summary(&name.to_string(), version, &res, &derived.stats));
     emit(&out);
-    Ok(if res.bad.is_empty() { 0 } else { 1 })
+    Ok(if res.disagreements.is_empty() { 0 } else { 1 })
 }
 
 /// One line: the derived rows and bytes of code in each [`RowCategory`], how many rows
@@ -696,15 +486,15 @@ with a rule, {} without\n",
     line
 }
 
-fn summary(name: &str, version: u8, r: &CheckResult, stats: &DeriveStats) -> String {
+fn summary(name: &str, version: u8, r: &sframe::Comparison, stats: &DeriveStats) -> String {
     format!(
         "{name}: SFrame v{version} vs .eh_frame: {} ranges ({} bytes) disagree; {} bytes agree; \
 not comparable: {} bytes (a rule SFrame v{version} cannot express or no rule), {} bytes \
 only in .sframe; {} FDEs converted, {} skipped\n",
-        r.bad.len(),
-        r.bad_bytes,
-        r.compared_bytes - r.bad_bytes,
-        r.inexpressible_bytes,
+        r.disagreements.len(),
+        r.disagreeing_bytes,
+        r.compared_bytes - r.disagreeing_bytes,
+        r.not_comparable_bytes,
         r.sframe_only_bytes,
         stats.fdes_converted,
         stats.skipped_total(),

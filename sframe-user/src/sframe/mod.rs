@@ -6,6 +6,7 @@
 //! The reader converts sections into the shared [`crate::table::UnwindTable`] with
 //! the normalized [`sframe_common::UnwindRule`]; the writer consumes that table.
 
+mod convert;
 pub mod dump;
 pub mod error;
 pub mod header;
@@ -17,6 +18,9 @@ pub mod write;
 #[cfg(test)]
 mod tests;
 
+pub use convert::{
+    Comparison, Disagreement, StorableSection, compare_tables, section_stores_rule, write_storable,
+};
 pub use dump::{dump, dump_to_string};
 pub use error::{FlexProblem, SFrameError, Subsection, WriteError};
 pub use header::{Abi, Endian, Header};
