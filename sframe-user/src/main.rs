@@ -1,7 +1,8 @@
 //! `sframe-user`: the profiler's command line.
 //!
-//! Without a subcommand it profiles the processes given with `--pid`; the subcommands
-//! inspect unwind tables of files.
+//! Without a subcommand it profiles: the whole system by default, or the processes of
+//! `--pid`, `--cgroup` or a command given after `--`; the subcommands inspect unwind
+//! tables of files and check what the kernel supports.
 
 mod cli;
 
