@@ -435,6 +435,18 @@ impl ObjectStore {
         pid: u32,
         build: Build,
     ) -> Result<ProcessReport, procfs::MapsError> {
+        self.refresh_process_with(pid, build, &mut || {})
+    }
+
+    /// [`ObjectStore::refresh_process`], calling `between` after each executable mapping:
+    /// the loop drains the kernel's deferred ring there, which a process load that builds
+    /// several libraries on the loop (100 ms each under load) would otherwise overflow.
+    pub fn refresh_process_with(
+        &mut self,
+        pid: u32,
+        build: Build,
+        between: &mut dyn FnMut(),
+    ) -> Result<ProcessReport, procfs::MapsError> {
         let _timer = load_timer();
         let maps = procfs::read_executable_maps(pid)?;
         let mut report = ProcessReport::default();
@@ -497,6 +509,7 @@ impl ObjectStore {
                 object,
                 flags,
             });
+            between();
         }
         entries.sort_by_key(|e| e.start);
         match self.tables.set_process(pid, &entries) {

@@ -96,7 +96,7 @@ impl DeferredQueue {
 
     /// Moves the samples in the ring into the backlog (up to its bound); returns their
     /// processes.
-    fn drain(&mut self) -> Vec<u32> {
+    pub(super) fn drain(&mut self) -> Vec<u32> {
         let Some(ring) = self.ring.as_mut() else {
             return Vec::new();
         };

@@ -302,7 +302,16 @@ impl Profiler {
         }
         let new = self.procs.get(&pid).is_none_or(|p| p.exited_at.is_some());
         let started = Instant::now();
-        let refreshed = self.store.refresh_process(pid, Build::Background);
+        // Between its objects (each built on the loop if it is small), the kernel's
+        // deferred samples are moved into the backlog, as between process loads.
+        let (deferred, pending) = (&mut self.deferred, &mut self.pending);
+        let refreshed = self
+            .store
+            .refresh_process_with(pid, Build::Background, &mut || {
+                for pid in deferred.drain() {
+                    pending.count_sample(pid);
+                }
+            });
         let load_cost = started.elapsed();
         match refreshed {
             Ok(report) if !report.maps.is_empty() => {
