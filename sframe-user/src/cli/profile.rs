@@ -379,9 +379,8 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
             log::debug!("profiling process {pid}");
         }
         let snap = profiler.collect();
-        let targets = profiler.targets();
         if !profiler.open_ended() {
-            let exited = targets.len() - profiler.alive_targets();
+            let exited = profiler.target_count() - profiler.alive_targets();
             if exited > exited_reported {
                 exited_reported = exited;
                 eprintln!("sframe-user: {exited} target(s) exited; their samples are kept");
@@ -397,7 +396,6 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
                 Instant::now(),
                 &profiler,
                 &snap,
-                &targets,
                 &mut symbolizer,
             );
             e.exposition.set(e.metrics.render());
@@ -405,6 +403,8 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
         if let Some(iv) = &mut intervals
             && iv.started.elapsed() >= iv.every
         {
+            // Copied only when written (every target with its mappings).
+            let targets = profiler.targets();
             write_interval(iv, &profiler, &snap, &targets, &mut symbolizer, &args)?;
         }
         if let Some(child) = &mut command

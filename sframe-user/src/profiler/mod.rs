@@ -666,6 +666,16 @@ impl Profiler {
     }
 
     /// Every process profiled so far (alive, and exited ones still kept).
+    /// Process `pid` as profiled (alive, or exited and still kept for symbolization).
+    pub fn target(&self, pid: u32) -> Option<&TargetInfo> {
+        self.procs.get(&pid).map(|p| &p.info)
+    }
+
+    /// How many processes [`Profiler::targets`] would list (without copying them).
+    pub fn target_count(&self) -> usize {
+        self.procs.len()
+    }
+
     pub fn targets(&self) -> Vec<TargetInfo> {
         let mut v: Vec<TargetInfo> = self.procs.values().map(|p| p.info.clone()).collect();
         v.sort_by_key(|t| t.pid);

@@ -89,28 +89,61 @@ impl Feed {
     }
 
     /// Records the samples of `snap` not seen before and the health of `profiler`,
-    /// then updates `metrics`. Only pids in `targets` are exported.
+    /// then updates `metrics`. Only the processes of [`Profiler::target`] are exported
+    /// (looked up for the stacks that grew: nothing is copied per update).
     pub fn update(
         &mut self,
         metrics: &mut Metrics,
         now: Instant,
         profiler: &Profiler,
         snap: &Snapshot,
-        targets: &[TargetInfo],
         symbolizer: &mut Symbolizer,
     ) {
         let group = metrics.group();
-        let by_pid: HashMap<u32, (&TargetInfo, Option<String>)> = targets
-            .iter()
-            .map(|t| (t.pid, (t, group.and_then(|g| group_value(g, t)))))
-            .collect();
+        // The group label value of each process with new samples (this update's).
+        let mut groups: HashMap<u32, Option<String>> = HashMap::new();
+        let mut lookup = |pid: u32| -> Option<(&TargetInfo, Option<String>)> {
+            let target = profiler.target(pid)?;
+            let value = groups
+                .entry(pid)
+                .or_insert_with(|| group.and_then(|g| group_value(g, target)));
+            Some((target, value.clone()))
+        };
         // On CPU (samples) then off CPU (nanoseconds asleep); the counts of this
         // snapshot replace the last ones, so keys of processes the profiler has
         // forgotten are forgotten here too.
-        for (k, delta) in new_counts(&mut self.previous, &snap.counts) {
-            let Some((target, group)) = by_pid.get(&k.pid) else {
+        let grown = new_counts(&mut self.previous, &snap.counts);
+        let grown_off_cpu = new_counts(&mut self.previous_off_cpu, &snap.off_cpu);
+        let mut found = Vec::with_capacity(grown.len() + grown_off_cpu.len());
+        for (k, delta) in grown {
+            found.push((lookup(k.pid), k, delta, false));
+        }
+        for (k, delta) in grown_off_cpu {
+            found.push((lookup(k.pid), k, delta, true));
+        }
+        for (t, k, delta, off_cpu) in found {
+            let Some((target, group)) = t else {
                 continue;
             };
+            if off_cpu {
+                let sleep = Some(Sleep::of_outcome(k.outcome));
+                let (stack, _) = self.name(
+                    profiler,
+                    symbolizer,
+                    target,
+                    k.user_stack,
+                    k.kernel_stack,
+                    sleep,
+                );
+                metrics.record_off_cpu(
+                    k.pid,
+                    &crate::sanitize::name(&target.comm),
+                    group.as_deref(),
+                    &stack,
+                    delta,
+                );
+                continue;
+            }
             let (stack, frames) = self.name(
                 profiler,
                 symbolizer,
@@ -128,34 +161,10 @@ impl Feed {
                 delta,
             );
         }
-        for (k, delta) in new_counts(&mut self.previous_off_cpu, &snap.off_cpu) {
-            let Some((target, group)) = by_pid.get(&k.pid) else {
-                continue;
-            };
-            let sleep = Some(Sleep::of_outcome(k.outcome));
-            let (stack, _) = self.name(
-                profiler,
-                symbolizer,
-                target,
-                k.user_stack,
-                k.kernel_stack,
-                sleep,
-            );
-            metrics.record_off_cpu(
-                k.pid,
-                &crate::sanitize::name(&target.comm),
-                group.as_deref(),
-                &stack,
-                delta,
-            );
-        }
         // Forget the stacks of processes that have no series any more.
-        let live: std::collections::HashSet<u32> = metrics
-            .pids()
-            .into_iter()
-            .chain(targets.iter().map(|t| t.pid))
-            .collect();
-        self.names.retain(|(pid, _, _, _), _| live.contains(pid));
+        let live: std::collections::HashSet<u32> = metrics.pids().into_iter().collect();
+        let kept = |pid: &u32| live.contains(pid) || profiler.target(*pid).is_some();
+        self.names.retain(|(pid, _, _, _), _| kept(pid));
 
         let store = profiler.store().figures();
         let health = Health {
