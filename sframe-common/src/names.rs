@@ -31,6 +31,9 @@ pub mod maps {
             SCRATCH = "SCRATCH",
             /// Per-CPU copy of the stack window a walk reads from.
             WINDOW = "WINDOW",
+            /// Per-CPU words array indexes pass through (entry 0: `profile`, 1: the
+            /// off-CPU walker), so that the verifier does not trace them back.
+            INDEX_SLOTS = "INDEX_SLOTS",
             /// Distinct user stacks by key.
             STACKS = "STACKS",
             /// Sample counts by (process, thread, stacks, outcome).

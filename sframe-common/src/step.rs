@@ -45,6 +45,21 @@ pub trait Tables {
     /// The process's [`crate::layout::addr_mask`]: every recovered return address is cut
     /// to it (AArch64 pointer authentication).
     fn return_address_mask(&mut self) -> u64;
+    /// [`search_narrow`] with `key` reading these tables. The kernel side keeps the
+    /// search's position and length in map memory instead of registers.
+    #[inline(always)]
+    fn narrow<const STEPS: u32>(
+        &mut self,
+        start: u32,
+        n: u32,
+        x: u64,
+        key: fn(&mut Self, u32) -> Option<u64>,
+    ) -> u32
+    where
+        Self: Sized,
+    {
+        search_narrow::<STEPS>(start, n, x, |k| key(self, k))
+    }
 }
 
 /// Index of the last element of `[start, start + n)` whose key is ≤ `x`, in exactly
@@ -174,15 +189,15 @@ pub fn find_rule<T: Tables>(t: &mut T, pc: u64, cache: &mut LookupCache) -> Look
     let m = match cached {
         Some(m) => m,
         None => {
-            let Some(i) =
-                search_last_le::<MAPPING_SEARCH_STEPS>(0, n, pc, |i| t.mapping(i).map(|m| m.start))
-            else {
+            if n == 0 {
                 return Lookup::NoMapping;
-            };
+            }
+            let i =
+                t.narrow::<MAPPING_SEARCH_STEPS>(0, n, pc, |t, i| t.mapping(i).map(|m| m.start));
             let Some(m) = t.mapping(i) else {
                 return Lookup::NoMapping;
             };
-            if pc >= m.end {
+            if pc < m.start || pc >= m.end {
                 return Lookup::NoMapping;
             }
             cache.mapping_hint = i;
@@ -233,7 +248,7 @@ pub fn find_rule<T: Tables>(t: &mut T, pc: u64, cache: &mut LookupCache) -> Look
     }
     let first = o.row_first.wrapping_add(lo);
     let low = rel & ((1 << PAGE_SHIFT) - 1);
-    let k = search_narrow::<ROW_SEARCH_STEPS>(first, hi - lo, low, |k| {
+    let k = t.narrow::<ROW_SEARCH_STEPS>(first, hi - lo, low, |t, k| {
         t.row(k).map(|r| u64::from(r.addr_low))
     });
     let Some(row) = t.row(k) else {

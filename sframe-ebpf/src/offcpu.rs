@@ -41,7 +41,7 @@ use sframe_common::{
 use crate::{
     is_target, lifecycle, regs,
     task_storage::TaskStorage,
-    unwind::{STACKS, count, defer, needs_tables, walk_in},
+    unwind::{INDEX_SLOT_OFF_CPU, STACKS, count, defer, needs_tables, walk_in},
 };
 
 /// Sleeps shorter than this (ns) are not walked; set at load time.
@@ -381,6 +381,7 @@ fn walk_due(user: impl FnOnce() -> *const pt_regs) -> i32 {
     let outcome = walk_in(
         &OFF_CPU_SCRATCH,
         &OFF_CPU_WINDOW,
+        INDEX_SLOT_OFF_CPU,
         due.pid,
         pt,
         &mut key.user_stack,

@@ -14,7 +14,6 @@ use aya_ebpf::{
     programs::{PerfEventContext, tracing::StackIdContext},
 };
 use sframe_common::{
-    bounded,
     budget::{
         DEFERRED_RING_BYTES, MAX_COUNTS, MAX_FRAMES, MAX_KERNEL_STACKS, MAX_MAPPINGS, MAX_OBJECTS,
         MAX_PAGES, MAX_PROCESSES, MAX_ROWS, MAX_RULES, MAX_STACKS,
@@ -84,11 +83,93 @@ fn count_outcome(outcome: u32) {
     }
 }
 
+/// Per-CPU words the walk's binary searches keep their position and length in, and
+/// that array indexes pass through on their way to a pointer offset (entry
+/// [`INDEX_SLOT_PROFILE`]: `profile`; [`INDEX_SLOT_OFF_CPU`]: the off-CPU walker, which
+/// `profile` can interrupt on its CPU).
+///
+/// The verifier marks a scalar added to a map-value pointer precise, and precision
+/// follows the value back through registers and stack slots: from a row or mapping
+/// index into the search's position, length and step, whose states then no longer
+/// prune one another, so that every exit of a search carried the rest of the walk step
+/// again. The 6.18.44 kernel of this machine kind's later image (build `fc-v1252`)
+/// refused `profile` that way at the 1,000,000-instruction limit (`off_cpu_return`
+/// 628,529), where the image before (`fc-v1098`) had verified it in 179,504. A value
+/// loaded from map memory has no history the verifier follows: with the search's
+/// state here, `profile` verifies in 117,654 instructions on that kernel (154,042
+/// with the search alone moved and indexes masked on the stack, `bounded`).
+#[map]
+static INDEX_SLOTS: PerCpuArray<[u64; 3]> = PerCpuArray::with_max_entries(2, 0);
+/// `profile`'s entry of [`INDEX_SLOTS`].
+pub(crate) const INDEX_SLOT_PROFILE: u32 = 0;
+/// The off-CPU walker's entry of [`INDEX_SLOTS`].
+pub(crate) const INDEX_SLOT_OFF_CPU: u32 = 1;
+
 struct BpfTables {
     process: *const ProcessEntry,
+    /// This walk's entry of [`INDEX_SLOTS`]: an index, a search's position and length.
+    slot: *mut [u64; 3],
+}
+
+impl BpfTables {
+    /// `index` after a round trip through map memory (see [`INDEX_SLOTS`]): the same
+    /// value, with no history for the verifier. Both the map key and the offset in the
+    /// entry are computed from it.
+    #[inline(always)]
+    fn hide(&self, index: u32) -> u32 {
+        // SAFETY: `slot` is this CPU's INDEX_SLOTS entry for this walk, valid during the
+        // program run; nothing else on this CPU writes it meanwhile.
+        unsafe {
+            let p = (*self.slot).as_mut_ptr();
+            core::ptr::write_volatile(p, u64::from(index));
+            core::ptr::read_volatile(p) as u32
+        }
+    }
 }
 
 impl Tables for BpfTables {
+    #[inline(always)]
+    fn narrow<const STEPS: u32>(
+        &mut self,
+        start: u32,
+        n: u32,
+        x: u64,
+        key: fn(&mut Self, u32) -> Option<u64>,
+    ) -> u32 {
+        // SAFETY: as in `hide`.
+        let (pos, len) = unsafe {
+            let p = (*self.slot).as_mut_ptr();
+            (p.add(1), p.add(2))
+        };
+        // SAFETY: as above.
+        unsafe {
+            core::ptr::write_volatile(pos, u64::from(start));
+            core::ptr::write_volatile(len, u64::from(n));
+        }
+        let mut i = 0;
+        while i < STEPS {
+            // SAFETY: as above.
+            let (p, l) = unsafe {
+                (
+                    core::ptr::read_volatile(pos) as u32,
+                    core::ptr::read_volatile(len) as u32,
+                )
+            };
+            if l <= 1 {
+                break;
+            }
+            let half = l / 2;
+            let le = matches!(key(self, p.wrapping_add(half)), Some(k) if k <= x) as u32;
+            // SAFETY: as above.
+            unsafe {
+                core::ptr::write_volatile(pos, u64::from(p.wrapping_add(half * le)));
+                core::ptr::write_volatile(len, u64::from(l - half));
+            }
+            i += 1;
+        }
+        // SAFETY: as above.
+        unsafe { core::ptr::read_volatile(pos) as u32 }
+    }
     #[inline(always)]
     fn return_address_mask(&mut self) -> u64 {
         // SAFETY: `process` points to a PROCESSES value for the whole program run.
@@ -102,7 +183,8 @@ impl Tables for BpfTables {
     #[inline(always)]
     fn mapping(&mut self, index: u32) -> Option<MappingEntry> {
         // SAFETY: as above; the index is masked into the array.
-        Some(unsafe { (*self.process).mappings[bounded(index as usize, MAX_MAPPINGS)] })
+        let i = self.hide(index) as usize & (MAX_MAPPINGS - 1);
+        Some(unsafe { (*self.process).mappings[i] })
     }
     #[inline(always)]
     fn object(&mut self, id: u32) -> Option<ObjectEntry> {
@@ -110,14 +192,16 @@ impl Tables for BpfTables {
     }
     #[inline(always)]
     fn page_entry(&mut self, index: u32) -> Option<u32> {
+        let index = self.hide(index);
         PAGES
             .get(index / PAGE_BLOCK as u32)
-            .map(|b| b.0[bounded(index as usize, PAGE_BLOCK)])
+            .map(|b| b.0[index as usize & (PAGE_BLOCK - 1)])
     }
     #[inline(always)]
     fn row(&mut self, index: u32) -> Option<RowEntry> {
+        let index = self.hide(index);
         ROWS.get(index / ROW_BLOCK as u32)
-            .map(|b| b.0[bounded(index as usize, ROW_BLOCK)])
+            .map(|b| b.0[index as usize & (ROW_BLOCK - 1)])
     }
     #[inline(always)]
     fn rule(&mut self, index: u16) -> Option<RuleEntry> {
@@ -131,6 +215,7 @@ struct LoopCtx {
     state: *mut WalkState,
     process: *const ProcessEntry,
     window: *mut StackWindow,
+    slot: *mut [u64; 3],
 }
 
 #[inline(always)]
@@ -164,6 +249,7 @@ unsafe extern "C" fn walk_callback(_index: u32, ctx: *mut c_void) -> i64 {
     let window = unsafe { &mut *ctx.window };
     let mut tables = BpfTables {
         process: ctx.process,
+        slot: ctx.slot,
     };
     let mut read = |addr| window.read(addr, fill_window, read_user);
     if walk_step(state, &mut tables, &mut read) {
@@ -310,7 +396,7 @@ pub(crate) fn defer(
 /// Walks the user stack; stores it in STACKS and returns the outcome (and its key).
 #[inline(always)]
 fn walk(tgid: u32, pt: &pt_regs, stack_key: &mut u64) -> u32 {
-    walk_in(&SCRATCH, &WINDOW, tgid, pt, stack_key)
+    walk_in(&SCRATCH, &WINDOW, INDEX_SLOT_PROFILE, tgid, pt, stack_key)
 }
 
 /// `walk` with the per-CPU scratch and window given: a program that can be interrupted
@@ -319,11 +405,16 @@ fn walk(tgid: u32, pt: &pt_regs, stack_key: &mut u64) -> u32 {
 pub(crate) fn walk_in(
     scratch: &PerCpuArray<WalkState>,
     window: &PerCpuArray<StackWindow>,
+    index_slot: u32,
     tgid: u32,
     pt: &pt_regs,
     stack_key: &mut u64,
 ) -> u32 {
-    let (Some(state), Some(window)) = (scratch.get_ptr_mut(0), window.get_ptr_mut(0)) else {
+    let (Some(state), Some(window), Some(slot)) = (
+        scratch.get_ptr_mut(0),
+        window.get_ptr_mut(0),
+        INDEX_SLOTS.get_ptr_mut(index_slot),
+    ) else {
         return WalkOutcome::NoScratch as u32;
     };
     // SAFETY: per-CPU, used by this program only; a new sample starts with no window.
@@ -338,6 +429,7 @@ pub(crate) fn walk_in(
                 state,
                 process,
                 window,
+                slot,
             };
             // SAFETY: bpf_loop with a static callback and a pointer to the stack.
             unsafe {
