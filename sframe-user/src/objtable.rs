@@ -137,6 +137,15 @@ pub fn table_for_elf(data: &[u8], opts: &ObjTableOptions) -> Result<ObjectTable,
     let elf = ehframe::ParsedElf::new(
         object::read::elf::ElfFile64::parse(data).map_err(ObjTableError::Elf)?,
     );
+    table_for_parsed(&elf, opts)
+}
+
+/// [`table_for_elf`] on a file already parsed (whose headers served something else
+/// too: the profiler hashes them into the object's identity first).
+pub fn table_for_parsed(
+    elf: &ehframe::ParsedElf<'_>,
+    opts: &ObjTableOptions,
+) -> Result<ObjectTable, ObjTableError> {
     let file = elf.file();
     let elf_arch = elf_arch(file);
     let mut sframe_error = None;
@@ -154,7 +163,7 @@ pub fn table_for_elf(data: &[u8], opts: &ObjTableOptions) -> Result<ObjectTable,
                 // _start, hand-written assembly) has CFI but no SFrame: take those
                 // functions from the CFI, so that the outermost frame is known.
                 let cfi_functions = if opts.fill_from_cfi {
-                    fill_gaps_from_cfi(&elf, &opts.derive, &mut table)
+                    fill_gaps_from_cfi(elf, &opts.derive, &mut table)
                 } else {
                     0
                 };
@@ -162,7 +171,7 @@ pub fn table_for_elf(data: &[u8], opts: &ObjTableOptions) -> Result<ObjectTable,
                 if opts.fill_from_cfi {
                     add_entry_row(file, &mut table);
                 }
-                ehframe::mark_padding(&elf, &mut table);
+                ehframe::mark_padding(elf, &mut table);
                 return Ok(ObjectTable {
                     segments: crate::segments::of_file(file),
                     source: table.source,
@@ -176,13 +185,13 @@ pub fn table_for_elf(data: &[u8], opts: &ObjTableOptions) -> Result<ObjectTable,
             Err(e) => sframe_error = Some(e),
         }
     }
-    match ehframe::derive_from_parsed(&elf, &opts.derive) {
+    match ehframe::derive_from_parsed(elf, &opts.derive) {
         Ok(mut derived) => Ok(ObjectTable {
             segments: crate::segments::of_file(file),
             source: derived.table.source,
             table: {
                 if add_entry_row(file, &mut derived.table) {
-                    ehframe::mark_padding(&elf, &mut derived.table);
+                    ehframe::mark_padding(elf, &mut derived.table);
                 }
                 derived.table
             },

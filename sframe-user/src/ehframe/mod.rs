@@ -90,10 +90,12 @@ pub fn derive_from_elf_with(data: &[u8], options: &DeriveOptions) -> Result<Deri
 
 /// An ELF file parsed once for everything its table is built from: the object crate's
 /// view of its headers and sections ([`ParsedElf::file`]: the `.sframe` section, the
-/// entry point, the PLT sections) and what the CFI deriver finds in it.
+/// entry point, the PLT sections, the segments, what the profiler's content digest
+/// hashes) and what the CFI deriver finds in it. The CFI scan is done at its first use
+/// (a table taken from a cache needs only the headers).
 pub struct ParsedElf<'a> {
     file: object::read::elf::ElfFile64<'a, object::Endianness>,
-    cfi: Result<elf::ElfCfi<'a>, EhFrameError>,
+    cfi: std::cell::OnceCell<Result<elf::ElfCfi<'a>, EhFrameError>>,
 }
 
 impl<'a> ParsedElf<'a> {
@@ -106,13 +108,20 @@ impl<'a> ParsedElf<'a> {
 
     /// The file parsed by the object crate.
     pub fn new(file: object::read::elf::ElfFile64<'a, object::Endianness>) -> Self {
-        let cfi = elf::scan(&file);
-        Self { file, cfi }
+        Self {
+            file,
+            cfi: std::cell::OnceCell::new(),
+        }
     }
 
     /// The object crate's view of the file.
     pub fn file(&self) -> &object::read::elf::ElfFile64<'a, object::Endianness> {
         &self.file
+    }
+
+    /// What the CFI deriver found in the file (scanned once, at the first call).
+    fn cfi(&self) -> &Result<elf::ElfCfi<'a>, EhFrameError> {
+        self.cfi.get_or_init(|| elf::scan(&self.file))
     }
 }
 
@@ -121,7 +130,7 @@ pub fn derive_from_parsed(
     elf: &ParsedElf<'_>,
     options: &DeriveOptions,
 ) -> Result<Derived, EhFrameError> {
-    let info = elf.cfi.as_ref().map_err(Clone::clone)?;
+    let info = elf.cfi().as_ref().map_err(Clone::clone)?;
     let mut warnings = info.warnings.clone();
     // A compressed `.debug_frame` (common in debug files: `SHF_COMPRESSED`, zlib or
     // zstd) is decompressed into a buffer this function owns.
@@ -288,7 +297,7 @@ fn derive(
 /// the ELF file `elf` (see [`crate::table::Function::padding_after`]); nothing when the
 /// deriver could not read the file (an architecture without CFI support).
 pub fn mark_padding(elf: &ParsedElf<'_>, table: &mut UnwindTable) {
-    if let Ok(info) = &elf.cfi {
+    if let Ok(info) = elf.cfi() {
         coverage::scan(table, &info.exec);
     }
 }

@@ -10,9 +10,10 @@ use super::{
     identity::{FileId, FileStamp, ObjectKey, content_digest, file_id},
 };
 use crate::{
+    ehframe::ParsedElf,
     flatten::{RuleDict, flatten},
     mapped::ObjectBytes,
-    objtable::{ObjTableOptions, table_for_elf},
+    objtable::{ObjTableOptions, table_for_elf, table_for_parsed},
     procfs::Mapping,
     segments,
     table::Source,
@@ -80,12 +81,17 @@ pub(super) struct Derived {
 
 /// The CFI/SFrame derivation and flattening of one object. A mapped file truncated
 /// meanwhile read partly as zeros: what came of it is refused.
+/// `parsed`: `data` parsed already (its headers gave the object's identity).
 pub(super) fn derive(
     data: &ObjectBytes,
+    parsed: Option<&ParsedElf<'_>>,
     options: &ObjTableOptions,
 ) -> Result<Derived, ObjectError> {
     let derived = data
-        .releasing(|| table_for_elf(data, options))
+        .releasing(|| match parsed {
+            Some(elf) => table_for_parsed(elf, options),
+            None => table_for_elf(data, options),
+        })
         .map_err(|e| ObjectError::Table(std::sync::Arc::new(e)));
     // What the derivation touched (unwind sections, code around function ends) leaves
     // the profiler's RSS now, not when the mapping is dropped.
@@ -228,7 +234,7 @@ impl Worker {
                             data,
                             options,
                         } => Done::Built {
-                            derived: derive(&data, &options),
+                            derived: derive(&data, None, &options),
                             key,
                             path,
                             data,
@@ -344,7 +350,7 @@ impl ObjectStore {
                     derived,
                 } => {
                     built = true;
-                    let info = self.finish_build(&key, &path, &data, Some(derived));
+                    let info = self.finish_build(&key, &path, &data, None, Some(derived));
                     self.objects.insert(key.clone(), info);
                     if let Some(pids) = self.in_flight.remove(&key) {
                         reload.extend(pids);
@@ -409,10 +415,7 @@ impl ObjectStore {
         data: ObjectBytes,
         build: Build,
     ) -> bool {
-        if let Some(waiting) = self.in_flight.get_mut(&key) {
-            // The same object (another path or inode) is being built already.
-            waiting.extend(pids);
-            self.files.insert(file, (key, stamp));
+        if self.join_in_flight(pids, &key, &file, stamp) {
             return false;
         }
         if !self.usable(&key) {
@@ -441,11 +444,45 @@ impl ObjectStore {
                 }
                 return false;
             }
-            let info = self.finish_build(&key, path, &data, None);
+        }
+        self.build_here(key, file, stamp, path, &data, None);
+        true
+    }
+
+    /// When the object is being built on the worker (for another path or inode),
+    /// adds `pids` to those reloaded when it is done, remembers it as the file's and
+    /// returns true.
+    pub(super) fn join_in_flight(
+        &mut self,
+        pids: &std::collections::HashSet<u32>,
+        key: &ObjectKey,
+        file: &FileId,
+        stamp: FileStamp,
+    ) -> bool {
+        let Some(waiting) = self.in_flight.get_mut(key) else {
+            return false;
+        };
+        waiting.extend(pids);
+        self.files.insert(file.clone(), (key.clone(), stamp));
+        true
+    }
+
+    /// Builds the object here (on the loop) unless it is usable already, and
+    /// remembers it as the file's. `parsed`: its bytes parsed already.
+    pub(super) fn build_here(
+        &mut self,
+        key: ObjectKey,
+        file: FileId,
+        stamp: FileStamp,
+        path: &str,
+        data: &ObjectBytes,
+        parsed: Option<&ParsedElf<'_>>,
+    ) {
+        if !self.usable(&key) {
+            let info = self.finish_build(&key, path, data, parsed, None);
             self.objects.insert(key.clone(), info);
         }
         self.files.insert(file, (key, stamp));
-        true
     }
 
     /// Whether the disk cache holds this object's table (then loading it is quick).
@@ -457,12 +494,14 @@ impl ObjectStore {
     }
 
     /// Builds the object's kernel table from the disk cache, else from `derived` (the
-    /// result of `derive` on `data`, computed on the worker) or derived now.
+    /// result of `derive` on `data`, computed on the worker) or derived now (from
+    /// `parsed`, `data` parsed already, when given).
     pub(super) fn finish_build(
         &mut self,
         key: &ObjectKey,
         path: &str,
         data: &ObjectBytes,
+        parsed: Option<&ParsedElf<'_>>,
         derived: Option<Result<Derived, ObjectError>>,
     ) -> ObjectInfo {
         let started = Instant::now();
@@ -493,7 +532,7 @@ impl ObjectStore {
                 Ok(flat)
             }
             None => derived
-                .unwrap_or_else(|| derive(data, &self.options))
+                .unwrap_or_else(|| derive(data, parsed, &self.options))
                 .and_then(|d| {
                     info.segments = d.segments;
                     info.source = Some(d.source);
@@ -515,7 +554,10 @@ impl ObjectStore {
         };
         // From a cache hit, or a derivation that failed: the segments' own parse.
         if info.segments.is_empty() {
-            info.segments = segments::segments(data);
+            info.segments = match parsed {
+                Some(elf) => segments::of_file(elf.file()),
+                None => segments::segments(data),
+            };
         }
         let result = flat.and_then(|flat| {
             info.unencodable_rows = flat.unencodable_rows;

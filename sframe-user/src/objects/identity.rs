@@ -5,8 +5,6 @@
 
 use std::{fs, os::unix::fs::MetadataExt as _};
 
-use object::{Object as _, ObjectSegment as _};
-
 use crate::{mapped::ObjectBytes, procfs::Mapping};
 
 /// Largest object file used (bigger ones get no table and use frame pointers). Files
@@ -176,9 +174,14 @@ pub(super) const UNWIND_SECTIONS: &[&str] = &[
 /// The bytes hashed (the code of a large object is most of it) are released from the
 /// profiler's memory a chunk at a time as they are hashed.
 pub fn content_digest(data: &ObjectBytes) -> Option<[u8; 32]> {
-    use object::{ObjectSection as _, SectionFlags};
-    use sha2::Digest as _;
     let file = object::File::parse(&data[..]).ok()?;
+    Some(digest_of_file(&file, data))
+}
+
+/// [`content_digest`] of `data` parsed already as `file` (the same value).
+pub fn digest_of_file<'d>(file: &impl object::Object<'d>, data: &ObjectBytes) -> [u8; 32] {
+    use object::{ObjectSection as _, ObjectSegment as _, SectionFlags};
+    use sha2::Digest as _;
     let mut h = sha2::Sha256::new();
     h.update(b"sframe-user object v1\0");
     h.update([u8::from(file.is_64()), u8::from(file.is_little_endian())]);
@@ -235,11 +238,36 @@ pub fn content_digest(data: &ObjectBytes) -> Option<[u8; 32]> {
             }
         }
     }
-    Some(h.finalize().into())
+    h.finalize().into()
 }
 
 /// A SHA-256 of raw bytes (the vDSO image).
 pub(super) fn digest_bytes(data: &[u8]) -> [u8; 32] {
     use sha2::Digest as _;
     sha2::Sha256::digest(data).into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The loop hashes a file from the parse its table is then built from: the key is
+    /// the one `content_digest` gives (and the disk cache was filled with), and the
+    /// table the one `table_for_elf` gives.
+    #[test]
+    fn one_parse_gives_the_same_key_and_table() {
+        let exe = std::fs::read("/proc/self/exe").expect("read own executable");
+        let data = ObjectBytes::Heap(exe.clone());
+        let parsed = crate::ehframe::ParsedElf::parse(&exe).expect("parse own executable");
+        assert_eq!(
+            Some(digest_of_file(parsed.file(), &data)),
+            content_digest(&data)
+        );
+        let opts = crate::objtable::ObjTableOptions::default();
+        let once = crate::objtable::table_for_parsed(&parsed, &opts).expect("table");
+        let again = crate::objtable::table_for_elf(&exe, &opts).expect("table");
+        assert_eq!(once.table, again.table);
+        assert_eq!(once.segments, again.segments);
+        assert!(once.table.row_count() > 1000);
+    }
 }

@@ -605,10 +605,17 @@ impl ObjectStore {
                     self.unreadable.insert(unreadable_id, Instant::now());
                     return None;
                 };
-                let key = match known {
+                match known {
                     // Known, but to build again (its table found no room): not hashed
                     // again.
-                    Some(k) => k,
+                    Some(k) => {
+                        let pids = [pid].into();
+                        if !self.take_object(&pids, k.clone(), file_id, stamp, &m.path, data, build)
+                        {
+                            return None;
+                        }
+                        k
+                    }
                     None if data.len() > SYNC_BUILD_BYTES
                         && build == Build::Background
                         && self.worker(data.len()).is_some() =>
@@ -631,15 +638,25 @@ impl ObjectStore {
                         }
                         return None;
                     }
-                    None => content_digest(&data)
+                    None => {
+                        // Identified and built here, from one parse of the file.
+                        let parsed = crate::ehframe::ParsedElf::parse(&data).ok();
+                        let key = match &parsed {
+                            Some(elf) => Some(identity::digest_of_file(elf.file(), &data)),
+                            // Not a 64-bit ELF file: no table, but an identity all
+                            // the same.
+                            None => content_digest(&data),
+                        }
                         .map(ObjectKey::Content)
-                        .unwrap_or(fallback),
-                };
-                let pids = [pid].into();
-                if !self.take_object(&pids, key.clone(), file_id, stamp, &m.path, data, build) {
-                    return None;
+                        .unwrap_or(fallback);
+                        if self.join_in_flight(&[pid].into(), &key, &file_id, stamp) {
+                            return None;
+                        }
+                        let built = key.clone();
+                        self.build_here(built, file_id, stamp, &m.path, &data, parsed.as_ref());
+                        key
+                    }
                 }
-                key
             }
         };
         let info = self.objects.get(&key)?;
@@ -681,7 +698,7 @@ impl ObjectStore {
                 let key = ObjectKey::Content(digest_bytes(&data));
                 let data = ObjectBytes::Heap(data);
                 if !self.usable(&key) {
-                    let info = self.finish_build(&key, "[vdso]", &data, None);
+                    let info = self.finish_build(&key, "[vdso]", &data, None, None);
                     self.objects.insert(key.clone(), info);
                 }
                 self.files
