@@ -105,8 +105,11 @@ fn profile(pid: u32, refresh: bool) -> Vec<Sample> {
     let total: u64 = out.iter().map(|s| s.count).sum();
     let counted: u64 = snap.outcomes.iter().sum();
     eprintln!("pid {pid}: {total} samples, outcomes {:?}", snap.outcomes);
-    // Half what its CPU time gives at FREQUENCY.
-    let floor = (cpu * FREQUENCY as f64 * 0.5) as u64;
+    // Half of what the kernel delivers for its CPU time: at FREQUENCY (999 Hz) the
+    // 6.18.44 kernel of this machine kind's image fc-v1252 (CONFIG_HZ=250) delivered
+    // 248-251 samples per 0.5 s of CPU (about half the requested rate; the image
+    // before gave more), so the floor is a quarter of the requested rate.
+    let floor = (cpu * FREQUENCY as f64 * 0.25) as u64;
     assert!(
         total >= floor,
         "too few samples: {total} in {cpu:.2} s of CPU"
