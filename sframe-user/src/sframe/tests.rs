@@ -936,3 +936,32 @@ fn stores_agrees_with_writing_and_reading_back_every_rule_shape() {
     assert!(stored[0] > 1_000 && stored[1] > stored[0], "{stored:?}");
     assert!(stored[1] < checked / 2, "{stored:?} of {checked}");
 }
+
+/// Found by `fuzz/sframe_read`: a v3 start that fits in 64 signed bits relative to its
+/// FDE field but not relative to the section's start (which a reader computes) is
+/// refused by the writer, not written for the reader to reject.
+#[test]
+fn v3_start_beyond_the_readers_range_is_refused() {
+    let t = UnwindTable::from_functions(
+        Arch::Amd64,
+        Source::Synthesized,
+        vec![FunctionRows {
+            start: (i64::MAX as u64) + 8,
+            size: 0x10,
+            pc_type: PcType::Inc,
+            rows: vec![row(0, rule(8))],
+        }],
+    );
+    let opts = |section_vaddr| WriteOptions {
+        version: WriteVersion::V3,
+        section_vaddr,
+    };
+    // The field is past the start's distance: relative to it, the start fits.
+    assert!(matches!(
+        write_section(&t, &opts(0)),
+        Err(super::error::WriteError::StartOutOfRange { function: 0 })
+    ));
+    // From a section higher up, the start is within reach and reads back.
+    let (b, _) = write_section(&t, &opts(0x1000)).expect("within range");
+    Section::parse(&b, 0x1000).expect("the writer's output parses");
+}

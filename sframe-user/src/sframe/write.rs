@@ -559,8 +559,13 @@ pub fn write_section(
         let start = u128::from(f.start) + u128::from(seg.base);
         let rel = start as i128 - field as i128;
         if v3 {
+            // A reader adds the field's offset back (the start from the section's
+            // start): that sum must fit in 64 signed bits too.
+            let from_section = start as i128 - i128::from(opts.section_vaddr);
             let rel = i64::try_from(rel)
-                .map_err(|_| WriteError::StartOutOfRange { function: seg.func })?;
+                .ok()
+                .filter(|_| i64::try_from(from_section).is_ok())
+                .ok_or(WriteError::StartOutOfRange { function: seg.func })?;
             fdes.extend_from_slice(&endian.put_u64(rel as u64));
             fdes.extend_from_slice(&endian.put_u32(seg.size));
             fdes.extend_from_slice(&endian.put_u32(fre_off));
