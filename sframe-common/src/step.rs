@@ -62,54 +62,68 @@ pub trait Tables {
     }
 }
 
-/// Index of the last element of `[start, start + n)` whose key is ≤ `x`, in exactly
-/// `STEPS` halvings (enough for `n < 2^STEPS`). The choice is arithmetic, not a branch on
-/// data, which keeps the verifier's path count flat. A key that cannot be read counts as
-/// greater than `x`.
-#[inline(always)]
-pub fn search_last_le<const STEPS: u32>(
-    start: u32,
-    n: u32,
-    x: u64,
-    mut key: impl FnMut(u32) -> Option<u64>,
-) -> Option<u32> {
-    if n == 0 {
-        return None;
+/// Where a binary search keeps its position and length between halvings.
+pub trait SearchCells {
+    /// The position and the length.
+    fn load(&mut self) -> (u32, u32);
+    /// Keeps a new position and length.
+    fn store(&mut self, pos: u32, len: u32);
+}
+
+/// Position and length in locals (host side, and [`Tables::narrow`]'s default). The
+/// kernel side keeps them in map memory instead, where the verifier does not follow
+/// their history (`sframe-ebpf`'s `INDEX_SLOTS`).
+pub struct LocalCells(pub u32, pub u32);
+
+impl SearchCells for LocalCells {
+    #[inline(always)]
+    fn load(&mut self) -> (u32, u32) {
+        (self.0, self.1)
     }
-    let pos = search_narrow::<STEPS>(start, n, x, &mut key);
-    match key(pos) {
-        Some(k) if k <= x => Some(pos),
-        _ => None,
+    #[inline(always)]
+    fn store(&mut self, pos: u32, len: u32) {
+        self.0 = pos;
+        self.1 = len;
     }
 }
 
-/// The halvings of [`search_last_le`] (`n` ≥ 1): the candidate, whose own key is not
-/// checked (callers that read the element anyway check it themselves). Only the
-/// position, the length, the step and `x` live across the key reads (helper calls in
-/// BPF).
+/// The last element of `[start, start + n)` whose key is ≤ `x` if there is one (`n` ≥
+/// 1), in at most `STEPS` halvings (enough for `n < 2^STEPS`): the candidate, whose own
+/// key is not checked (callers read the element anyway and check it themselves). The
+/// choice is arithmetic, not a branch on data; a key that cannot be read counts as
+/// greater than `x`.
 #[inline(always)]
 pub fn search_narrow<const STEPS: u32>(
     start: u32,
     n: u32,
     x: u64,
+    key: impl FnMut(u32) -> Option<u64>,
+) -> u32 {
+    search_narrow_in::<STEPS>(&mut LocalCells(start, n), x, key)
+}
+
+/// [`search_narrow`] from the position and length in `cells`.
+#[inline(always)]
+pub fn search_narrow_in<const STEPS: u32>(
+    cells: &mut impl SearchCells,
+    x: u64,
     mut key: impl FnMut(u32) -> Option<u64>,
 ) -> u32 {
-    let mut pos = start;
-    let mut len = n;
     let mut i = 0;
     while i < STEPS {
-        // Leaving early is the only data-dependent branch: it ends the loop, so it does
-        // not multiply the verifier's paths.
+        let (pos, len) = cells.load();
+        // Leaving early is the only data-dependent branch. Its exits meet after the
+        // loop in states the verifier finds equal only when the position and length
+        // carry no history it follows: the kernel side keeps them in map memory.
         if len <= 1 {
             break;
         }
         let half = len / 2;
         let le = matches!(key(pos.wrapping_add(half)), Some(k) if k <= x) as u32;
-        pos = pos.wrapping_add(half * le);
-        len -= half;
+        cells.store(pos.wrapping_add(half * le), len - half);
         i += 1;
     }
-    pos
+    cells.load().0
 }
 
 /// What the tables say about a PC.

@@ -25,7 +25,7 @@ use sframe_common::{
     outcome::{Counter, WalkOutcome},
     sample::{DEFERRED_PAGE, DEFERRED_PAGES, DeferredSample},
     stack::{CountKey, UserStack},
-    step::{Tables, WalkState, walk_step},
+    step::{SearchCells, Tables, WalkState, search_narrow_in, walk_step},
     window::{StackWindow, WINDOW_BYTES},
 };
 
@@ -127,6 +127,33 @@ impl BpfTables {
     }
 }
 
+/// A search's position and length in this walk's [`INDEX_SLOTS`] entry.
+struct MapCells {
+    pos: *mut u64,
+    len: *mut u64,
+}
+
+impl SearchCells for MapCells {
+    #[inline(always)]
+    fn load(&mut self) -> (u32, u32) {
+        // SAFETY: words of this CPU's INDEX_SLOTS entry for this walk (see `hide`).
+        unsafe {
+            (
+                core::ptr::read_volatile(self.pos) as u32,
+                core::ptr::read_volatile(self.len) as u32,
+            )
+        }
+    }
+    #[inline(always)]
+    fn store(&mut self, pos: u32, len: u32) {
+        // SAFETY: as above.
+        unsafe {
+            core::ptr::write_volatile(self.pos, u64::from(pos));
+            core::ptr::write_volatile(self.len, u64::from(len));
+        }
+    }
+}
+
 impl Tables for BpfTables {
     #[inline(always)]
     fn narrow<const STEPS: u32>(
@@ -137,38 +164,14 @@ impl Tables for BpfTables {
         key: fn(&mut Self, u32) -> Option<u64>,
     ) -> u32 {
         // SAFETY: as in `hide`.
-        let (pos, len) = unsafe {
-            let p = (*self.slot).as_mut_ptr();
-            (p.add(1), p.add(2))
+        let p = unsafe { (*self.slot).as_mut_ptr() };
+        let mut cells = MapCells {
+            // SAFETY: entries 1 and 2 of the three.
+            pos: unsafe { p.add(1) },
+            len: unsafe { p.add(2) },
         };
-        // SAFETY: as above.
-        unsafe {
-            core::ptr::write_volatile(pos, u64::from(start));
-            core::ptr::write_volatile(len, u64::from(n));
-        }
-        let mut i = 0;
-        while i < STEPS {
-            // SAFETY: as above.
-            let (p, l) = unsafe {
-                (
-                    core::ptr::read_volatile(pos) as u32,
-                    core::ptr::read_volatile(len) as u32,
-                )
-            };
-            if l <= 1 {
-                break;
-            }
-            let half = l / 2;
-            let le = matches!(key(self, p.wrapping_add(half)), Some(k) if k <= x) as u32;
-            // SAFETY: as above.
-            unsafe {
-                core::ptr::write_volatile(pos, u64::from(p.wrapping_add(half * le)));
-                core::ptr::write_volatile(len, u64::from(l - half));
-            }
-            i += 1;
-        }
-        // SAFETY: as above.
-        unsafe { core::ptr::read_volatile(pos) as u32 }
+        cells.store(start, n);
+        search_narrow_in::<STEPS>(&mut cells, x, |k| key(self, k))
     }
     #[inline(always)]
     fn return_address_mask(&mut self) -> u64 {
