@@ -94,7 +94,8 @@ pub fn read_maps(pid: u32) -> Result<Vec<Mapping>, MapsError> {
 pub const MAX_EXECUTABLE_MAPPINGS: usize = 4 * sframe_common::budget::MAX_MAPPINGS;
 
 /// The executable mappings of `pid`, at most [`MAX_EXECUTABLE_MAPPINGS`], read a line
-/// at a time: memory stays bounded whatever the process maps.
+/// at a time: memory stays bounded whatever the process maps. Past the bound, each
+/// distinct part of a file is kept before further copies of one (by address then).
 pub fn read_executable_maps(pid: u32) -> Result<Vec<Mapping>, MapsError> {
     read_maps_where(
         pid,
@@ -128,6 +129,14 @@ fn read_maps_where(
     let mut line = Vec::with_capacity(256);
     let mut out = Vec::new();
     let mut number = 0;
+    // Past `limit`, which mappings are kept: each distinct part of a file (device, inode,
+    // offset) before further copies of one (any user can map one page thousands of
+    // times, and would otherwise push the libraries its code runs in out of what is
+    // read, wherever it put them). Copies among those kept (their indexes), to be
+    // replaced by parts not kept yet.
+    let mut parts = std::collections::HashSet::new();
+    let mut copies = Vec::new();
+    let mut replaced = false;
     loop {
         line.clear();
         let n = std::io::Read::by_ref(&mut reader)
@@ -155,9 +164,24 @@ fn read_maps_where(
         if !second.is_some_and(&keep) {
             continue;
         }
+        let m = parse_line(text).map_err(malformed)?;
+        let part = (m.dev_major, m.dev_minor, m.inode, m.offset);
         if out.len() < limit {
-            out.push(parse_line(text).map_err(malformed)?);
+            if !parts.insert(part) {
+                copies.push(out.len());
+            }
+            out.push(m);
+        } else if !parts.contains(&part)
+            && let Some(slot) = copies.pop().and_then(|i| out.get_mut(i))
+        {
+            // Past the bound, a part of a file not kept yet takes the place of a copy.
+            parts.insert(part);
+            *slot = m;
+            replaced = true;
         }
+    }
+    if replaced {
+        out.sort_by_key(|m| m.start);
     }
     Ok(out)
 }
@@ -334,6 +358,46 @@ pub fn exists(pid: u32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn copies_of_one_page_do_not_push_libraries_out_of_what_is_read() {
+        // More executable copies of one page of a file than are read, placed by the
+        // kernel below the C library (top-down): the library is still read.
+        let path = std::env::temp_dir().join(format!("procfs-copies-{}-page", std::process::id()));
+        std::fs::write(&path, [0u8; 4096]).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
+        let mut maps = Vec::new();
+        for _ in 0..MAX_EXECUTABLE_MAPPINGS + 100 {
+            // SAFETY: a new private read-only mapping of a file we opened; unmapped below.
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    4096,
+                    libc::PROT_READ | libc::PROT_EXEC,
+                    libc::MAP_PRIVATE,
+                    fd,
+                    0,
+                )
+            };
+            assert_ne!(p, libc::MAP_FAILED);
+            maps.push(p);
+        }
+        let read = read_executable_maps(std::process::id());
+        for p in maps {
+            // SAFETY: mapped above, 4096 bytes.
+            unsafe { libc::munmap(p, 4096) };
+        }
+        let read = read.unwrap();
+        assert_eq!(read.len(), MAX_EXECUTABLE_MAPPINGS);
+        assert!(read.windows(2).all(|w| w[0].start < w[1].start), "sorted");
+        assert!(
+            read.iter().any(|m| m.path.contains("libc.so")),
+            "the C library was pushed out"
+        );
+        assert!(read.iter().any(|m| m.path.contains("-page")));
+    }
 
     #[test]
     fn parses_file_anonymous_and_pseudo_lines() {

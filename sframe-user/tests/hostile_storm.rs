@@ -80,14 +80,22 @@ fn an_exec_mmap_storm_does_not_take_the_profilers_cpu() {
         hostile::complete(&baseline.folded, "victim_spin", VICTIM_CHAIN);
     let (complete, after) = hostile::complete(&attacked.folded, "victim_spin", VICTIM_CHAIN);
     eprintln!(
-        "profiler CPU: {:.2} s alone, {:.2} s beside the storm; victim samples {before} \
-         ({complete_before} complete) alone, {after} ({complete} complete) beside it",
-        baseline.cpu, attacked.cpu
+        "profiler CPU: {:.2} s alone ({:.1} s), {:.2} s beside the storm ({:.1} s); victim \
+         samples {before} ({complete_before} complete) alone, {after} ({complete} complete) \
+         beside it",
+        baseline.cpu, baseline.wall, attacked.cpu, attacked.wall
     );
+    // The storm's reloads are throttled to a tenth of one CPU (RELOAD_SHARE) for as long
+    // as it runs beside the profiler: that share of the run's wall time (longer on a busy
+    // machine, where the victim's CPU budget takes longer), twice over for its events,
+    // beyond the baseline's own CPU doubled and half a second (the first load of 3,000
+    // mappings, and the start's variance: the baseline is mostly the BPF load).
+    let allowed = 2.0 * baseline.cpu + 0.5 + 0.2 * attacked.wall;
     assert!(
-        attacked.cpu <= 2.0 * baseline.cpu + 0.5,
-        "profiler CPU {:.2} s beside the storm, {:.2} s without",
+        attacked.cpu <= allowed,
+        "profiler CPU {:.2} s beside the storm ({:.1} s), {:.2} s without: more than {allowed:.2} s",
         attacked.cpu,
+        attacked.wall,
         baseline.cpu
     );
     // The same victim CPU budget: not fewer samples than half the baseline's (the
@@ -95,6 +103,20 @@ fn an_exec_mmap_storm_does_not_take_the_profilers_cpu() {
     assert!(
         before > 0 && after * 2 >= before,
         "{after} samples vs {before}"
+    );
+    // The storm's own stacks are complete too: its 3,000 copies of one page push
+    // neither its C library out of what is read of its maps nor out of its table.
+    let storm_stacks: Vec<&str> = attacked
+        .folded
+        .lines()
+        .filter(|l| l.starts_with("storm;"))
+        .collect();
+    assert!(
+        storm_stacks
+            .iter()
+            .all(|l| l.starts_with("storm;_start;__libc_start_main")),
+        "incomplete stacks of the storm:\n{}",
+        storm_stacks.join("\n")
     );
     assert!(
         complete * 100 >= after * 95,

@@ -168,6 +168,9 @@ struct Installed {
     /// The file mappings resolved then (range, offset, device, inode): a reload takes
     /// those it finds again as they are, without checking their files again.
     resolved: std::collections::HashSet<MappingId>,
+    /// Which install this is (`ObjectStore::installs` then): a sample that found no
+    /// mapping is walked again only over a newer table.
+    generation: u64,
 }
 
 /// How long a file that could not be opened or mapped is not tried again.
@@ -243,6 +246,35 @@ pub struct ObjectStore {
     /// Keyed by process too: another process's open of the same file may succeed (the
     /// failure may have been a race with this process unmapping it).
     unreadable: HashMap<(u32, FileId), Instant>,
+    /// Process tables installed so far.
+    installs: u64,
+}
+
+/// The executable mappings a process's table keeps (sorted by address, at most
+/// `MAX_MAPPINGS`) and how many it drops. Within the bound, all of them. Past it (any
+/// user can map the same page of a file thousands of times), first one mapping of each
+/// distinct part of each object with a table (its start less its bias, the link-time
+/// address, identifies the part) and the vDSO and mappings whose table is being built;
+/// then the rest, lowest addresses first. So a process cannot push the libraries its
+/// code runs in out of its own table with copies of one page, wherever it puts them.
+fn choose_mappings(mut entries: Vec<MappingEntry>) -> (Vec<MappingEntry>, usize) {
+    use sframe_common::budget::MAX_MAPPINGS;
+    entries.sort_by_key(|e| e.start);
+    if entries.len() <= MAX_MAPPINGS {
+        return (entries, 0);
+    }
+    let dropped = entries.len() - MAX_MAPPINGS;
+    let mut parts = std::collections::HashSet::new();
+    let (mut first, mut rest): (Vec<MappingEntry>, Vec<MappingEntry>) =
+        entries.into_iter().partition(|e| {
+            (e.object != NO_OBJECT || e.flags != 0)
+                && parts.insert((e.object, e.flags, e.start.wrapping_sub(e.bias)))
+        });
+    first.truncate(MAX_MAPPINGS);
+    rest.truncate(MAX_MAPPINGS - first.len());
+    first.append(&mut rest);
+    first.sort_by_key(|e| e.start);
+    (first, dropped)
 }
 
 impl ObjectStore {
@@ -264,6 +296,7 @@ impl ObjectStore {
             no_room: HashMap::new(),
             removals: 0,
             unreadable: HashMap::new(),
+            installs: 0,
         }
     }
 
@@ -332,6 +365,11 @@ impl ObjectStore {
     /// `pid`'s mapping table as installed in the kernel.
     pub fn process_entries(&self, pid: u32) -> Option<&[MappingEntry]> {
         self.processes.get(&pid).map(|p| p.entries.as_slice())
+    }
+
+    /// Which install `pid`'s table is: it changes with every load of the process.
+    pub fn process_generation(&self, pid: u32) -> Option<u64> {
+        self.processes.get(&pid).map(|p| p.generation)
     }
 
     fn release(&mut self, keys: &[ObjectKey]) {
@@ -511,9 +549,9 @@ impl ObjectStore {
             });
             between();
         }
-        entries.sort_by_key(|e| e.start);
+        let (entries, dropped) = choose_mappings(entries);
         match self.tables.set_process(pid, &entries) {
-            Ok(dropped) => {
+            Ok(_) => {
                 self.no_room.remove(&pid);
                 report.dropped_mappings = dropped;
             }
@@ -529,11 +567,12 @@ impl ObjectStore {
                 }
             }
         }
-        entries.truncate(sframe_common::budget::MAX_MAPPINGS);
+        self.installs += 1;
         let installed = Installed {
             objects: keys,
             entries,
             resolved,
+            generation: self.installs,
         };
         if let Some(old) = self.processes.insert(pid, installed) {
             self.release(&old.objects);
@@ -736,5 +775,54 @@ impl ObjectStore {
                 other => return other,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sframe_common::budget::MAX_MAPPINGS;
+
+    fn entry(start: u64, object: u32, bias: u64) -> MappingEntry {
+        MappingEntry {
+            start,
+            end: start + 0x1000,
+            bias,
+            object,
+            flags: 0,
+        }
+    }
+
+    #[test]
+    fn copies_of_one_page_do_not_push_the_libraries_out() {
+        // The storm of tests/hostile_storm.rs: the program (object 1, at the bottom),
+        // 3000 copies of its first page below the C library (object 2, at the top).
+        let mut all = vec![entry(0x5555_0000_0000, 1, 0x5555_0000_0000)];
+        for i in 0..3000u64 {
+            let start = 0x7f00_0000_0000 + i * 0x2000;
+            all.push(entry(start, 1, start));
+        }
+        all.push(entry(0x7fff_f000_0000, 2, 0x7fff_e000_0000));
+        all.push(entry(0x7fff_f100_0000, NO_OBJECT, 0));
+        let n = all.len();
+        let (kept, dropped) = choose_mappings(all);
+        assert_eq!(kept.len(), MAX_MAPPINGS);
+        assert_eq!(dropped, n - MAX_MAPPINGS);
+        assert!(kept.windows(2).all(|w| w[0].start < w[1].start), "sorted");
+        assert!(kept.iter().any(|e| e.object == 2), "the library is kept");
+        assert!(kept.iter().any(|e| e.start == 0x5555_0000_0000));
+        // The rest by address: the lowest copies.
+        assert_eq!(kept[1].start, 0x7f00_0000_0000);
+    }
+
+    #[test]
+    fn within_the_bound_every_mapping_is_kept_sorted() {
+        let all: Vec<_> = (0..MAX_MAPPINGS as u64)
+            .rev()
+            .map(|i| entry(0x1000_0000 + i * 0x2000, NO_OBJECT, 0))
+            .collect();
+        let (kept, dropped) = choose_mappings(all);
+        assert_eq!((kept.len(), dropped), (MAX_MAPPINGS, 0));
+        assert!(kept.windows(2).all(|w| w[0].start < w[1].start));
     }
 }

@@ -33,11 +33,21 @@ const MAX_DEFERRED_BACKLOG: usize = 1024;
 /// once, without their tables.
 const MAX_DEFERRED_PER_PROCESS: usize = MAX_DEFERRED_BACKLOG / 4;
 
+/// A deferred sample waiting: when it arrived, and the process table generation it
+/// was last walked over without finding its PC's mapping (it is walked again only over
+/// a newer one: a process whose samples find no mapping cannot make every round walk
+/// them all again).
+struct Waiting {
+    seen: Instant,
+    walked_over: Option<u64>,
+    rec: Box<DeferredSample>,
+}
+
 /// The kernel's ring of deferred samples and the samples taken from it that wait for
-/// their process's tables (with when they arrived).
+/// their process's tables.
 pub(super) struct DeferredQueue {
     ring: Option<RingBuf<MapData>>,
-    backlog: VecDeque<(Instant, Box<DeferredSample>)>,
+    backlog: VecDeque<Waiting>,
     /// Samples waiting in `backlog`, per process.
     per_process: StdHashMap<u32, usize>,
 }
@@ -64,7 +74,7 @@ impl DeferredQueue {
 
     /// The process of each sample waiting.
     pub(super) fn pids(&self) -> impl Iterator<Item = u32> + '_ {
-        self.backlog.iter().map(|(_, rec)| rec.pid)
+        self.backlog.iter().map(|w| w.rec.pid)
     }
 
     /// Whether one more sample of `pid` may wait.
@@ -74,21 +84,25 @@ impl DeferredQueue {
     }
 
     /// Puts a sample (back) to wait.
-    fn wait(&mut self, seen: Instant, rec: Box<DeferredSample>) {
-        *self.per_process.entry(rec.pid).or_default() += 1;
-        self.backlog.push_back((seen, rec));
+    fn wait(&mut self, w: Waiting) {
+        *self.per_process.entry(w.rec.pid).or_default() += 1;
+        self.backlog.push_back(w);
     }
 
     /// Every sample: those waiting first, then those in the ring (arrived now); `None`
     /// without a ring.
-    fn take(&mut self) -> Option<Vec<(Instant, Box<DeferredSample>)>> {
+    fn take(&mut self) -> Option<Vec<Waiting>> {
         let ring = self.ring.as_mut()?;
         let now = Instant::now();
         let mut records: Vec<_> = std::mem::take(&mut self.backlog).into();
         self.per_process.clear();
         while let Some(item) = ring.next() {
             if let Some(rec) = record(&item) {
-                records.push((now, rec));
+                records.push(Waiting {
+                    seen: now,
+                    walked_over: None,
+                    rec,
+                });
             }
         }
         Some(records)
@@ -109,7 +123,11 @@ impl DeferredQueue {
             if let Some(rec) = record(&item) {
                 pids.push(rec.pid);
                 *self.per_process.entry(rec.pid).or_default() += 1;
-                self.backlog.push_back((now, rec));
+                self.backlog.push_back(Waiting {
+                    seen: now,
+                    walked_over: None,
+                    rec,
+                });
             }
         }
         pids
@@ -222,7 +240,8 @@ impl Profiler {
         // for that, then go with the mappings it had). Read once per process per call.
         let mut liveness: StdHashMap<u32, procfs::Liveness> = StdHashMap::new();
         let mut live = |pid: u32| *liveness.entry(pid).or_insert_with(|| procfs::liveness(pid));
-        for (seen, rec) in records {
+        for mut w in records {
+            let (seen, rec) = (w.seen, &w.rec);
             // A sample waits at most DEFERRED_PATIENCE, or for as long as its process is
             // queued for its first load or one of its objects is being built: both end
             // (a busy or emulated host can take longer than the patience to get there;
@@ -252,7 +271,14 @@ impl Profiler {
                 {
                     self.queue_first_load(rec.pid);
                 }
-                self.deferred.wait(seen, rec);
+                self.deferred.wait(w);
+                continue;
+            }
+            let generation = self.store.process_generation(rec.pid);
+            if patient && generation.is_some() && w.walked_over == generation {
+                // It found no mapping over this table; its process has not been
+                // reloaded since.
+                self.deferred.wait(w);
                 continue;
             }
             let exited = match self.procs.get(&rec.pid) {
@@ -269,7 +295,7 @@ impl Profiler {
                 _ => None,
             };
             let entries = self.store.process_entries(rec.pid).or(exited);
-            let (st, outcome) = walk_record(&rec, entries, self.store.tables());
+            let (st, outcome) = walk_record(rec, entries, self.store.tables());
             // A PC in a mapping made after the process's tables were read (dlopen): its
             // mmap event reloads the process; wait for that as for a first load.
             let retry = outcome == WalkOutcome::NoMapping
@@ -277,7 +303,8 @@ impl Profiler {
                 && patient
                 && live(rec.pid) != procfs::Liveness::Gone;
             if retry {
-                self.deferred.wait(seen, rec);
+                w.walked_over = generation;
+                self.deferred.wait(w);
                 continue;
             }
             let len = (st.stack.len as usize).min(st.stack.frames.len());
@@ -348,7 +375,11 @@ mod tests {
         let mut q = DeferredQueue::new(None);
         let now = Instant::now();
         while q.has_room_for(1) {
-            q.wait(now, sample(1));
+            q.wait(Waiting {
+                seen: now,
+                walked_over: None,
+                rec: sample(1),
+            });
         }
         assert_eq!(q.waiting(), MAX_DEFERRED_PER_PROCESS);
         // Others still find room, up to the whole bound.
@@ -357,7 +388,11 @@ mod tests {
             assert!(q.has_room_for(pid), "pid {pid} at {}", q.waiting());
             for _ in 0..MAX_DEFERRED_PER_PROCESS {
                 if q.has_room_for(pid) {
-                    q.wait(now, sample(pid));
+                    q.wait(Waiting {
+                        seen: now,
+                        walked_over: None,
+                        rec: sample(pid),
+                    });
                 }
             }
             pid += 1;

@@ -98,6 +98,8 @@ pub struct Run {
     pub peak_rss_kb: u64,
     /// The profiler's CPU seconds, stopping included.
     pub cpu: f64,
+    /// Seconds from the profiler's start to its exit.
+    pub wall: f64,
 }
 
 /// Runs `sframe-user` with `args` (targets and options) and folded output until process
@@ -112,6 +114,7 @@ pub fn profile(args: &[String], budget_pid: u32, budget: f64, out_dir: &Path) ->
         .stderr(Stdio::piped())
         .spawn()
         .expect("run sframe-user");
+    let started = Instant::now();
     let start = cpu_seconds(budget_pid);
     let deadline = Instant::now() + Duration::from_secs(300);
     while cpu_seconds(budget_pid) - start < budget {
@@ -181,6 +184,7 @@ pub fn profile(args: &[String], budget_pid: u32, budget: f64, out_dir: &Path) ->
         folded: std::fs::read_to_string(&folded).expect("folded output"),
         peak_rss_kb,
         cpu,
+        wall: started.elapsed().as_secs_f64(),
     }
 }
 
