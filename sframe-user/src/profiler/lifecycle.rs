@@ -43,6 +43,8 @@ const MAX_LOAD_RETRIES: u8 = 5;
 /// unmaps code in a loop costs the profiler a bounded share, whatever its rate and
 /// however many mappings it has, and the others' loads go on.
 const RELOAD_SHARE: f64 = 0.1;
+/// Processes whose failed loads are counted apart at most (`Profiler::failed_loads_of`).
+const MAX_FAILED_LOADS_KEPT: usize = 4096;
 /// Lifecycle events handled per `handle_events` call at most (the rest wait for the
 /// next call: a flood of events cannot hold the loop, nor a signal to stop).
 const MAX_EVENTS_PER_CALL: usize = 8192;
@@ -373,6 +375,10 @@ impl Profiler {
             Ok(_) | Err(_) => {
                 log::debug!("pid {pid}: no mappings to load, taken for exited");
                 self.lifecycle.load_failures += 1;
+                if self.failed_loads.len() >= MAX_FAILED_LOADS_KEPT {
+                    self.failed_loads.clear();
+                }
+                *self.failed_loads.entry(pid).or_default() += 1;
                 self.load_retries.remove(&pid);
                 // Its deferred samples are walked while its tables are still there.
                 self.unwind_deferred();

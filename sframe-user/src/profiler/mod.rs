@@ -262,6 +262,9 @@ pub struct Profiler {
     events_left: bool,
     /// Loads of a live process that found no maps (mid-exec), retried so far.
     load_retries: StdHashMap<u32, u8>,
+    /// Failed loads by process (`LifecycleStats::load_failures` apart), at most
+    /// `MAX_FAILED_LOADS_KEPT` processes (then forgotten all at once).
+    failed_loads: StdHashMap<u32, u32>,
     /// Thread names (`/proc/PID/task/TID/comm`, raw) by tid, read when a thread's first
     /// samples are collected (a thread that is gone by then keeps no name).
     thread_names: StdHashMap<u32, String>,
@@ -386,6 +389,7 @@ impl Profiler {
             reload_due: StdHashMap::new(),
             events_left: false,
             load_retries: StdHashMap::new(),
+            failed_loads: StdHashMap::new(),
             thread_names: StdHashMap::new(),
             newly_exited: Vec::new(),
             exited_order: std::collections::VecDeque::new(),
@@ -685,6 +689,13 @@ impl Profiler {
     /// What the profiler saw of processes' lives so far.
     pub fn lifecycle(&self) -> LifecycleStats {
         self.lifecycle
+    }
+
+    /// Loads of process `pid` that failed (no maps to read: it had exited, or was a
+    /// zombie), as far as they are remembered (the count of the busiest processes of a
+    /// churning host is reset now and then; the total is in [`Profiler::lifecycle`]).
+    pub fn failed_loads_of(&self, pid: u32) -> u32 {
+        self.failed_loads.get(&pid).copied().unwrap_or(0)
     }
 
     /// Cumulative lifecycle and table counters, for metrics.
