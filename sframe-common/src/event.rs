@@ -9,6 +9,9 @@ pub struct ProcEvent {
     pub kind: u32,
     /// Process id (thread-group id) the event is about.
     pub pid: u32,
+    /// When it was sent (`bpf_ktime_get_ns`, CLOCK_MONOTONIC): user space measures how
+    /// long events wait for its loop.
+    pub ns: u64,
 }
 
 /// What a `ProcEvent` reports.
@@ -81,6 +84,6 @@ mod pod {
 }
 
 const _: () = {
-    assert!(size_of::<ProcEvent>() == 8);
+    assert!(size_of::<ProcEvent>() == 16);
     assert!(size_of::<CgroupFilter>() == 16);
 };

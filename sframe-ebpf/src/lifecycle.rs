@@ -100,6 +100,8 @@ pub(crate) fn send(kind: ProcEventKind, pid: u32) {
             event.write(ProcEvent {
                 kind: kind as u32,
                 pid,
+                // SAFETY: helper without arguments.
+                ns: unsafe { bpf_ktime_get_ns() },
             });
             event.submit(0);
         }

@@ -139,6 +139,13 @@ impl Profiler {
                 continue;
             };
             let pid = e.pid;
+            let lag = crate::cputime::monotonic_ns().saturating_sub(e.ns);
+            self.lifecycle.event_lag_ns = self.lifecycle.event_lag_ns.saturating_add(lag);
+            self.lifecycle.event_lag_max_ns = self.lifecycle.event_lag_max_ns.max(lag);
+            log::debug!(
+                "pid {pid}: {kind:?} handled {:.1} ms after it was sent",
+                lag as f64 / 1e6
+            );
             let known = self.procs.get(&pid).is_some_and(|p| p.exited_at.is_none());
             match kind {
                 ProcEventKind::Exec => {

@@ -223,6 +223,10 @@ pub struct LifecycleStats {
     pub process_loads: u64,
     /// Processes whose maps could not be read (exited meanwhile, or no permission).
     pub load_failures: u64,
+    /// Nanoseconds lifecycle events waited from the kernel's send to their handling,
+    /// summed, and the longest wait.
+    pub event_lag_ns: u64,
+    pub event_lag_max_ns: u64,
 }
 
 /// A profiled process, alive or exited with samples.

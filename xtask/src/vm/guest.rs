@@ -875,7 +875,17 @@ fn lifecycle(ctx: &Ctx) -> Result<String> {
             // chain itself holds most of its samples, not nearly all.
             min_chain: ctx.lifecycle_min_complete - 0.3,
         },
-    )?;
+    )
+    .map_err(|e| {
+        // Whether the event loop fell behind the children (their exec handled after
+        // they exited leaves their samples without maps).
+        anyhow::anyhow!(
+            "{e:#}\nlongest lifecycle event wait {:.3} s, {:.3} s in all\nprofiler log:\n{}",
+            metric(&metrics, "sframe_event_lag_max_seconds", &[]),
+            metric(&metrics, "sframe_event_lag_seconds_total", &[]),
+            report.log.join("\n")
+        )
+    })?;
     // What the incomplete ones were (the console keeps it for a passing run too).
     let incomplete = report.summary(&|s| {
         s.comm == "dl_child" && !(s.complete() && s.user().first() == Some(&"_start"))
@@ -898,7 +908,11 @@ fn lifecycle(ctx: &Ctx) -> Result<String> {
         }
         events.push(format!("{event}={n}"));
     }
-    Ok(format!("{detail}; events {}", events.join(" ")))
+    Ok(format!(
+        "{detail}; events {}; longest event wait {:.3} s",
+        events.join(" "),
+        metric(&metrics, "sframe_event_lag_max_seconds", &[])
+    ))
 }
 
 fn deferred(ctx: &Ctx) -> Result<String> {

@@ -183,6 +183,8 @@ impl Feed {
             frequency: profiler.frequency(),
             load_cpu: crate::objects::load_cpu_seconds(),
             collect_cpu: crate::governor::collection_cpu_seconds(),
+            event_lag: profiler.lifecycle().event_lag_ns as f64 / 1e9,
+            event_lag_max: profiler.lifecycle().event_lag_max_ns as f64 / 1e9,
         };
         metrics.update(now, &health);
         symbolizer.end_round();

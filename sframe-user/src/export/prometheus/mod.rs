@@ -119,6 +119,9 @@ pub struct Health {
     pub load_cpu: f64,
     /// User-space CPU seconds spent collecting samples so far.
     pub collect_cpu: f64,
+    /// Seconds lifecycle events waited for the event loop, summed, and the longest.
+    pub event_lag: f64,
+    pub event_lag_max: f64,
 }
 
 /// The registry and the aggregation behind it.
@@ -146,6 +149,8 @@ pub struct Metrics {
     collect_cpu: Counter<f64, AtomicU64>,
     rss: Gauge,
     fleet: Family<EventLabels, Counter>,
+    event_lag: Counter<f64, AtomicU64>,
+    event_lag_max: Gauge<f64, AtomicU64>,
     processes: Gauge,
     frequency: Gauge,
     group: Option<GroupLabel>,
@@ -279,6 +284,20 @@ impl Metrics {
             "Process lifecycle events (exec, exit, fork, mmap, miss), process table loads and failures, object table loads, evictions and loads refused for lack of room, mapped files found rewritten, processes refused by a full process map",
             fleet.clone(),
         );
+        let event_lag = Counter::<f64, AtomicU64>::default();
+        registry.register_with_unit(
+            "sframe_event_lag",
+            "Time process lifecycle events waited between the kernel sending them and the event loop handling them, summed (divided by the increase of sframe_fleet_events_total for exec, exit, fork, mmap and miss: the mean wait); a busy host's loop falling behind shows here first",
+            Unit::Seconds,
+            event_lag.clone(),
+        );
+        let event_lag_max = Gauge::<f64, AtomicU64>::default();
+        registry.register_with_unit(
+            "sframe_event_lag_max",
+            "Longest time a process lifecycle event waited for the event loop since the start",
+            Unit::Seconds,
+            event_lag_max.clone(),
+        );
         let processes = gauge(
             &mut registry,
             "sframe_processes",
@@ -324,6 +343,8 @@ impl Metrics {
             collect_cpu,
             rss,
             fleet,
+            event_lag,
+            event_lag_max,
             processes,
             frequency,
             group: None,
@@ -491,6 +512,11 @@ impl Metrics {
         if health.load_cpu > self.last.load_cpu {
             self.load_cpu.inc_by(health.load_cpu - self.last.load_cpu);
         }
+        if health.event_lag > self.last.event_lag {
+            self.event_lag
+                .inc_by(health.event_lag - self.last.event_lag);
+        }
+        self.event_lag_max.set(health.event_lag_max);
         if health.collect_cpu > self.last.collect_cpu {
             self.collect_cpu
                 .inc_by(health.collect_cpu - self.last.collect_cpu);
