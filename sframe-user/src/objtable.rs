@@ -134,6 +134,7 @@ fn sframe_note(s: &Option<SFrameRejection>) -> String {
 /// rows derived from its CFI. Never panics on any bytes. The file is parsed once
 /// ([`ehframe::ParsedElf`]) for all of it.
 pub fn table_for_elf(data: &[u8], opts: &ObjTableOptions) -> Result<ObjectTable, ObjTableError> {
+    ehframe::count_parse();
     let elf = ehframe::ParsedElf::new(
         object::read::elf::ElfFile64::parse(data).map_err(ObjTableError::Elf)?,
     );

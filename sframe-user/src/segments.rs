@@ -18,6 +18,7 @@ pub struct Segment {
 
 /// The `PT_LOAD` segments of the ELF image `data` (none if it does not parse).
 pub fn segments(data: &[u8]) -> Vec<Segment> {
+    crate::ehframe::count_parse();
     object::File::parse(data).map_or_else(|_| Vec::new(), |file| of_file(&file))
 }
 

@@ -692,6 +692,51 @@ fn spinner_source(name: &str, secs: f64) -> String {
         .replace(&format!("{name}(6)"), &format!("{name}({secs})"))
 }
 
+/// Loading a process parses each of its objects once, however many things are taken
+/// from the file (identity, segments, `.sframe` or CFI, PLT): counted on the loading
+/// thread (objects built on the worker are parsed there, and not counted here).
+#[test]
+fn a_process_load_parses_each_new_object_once() {
+    if !bpf_or_skip("a_process_load_parses_each_new_object_once") {
+        return;
+    }
+    let _serial = serial();
+    let exe = compile_c(
+        "parse_once",
+        &spinner_source("parse_once_work", 30.0),
+        &["-O2", "-fomit-frame-pointer"],
+    );
+    let child = KillOnDrop::spawn(&mut Command::new(&exe));
+    // Its libraries are mapped once it runs its own code.
+    let start = Instant::now();
+    while procfs::read_executable_maps(child.pid())
+        .map(|m| m.iter().filter(|m| m.path.contains("libc")).count())
+        .unwrap_or(0)
+        == 0
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "libc never mapped"
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
+    let mut profiler = Profiler::start(99).expect("start");
+    let before = sframe_user::ehframe::parses_on_this_thread();
+    let report = profiler.add_target(child.pid()).expect("load");
+    let parses = sframe_user::ehframe::parses_on_this_thread() - before;
+    eprintln!("{parses} ELF parses for {} objects", report.with_table);
+    assert!(
+        report.with_table >= 3,
+        "exe, libc, ld.so: {} with a table",
+        report.with_table
+    );
+    assert!(
+        parses <= report.with_table as u64,
+        "{parses} ELF parses for {} objects",
+        report.with_table
+    );
+}
+
 #[test]
 fn a_reused_pid_never_gets_the_old_process_tables() {
     if !bpf_or_skip("a_reused_pid_never_gets_the_old_process_tables") {

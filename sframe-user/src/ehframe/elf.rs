@@ -39,6 +39,7 @@ pub(crate) struct ElfCfi<'a> {
 }
 
 pub(crate) fn parse<'a>(data: &'a [u8]) -> Result<ElfCfi<'a>, EhFrameError> {
+    super::count_parse();
     scan(&ElfFile64::<Endianness>::parse(data).map_err(EhFrameError::Elf)?)
 }
 

@@ -88,6 +88,23 @@ pub fn derive_from_elf_with(data: &[u8], options: &DeriveOptions) -> Result<Deri
     derive_from_parsed(&ParsedElf::parse(data)?, options)
 }
 
+thread_local! {
+    static PARSES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Counts one parse of an ELF file's headers on this thread (every place that parses
+/// one for a table, its identity or its segments calls it).
+pub(crate) fn count_parse() {
+    PARSES.with(|c| c.set(c.get() + 1));
+}
+
+/// ELF files parsed on this thread so far (for tests: a process load parses each new
+/// object once).
+#[doc(hidden)]
+pub fn parses_on_this_thread() -> u64 {
+    PARSES.with(std::cell::Cell::get)
+}
+
 /// An ELF file parsed once for everything its table is built from: the object crate's
 /// view of its headers and sections ([`ParsedElf::file`]: the `.sframe` section, the
 /// entry point, the PLT sections, the segments, what the profiler's content digest
@@ -101,6 +118,7 @@ pub struct ParsedElf<'a> {
 impl<'a> ParsedElf<'a> {
     /// Parses the 64-bit ELF file `data`.
     pub fn parse(data: &'a [u8]) -> Result<Self, EhFrameError> {
+        count_parse();
         object::read::elf::ElfFile64::parse(data)
             .map(Self::new)
             .map_err(EhFrameError::Elf)

@@ -174,6 +174,7 @@ pub(super) const UNWIND_SECTIONS: &[&str] = &[
 /// The bytes hashed (the code of a large object is most of it) are released from the
 /// profiler's memory a chunk at a time as they are hashed.
 pub fn content_digest(data: &ObjectBytes) -> Option<[u8; 32]> {
+    crate::ehframe::count_parse();
     let file = object::File::parse(&data[..]).ok()?;
     Some(digest_of_file(&file, data))
 }

@@ -617,6 +617,7 @@ impl<'a> Section<'a> {
 
     /// Open the `.sframe` section of an ELF image given as bytes.
     pub fn from_elf_bytes(elf: &'a [u8]) -> Result<Self, SFrameError> {
+        crate::ehframe::count_parse();
         let file = object::File::parse(elf).map_err(|_| SFrameError::Elf {
             what: "not a readable ELF file",
         })?;
