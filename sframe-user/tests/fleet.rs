@@ -692,6 +692,51 @@ fn spinner_source(name: &str, secs: f64) -> String {
         .replace(&format!("{name}(6)"), &format!("{name}({secs})"))
 }
 
+/// A load that finds no maps (the process exited: a zombie's read empty) leaves the
+/// table installed before, for the samples still waiting to be walked with it. (CI,
+/// 2026-12-04: a command's waiting samples were walked over the empty table such a
+/// load installed, and kept only their PC.)
+#[test]
+fn a_load_of_an_exited_process_keeps_its_table() {
+    if !bpf_or_skip("a_load_of_an_exited_process_keeps_its_table") {
+        return;
+    }
+    let _serial = serial();
+    let exe = compile_c(
+        "zombie_keep",
+        &spinner_source("zombie_keep_work", 30.0),
+        &["-O2", "-fomit-frame-pointer"],
+    );
+    let child = std::process::Command::new(&exe).spawn().expect("spawn");
+    let pid = child.id();
+    thread::sleep(Duration::from_millis(200));
+    let mut profiler = Profiler::start(99).expect("start");
+    let loaded = profiler.add_target(pid).expect("load");
+    let before = profiler
+        .store()
+        .process_entries(pid)
+        .expect("its table")
+        .len();
+    assert!(before >= 3, "{loaded:?}");
+    // SAFETY: a signal to our own child, not reaped: it stays a zombie.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    let start = Instant::now();
+    while procfs::liveness(pid) != procfs::Liveness::Zombie {
+        assert!(start.elapsed() < Duration::from_secs(60), "never a zombie");
+        thread::sleep(Duration::from_millis(5));
+    }
+    let report = profiler.refresh(pid).expect("a zombie's maps read");
+    assert!(report.maps.is_empty(), "a zombie has no mappings");
+    assert_eq!(
+        profiler.store().process_entries(pid).map(<[_]>::len),
+        Some(before),
+        "the table installed before stays"
+    );
+    // Reaped at the end.
+    let mut child = child;
+    let _ = child.wait();
+}
+
 /// Loading a process parses each of its objects once, however many things are taken
 /// from the file (identity, segments, `.sframe` or CFI, PLT): counted on the loading
 /// thread (objects built on the worker are parsed there, and not counted here).

@@ -488,6 +488,13 @@ impl ObjectStore {
         let _timer = load_timer();
         let read_ns = crate::cputime::monotonic_ns();
         let maps = procfs::read_executable_maps(pid)?;
+        if maps.is_empty() {
+            // No executable mapping: it exited (a zombie's maps read empty) or was read
+            // mid-exec. The table installed before stays: samples still waiting are
+            // walked with it before the caller forgets the process (an empty table
+            // would leave them only their PC).
+            return Ok(ProcessReport::default());
+        }
         let mut report = ProcessReport::default();
         let build_time_before = self.build_time;
         let mut entries = Vec::new();
