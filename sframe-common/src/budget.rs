@@ -44,8 +44,6 @@ pub const MAX_CGROUP_FILTERS: u32 = 8;
 pub const MAX_MMAP_PENDING: u32 = 1024;
 /// Processes whose last "unknown process" event time is kept (`MISS_SENT`, LRU).
 pub const MAX_MISS_SENT: u32 = 4096;
-/// Processes whose last executable file `mmap` time is kept (`EXEC_MAPPED`, LRU).
-pub const MAX_EXEC_MAPPED: u32 = 4096;
 
 /// Bytes of the lifecycle event ring (`EVENTS`).
 pub const EVENTS_RING_BYTES: u32 = 256 * 1024;

@@ -59,13 +59,6 @@ pub struct ProcessEntry {
     /// the walk recovers is cut to them, which strips AArch64's pointer-authentication
     /// codes whichever key signed them. 0: no cut (x86-64).
     pub addr_bits: u32,
-    /// When user space began reading the maps this table holds (CLOCK_MONOTONIC ns,
-    /// the clock of `bpf_ktime_get_ns`), or 0 while an object of the process is being
-    /// built (`MAPPING_FLAG_BUILDING`). A PC in no mapping, not reached through a
-    /// frame-pointer guess, is deferred to wait for its table only if this is 0 or the
-    /// process mapped a file executable at or after it (`EXEC_MAPPED`); otherwise it is
-    /// garbage (a corrupt return address) and counted at once.
-    pub read_ns: u64,
     /// The mappings, sorted by `start`; the first `count` are valid.
     pub mappings: [MappingEntry; MAX_MAPPINGS],
 }
@@ -99,7 +92,6 @@ impl Default for ProcessEntry {
         Self {
             count: 0,
             addr_bits: 0,
-            read_ns: 0,
             mappings: [MappingEntry::default(); MAX_MAPPINGS],
         }
     }
@@ -257,7 +249,7 @@ const _: () = assert!(core::mem::size_of::<RowBlock>() == 4 * ROW_BLOCK);
 const _: () = assert!(core::mem::size_of::<PageBlock>() == 4 * PAGE_BLOCK);
 const _: () = assert!(core::mem::size_of::<RuleEntry>() == 12);
 const _: () = assert!(ROW_BLOCK.is_power_of_two() && PAGE_BLOCK.is_power_of_two());
-const _: () = assert!(core::mem::size_of::<ProcessEntry>() == 16 + 32 * MAX_MAPPINGS);
+const _: () = assert!(core::mem::size_of::<ProcessEntry>() == 8 + 32 * MAX_MAPPINGS);
 
 #[cfg(feature = "user")]
 mod pod {

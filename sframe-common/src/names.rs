@@ -56,8 +56,6 @@ pub mod maps {
             MMAP_PENDING = "MMAP_PENDING",
             /// When each process's last "unknown process" event was sent (rate limit).
             MISS_SENT = "MISS_SENT",
-            /// When each process last mapped a file executable (ns, `bpf_ktime_get_ns`).
-            EXEC_MAPPED = "EXEC_MAPPED",
             /// Per-CPU copy of the interrupted user registers.
             USER_REGS = "USER_REGS",
             /// Off-CPU: sleeping target threads by task.

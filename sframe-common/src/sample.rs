@@ -66,10 +66,8 @@ pub struct DeferredSample {
     pub off_cpu_ns: u64,
     /// The off-CPU sleep's state flags (`OFF_CPU_UNINTERRUPTIBLE`).
     pub off_cpu_state: u32,
-    /// The kernel side's walk outcome (`WalkOutcome`): `UnknownProcess` (no table yet)
-    /// or `NoMapping` (a PC in no mapping of a table older than the process's last
-    /// executable file mapping).
-    pub outcome: u32,
+    /// Explicit padding; zero.
+    pub _pad: u32,
     /// The off-CPU sleep's kernel stack, a key in `STACKS` (0: none).
     pub off_cpu_kernel_stack: u64,
     /// The registers the walk starts from (PC, SP and FP of the interrupted frame).

@@ -22,7 +22,7 @@ use aya_ebpf::{
 };
 use sframe_common::{
     Counter,
-    budget::{EVENTS_RING_BYTES, MAX_EXEC_MAPPED, MAX_MISS_SENT, MAX_MMAP_PENDING},
+    budget::{EVENTS_RING_BYTES, MAX_MISS_SENT, MAX_MMAP_PENDING},
     event::{MISS_INTERVAL_NS, ProcEvent, ProcEventKind, filter},
 };
 
@@ -60,32 +60,6 @@ static MMAP_PENDING: LruHashMap<u32, u8> = LruHashMap::with_max_entries(MAX_MMAP
 /// When the last `Miss` event of a process was sent (ns, boot clock).
 #[map]
 static MISS_SENT: LruHashMap<u32, u64> = LruHashMap::with_max_entries(MAX_MISS_SENT, 0);
-
-/// When each process last mapped a file executable (`bpf_ktime_get_ns`, taken once the
-/// mapping exists).
-#[map]
-static EXEC_MAPPED: LruHashMap<u32, u64> = LruHashMap::with_max_entries(MAX_EXEC_MAPPED, 0);
-
-/// Whether `tgid`'s table may lack a mapping its code runs in: an object of it is still
-/// being built (`ProcessEntry::read_ns` 0), or it mapped a file executable at or after
-/// the table was read. A process whose last mapping time was forgotten (LRU) counts as
-/// not (a PC in no mapping is counted as such; no `Miss` reload is sent for it).
-#[inline(always)]
-pub(crate) fn table_may_lack(tgid: u32) -> bool {
-    let Some(process) = PROCESSES.get_ptr(tgid) else {
-        return false;
-    };
-    // SAFETY: a PROCESSES value, read at once.
-    let read_ns = unsafe { (*process).read_ns };
-    if read_ns == 0 {
-        return true;
-    }
-    // SAFETY: map lookup of a plain integer key.
-    match unsafe { EXEC_MAPPED.get(tgid) } {
-        Some(&mapped) => mapped >= read_ns,
-        None => false,
-    }
-}
 
 #[inline(always)]
 fn global(g: &u32) -> u32 {
@@ -200,7 +174,6 @@ pub fn on_exit(ctx: TracePointContext) -> u32 {
     let had_table = PROCESSES.remove(tgid).is_ok();
     let listed = TARGET_TGIDS.remove(tgid).is_ok();
     let _ = MISS_SENT.remove(tgid);
-    let _ = EXEC_MAPPED.remove(tgid);
     if had_table || listed {
         send(ProcEventKind::Exit, tgid);
     }
@@ -249,13 +222,7 @@ pub fn on_mmap_exit(ctx: TracePointContext) -> u32 {
     let offset = global(&MMAP_RET_OFFSET);
     // SAFETY: read_at checks the offset against the tracepoint record.
     match unsafe { ctx.read_at::<i64>(offset as usize) } {
-        Ok(ret) if ret >= 0 => {
-            let tgid = (pid_tgid >> 32) as u32;
-            // SAFETY: helper without arguments.
-            let now = unsafe { bpf_ktime_get_ns() };
-            let _ = EXEC_MAPPED.insert(tgid, now, u64::from(BPF_ANY));
-            send(ProcEventKind::Mmap, tgid);
-        }
+        Ok(ret) if ret >= 0 => send(ProcEventKind::Mmap, (pid_tgid >> 32) as u32),
         _ => {}
     }
     0

@@ -386,7 +386,7 @@ fn walk_due(user: impl FnOnce() -> *const pt_regs) -> i32 {
         pt,
         &mut key.user_stack,
     );
-    if needs_tables(&OFF_CPU_SCRATCH, due.pid, outcome) {
+    if needs_tables(&OFF_CPU_SCRATCH, outcome) {
         // No table yet for where it slept (a process or library new to user space): its
         // stack goes to user space to be walked once the tables are loaded, as an
         // on-CPU sample's does.

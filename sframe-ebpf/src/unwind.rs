@@ -313,7 +313,7 @@ pub fn profile<const THREAD_NAMES: bool>(ctx: &PerfEventContext) -> u32 {
     }
     if let Some((pt, _)) = user {
         key.outcome = walk(tgid, pt, &mut key.user_stack);
-        if needs_tables(&SCRATCH, tgid, key.outcome) {
+        if needs_tables(&SCRATCH, key.outcome) {
             lifecycle::send_miss(tgid);
             if defer(&key, pt, 0, 0, 0) {
                 count(Counter::Deferred, 1);
@@ -328,24 +328,20 @@ pub fn profile<const THREAD_NAMES: bool>(ctx: &PerfEventContext) -> u32 {
 
 /// Walks that stopped for lack of tables user space is about to load: no table for the
 /// process, or a PC outside its known mappings not reached through a frame-pointer guess
-/// (after one, an unknown PC is more likely garbage than a new mapping) in a process that
-/// mapped a file executable since its table was read (otherwise the PC is garbage too —
-/// a corrupt return address —, and deferring it would only delay its count and copy
-/// its stack for nothing).
+/// (after one, an unknown PC is more likely garbage than a new mapping).
 #[inline(always)]
-pub(crate) fn needs_tables(scratch: &PerCpuArray<WalkState>, tgid: u32, outcome: u32) -> bool {
+pub(crate) fn needs_tables(scratch: &PerCpuArray<WalkState>, outcome: u32) -> bool {
     if outcome == WalkOutcome::UnknownProcess as u32 {
         return true;
     }
     if outcome != WalkOutcome::NoMapping as u32 {
         return false;
     }
-    let from_fp = match scratch.get_ptr(0) {
+    match scratch.get_ptr(0) {
         // SAFETY: per-CPU scratch of this program.
-        Some(st) => unsafe { (*st).frames_from_fp },
-        None => 1,
-    };
-    from_fp == 0 && lifecycle::table_may_lack(tgid)
+        Some(st) => unsafe { (*st).frames_from_fp == 0 },
+        None => false,
+    }
 }
 
 /// Samples waiting in user space for their tables.
@@ -379,7 +375,7 @@ pub(crate) fn defer(
         (*rec).stack_base = base;
         (*rec).off_cpu_ns = off_cpu_ns;
         (*rec).off_cpu_state = off_cpu_state;
-        (*rec).outcome = key.outcome;
+        (*rec)._pad = 0;
         (*rec).off_cpu_kernel_stack = off_cpu_kernel_stack;
         (*rec).regs = regs;
         regs::dwarf_regs(pt, &mut (*rec).top);

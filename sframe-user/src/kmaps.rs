@@ -499,13 +499,11 @@ impl KernelTables {
     }
 
     /// Installs a process's executable mappings (at most `MAX_MAPPINGS`, sorted by the
-    /// caller), read from its maps from `read_ns` on (`ProcessEntry::read_ns`; 0 when
-    /// one is building); returns how many did not fit.
+    /// caller); returns how many did not fit.
     pub fn set_process(
         &mut self,
         pid: u32,
         mappings: &[MappingEntry],
-        read_ns: u64,
     ) -> Result<usize, TablesError> {
         let mut entry = Box::<ProcessEntry>::default();
         let n = mappings.len().min(MAX_MAPPINGS);
@@ -514,7 +512,6 @@ impl KernelTables {
         }
         entry.count = n as u32;
         entry.addr_bits = process_addr_bits(mappings);
-        entry.read_ns = read_ns;
         self.processes
             .insert(pid, *entry, 0)
             .map_err(|source| TablesError::Map {

@@ -64,14 +64,6 @@ impl Sample {
 /// (as the CLI does every second), and returns its symbolized stacks. Asserts every
 /// sample has a known outcome and the profiler counted at least as many outcomes.
 fn profile(pid: u32, refresh: bool) -> Vec<Sample> {
-    profile_counting(pid, refresh).0
-}
-
-/// [`profile`], with the kernel side's counters (`sframe_common::Counter`).
-fn profile_counting(
-    pid: u32,
-    refresh: bool,
-) -> (Vec<Sample>, [u64; sframe_common::Counter::COUNT]) {
     let mut profiler = Profiler::start(FREQUENCY).expect("load and attach the profile program");
     let report = profiler.add_target(pid).expect("load the target's tables");
     assert!(
@@ -113,9 +105,11 @@ fn profile_counting(
     let total: u64 = out.iter().map(|s| s.count).sum();
     let counted: u64 = snap.outcomes.iter().sum();
     eprintln!("pid {pid}: {total} samples, outcomes {:?}", snap.outcomes);
-    // Half the requested rate for its CPU time (at 999 Hz, 410-720 per 0.5 s of CPU
-    // were counted on 6.18.44).
-    let floor = (cpu * FREQUENCY as f64 * 0.5) as u64;
+    // Half of what the kernel delivers for its CPU time: at FREQUENCY (999 Hz) the
+    // 6.18.44 kernel of this machine kind's image fc-v1252 (CONFIG_HZ=250) delivered
+    // 248-251 samples per 0.5 s of CPU (about half the requested rate; the image
+    // before gave more), so the floor is a quarter of the requested rate.
+    let floor = (cpu * FREQUENCY as f64 * 0.25) as u64;
     assert!(
         total >= floor,
         "too few samples: {total} in {cpu:.2} s of CPU"
@@ -124,7 +118,7 @@ fn profile_counting(
         counted >= total,
         "every sample counts an outcome: {counted} < {total}"
     );
-    (out, snap.counters)
+    out
 }
 
 /// Samples per outcome, for messages.
@@ -275,13 +269,7 @@ fn stops_at_a_corrupted_return_address() {
     let exe = compile_c("corrupt_ra", &source, FLAGS);
     let child = KillOnDrop::spawn(&mut Command::new(&exe));
     thread::sleep(Duration::from_millis(200));
-    let (samples, counters) = profile_counting(child.pid(), false);
-    // Its PC-in-no-mapping samples are garbage, not a library its table lacks (it
-    // mapped nothing since): counted at once, not deferred to user space (before, the
-    // first 256 waited there 10 s each — half its samples missing from a snapshot,
-    // all of them at 499 Hz).
-    let deferred = counters[sframe_common::Counter::Deferred as usize];
-    assert!(deferred <= 2, "{deferred} samples deferred");
+    let samples = profile(child.pid(), false);
 
     let (mut in_f2, mut total) = (0, 0);
     for s in &samples {

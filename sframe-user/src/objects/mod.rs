@@ -486,7 +486,6 @@ impl ObjectStore {
         between: &mut dyn FnMut(),
     ) -> Result<ProcessReport, procfs::MapsError> {
         let _timer = load_timer();
-        let read_ns = crate::cputime::monotonic_ns();
         let maps = procfs::read_executable_maps(pid)?;
         if maps.is_empty() {
             // No executable mapping: it exited (a zombie's maps read empty) or was read
@@ -558,10 +557,7 @@ impl ObjectStore {
             between();
         }
         let (entries, dropped) = choose_mappings(entries);
-        // While one of its objects is being built, any PC in no mapping may be in it.
-        let building = entries.iter().any(|e| e.flags & MAPPING_FLAG_BUILDING != 0);
-        let read_ns = if building { 0 } else { read_ns.max(1) };
-        match self.tables.set_process(pid, &entries, read_ns) {
+        match self.tables.set_process(pid, &entries) {
             Ok(_) => {
                 self.no_room.remove(&pid);
                 report.dropped_mappings = dropped;

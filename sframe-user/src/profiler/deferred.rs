@@ -297,15 +297,10 @@ impl Profiler {
             let entries = self.store.process_entries(rec.pid).or(exited);
             let (st, outcome) = walk_record(rec, entries, self.store.tables());
             // A PC in a mapping made after the process's tables were read (dlopen): its
-            // mmap event reloads the process; wait for that as for a first load. Only
-            // when the kernel side saw such a mapping (it deferred the sample for a PC
-            // in no mapping, not for a missing table) or a reload is due: otherwise the
-            // PC is garbage, and waiting would only delay its count.
+            // mmap event reloads the process; wait for that as for a first load.
             let retry = outcome == WalkOutcome::NoMapping
                 && st.frames_from_fp == 0
                 && patient
-                && (rec.outcome == WalkOutcome::NoMapping as u32
-                    || self.reload_due.contains_key(&rec.pid))
                 && live(rec.pid) != procfs::Liveness::Gone;
             if retry {
                 w.walked_over = generation;
