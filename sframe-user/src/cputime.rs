@@ -32,12 +32,21 @@ pub fn process_seconds() -> Option<f64> {
 
 /// This thread's CPU time (ns).
 fn thread_ns() -> u64 {
+    clock_ns(libc::CLOCK_THREAD_CPUTIME_ID)
+}
+
+/// CLOCK_MONOTONIC now (ns): the clock of the kernel side's `bpf_ktime_get_ns`.
+pub fn monotonic_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC)
+}
+
+fn clock_ns(clock: libc::clockid_t) -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: clock_gettime(2) writes only into the timespec passed.
-    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
+    if unsafe { libc::clock_gettime(clock, &mut ts) } != 0 {
         return 0;
     }
     (ts.tv_sec as u64).saturating_mul(1_000_000_000) + ts.tv_nsec as u64
