@@ -692,6 +692,21 @@ fn spinner_source(name: &str, secs: f64) -> String {
         .replace(&format!("{name}(6)"), &format!("{name}({secs})"))
 }
 
+/// Waits until `pid` has mapped the C library (the dynamic loader is done with it), not
+/// for a wall-clock time: a busy machine may take long to get there.
+fn wait_for_libc(pid: u32) {
+    let start = Instant::now();
+    while !procfs::read_executable_maps(pid)
+        .is_ok_and(|m| m.iter().any(|m| m.path.contains("libc")))
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "libc never mapped"
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// A load that finds no maps (the process exited: a zombie's read empty) leaves the
 /// table installed before, for the samples still waiting to be walked with it. (CI,
 /// 2026-12-04: a command's waiting samples were walked over the empty table such a
@@ -707,9 +722,9 @@ fn a_load_of_an_exited_process_keeps_its_table() {
         &spinner_source("zombie_keep_work", 30.0),
         &["-O2", "-fomit-frame-pointer"],
     );
-    let child = std::process::Command::new(&exe).spawn().expect("spawn");
-    let pid = child.id();
-    thread::sleep(Duration::from_millis(200));
+    let child = KillOnDrop::spawn(&mut Command::new(&exe));
+    let pid = child.pid();
+    wait_for_libc(pid);
     let mut profiler = Profiler::start(99).expect("start");
     let loaded = profiler.add_target(pid).expect("load");
     let before = profiler
@@ -732,9 +747,7 @@ fn a_load_of_an_exited_process_keeps_its_table() {
         Some(before),
         "the table installed before stays"
     );
-    // Reaped at the end.
-    let mut child = child;
-    let _ = child.wait();
+    // Reaped when `child` is dropped.
 }
 
 /// Loading a process parses each of its objects once, however many things are taken
@@ -752,19 +765,7 @@ fn a_process_load_parses_each_new_object_once() {
         &["-O2", "-fomit-frame-pointer"],
     );
     let child = KillOnDrop::spawn(&mut Command::new(&exe));
-    // Its libraries are mapped once it runs its own code.
-    let start = Instant::now();
-    while procfs::read_executable_maps(child.pid())
-        .map(|m| m.iter().filter(|m| m.path.contains("libc")).count())
-        .unwrap_or(0)
-        == 0
-    {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "libc never mapped"
-        );
-        thread::sleep(Duration::from_millis(10));
-    }
+    wait_for_libc(child.pid());
     let mut profiler = Profiler::start(99).expect("start");
     let before = sframe_user::ehframe::parses_on_this_thread();
     let report = profiler.add_target(child.pid()).expect("load");
@@ -774,6 +775,10 @@ fn a_process_load_parses_each_new_object_once() {
         report.with_table >= 3,
         "exe, libc, ld.so: {} with a table",
         report.with_table
+    );
+    assert!(
+        parses >= 1,
+        "no parse counted: the counter is not on the load path"
     );
     assert!(
         parses <= report.with_table as u64,
