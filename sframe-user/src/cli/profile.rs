@@ -276,7 +276,7 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
             Some(Exporter {
                 server: tokio::spawn(server::serve(listener, exposition.clone())),
                 metrics,
-                feed: Feed::default(),
+                feed: Feed::new()?,
                 exposition,
             })
         }
@@ -297,6 +297,8 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
         }?),
         None => None,
     };
+    // For the interval files and the final profile (the exporter names its stacks
+    // on its own thread).
     let mut symbolizer = Symbolizer::new();
     let started = Instant::now();
     let started_at = SystemTime::now();
@@ -391,13 +393,8 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
             for pid in exited {
                 e.metrics.exited(pid, Instant::now());
             }
-            e.feed.update(
-                &mut e.metrics,
-                Instant::now(),
-                &profiler,
-                &snap,
-                &mut symbolizer,
-            );
+            e.feed
+                .update(&mut e.metrics, Instant::now(), &profiler, &snap);
             e.exposition.set(e.metrics.render());
         }
         if let Some(iv) = &mut intervals

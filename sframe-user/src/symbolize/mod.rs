@@ -109,6 +109,13 @@ fn blaze_mappings() -> MutexGuard<'static, ()> {
         .unwrap_or_else(PoisonError::into_inner)
 }
 
+/// Holds every symbolizer of the process back from blazesym until dropped (tests of
+/// callers that must not wait for one).
+#[cfg(test)]
+pub(crate) fn hold_blazesym() -> MutexGuard<'static, ()> {
+    blaze_mappings()
+}
+
 /// Least time between two releases of mapped object pages ([`Symbolizer::end_round`]).
 pub const RELEASE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(3);
 

@@ -1,30 +1,49 @@
 //! Feeding [`Metrics`] from the profiler: new samples per stack since the last update,
-//! symbolized once per distinct stack, and the unwinder's health.
+//! named once per distinct stack (on the naming thread, [`super::namer`]), and the
+//! unwinder's health.
 
 use std::{collections::HashMap, time::Instant};
 
 use sframe_common::stack::CountKey;
 
-use super::{GroupLabel, Health, Metrics, bpf_stats_enabled};
+use super::{
+    GroupLabel, Health, Metrics, bpf_stats_enabled,
+    namer::{Batch, Job, NameKey, Namer},
+};
 use crate::{
-    export::{Sleep, Stack, build},
-    profiler::{Profiler, Snapshot, StackCount, TargetInfo},
-    symbolize::Symbolizer,
+    export::Sleep,
+    profiler::{
+        Profiler, Snapshot, StackCount, TargetInfo, kernel_symbolization_addresses,
+        symbolization_addresses,
+    },
 };
 
+/// Most samples' stacks waiting for their names at once (distinct stacks): past it,
+/// the samples of further new stacks are dropped and counted
+/// (`sframe_unnamed_samples_dropped`).
+pub const MAX_WAITING: usize = 65_536;
+
 /// What the last update saw.
-#[derive(Debug, Default)]
 pub struct Feed {
     previous: HashMap<CountKey, u64>,
     /// The same for the off-CPU counts (nanoseconds asleep).
     previous_off_cpu: HashMap<CountKey, u64>,
-    /// (pid, user stack, kernel stack, off-CPU sleep) → folded stack and user frame
-    /// count.
+    /// Named stacks → folded name and user frame count.
     names: HashMap<NameKey, (String, usize)>,
+    /// Samples of stacks the naming thread has not named yet, recorded when it has.
+    waiting: HashMap<NameKey, Waiting>,
+    namer: Namer,
+    /// Samples dropped because [`MAX_WAITING`] stacks were waiting for names.
+    dropped: u64,
 }
 
-/// (pid, user stack, kernel stack, off-CPU sleep).
-type NameKey = (u32, u64, i32, Option<Sleep>);
+/// Samples (or off-CPU nanoseconds) of one stack waiting for its name.
+struct Waiting {
+    comm: String,
+    group: Option<String>,
+    frames: usize,
+    delta: u64,
+}
 
 /// The keys of `counts` whose count grew since `previous`, with how much; `previous`
 /// becomes `counts`.
@@ -58,47 +77,105 @@ fn group_value(label: GroupLabel, t: &TargetInfo) -> Option<String> {
 }
 
 impl Feed {
-    /// The folded name of a stack of process `target` (`;` inside names made `:`), and
-    /// its user frame count, symbolized once.
-    fn name(
-        &mut self,
-        profiler: &Profiler,
-        symbolizer: &mut Symbolizer,
-        target: &TargetInfo,
-        user_stack: u64,
-        kernel_stack: i32,
-        sleep: Option<Sleep>,
-    ) -> (String, usize) {
-        self.names
-            .entry((target.pid, user_stack, kernel_stack, sleep))
-            .or_insert_with(|| {
-                let s = Stack {
-                    tid: 0,
-                    thread: String::new(),
-                    user: build::user_frames(profiler, symbolizer, target, user_stack),
-                    kernel: build::kernel_frames(profiler, symbolizer, kernel_stack),
-                    count: 0,
-                    outcome: sframe_common::WalkOutcome::Complete,
-                    sleep,
-                };
-                let names: Vec<String> = s.names().iter().map(|n| n.replace(';', ":")).collect();
-                let frames = profiler.stack(user_stack).map_or(0, <[u64]>::len);
-                (names.join(";"), frames)
-            })
-            .clone()
+    /// A feed whose stacks are named on their own thread.
+    pub fn new() -> std::io::Result<Self> {
+        Ok(Self {
+            previous: HashMap::new(),
+            previous_off_cpu: HashMap::new(),
+            names: HashMap::new(),
+            waiting: HashMap::new(),
+            namer: Namer::spawn()?,
+            dropped: 0,
+        })
     }
 
-    /// Records the samples of `snap` not seen before and the health of `profiler`,
-    /// then updates `metrics`. Only the processes of [`Profiler::target`] are exported
-    /// (looked up for the stacks that grew: nothing is copied per update).
+    /// Records `delta` of stack `key` now if it is named, else keeps it until it is
+    /// (asking for its name the first time).
+    #[allow(clippy::too_many_arguments)]
+    fn add(
+        &mut self,
+        metrics: &mut Metrics,
+        profiler: &Profiler,
+        target: &TargetInfo,
+        group: Option<String>,
+        key: NameKey,
+        delta: u64,
+        batches: &mut HashMap<u32, Batch>,
+    ) {
+        let comm = crate::sanitize::name(&target.comm);
+        if let Some((stack, frames)) = self.names.get(&key) {
+            record(metrics, key, &comm, group.as_deref(), stack, *frames, delta);
+            return;
+        }
+        if let Some(w) = self.waiting.get_mut(&key) {
+            w.delta = w.delta.saturating_add(delta);
+            return;
+        }
+        if self.waiting.len() >= MAX_WAITING {
+            self.dropped = self.dropped.saturating_add(delta);
+            return;
+        }
+        let (_, user_stack, kernel_stack, _) = key;
+        let user = profiler.stack(user_stack).unwrap_or(&[]);
+        let kernel = if kernel_stack < 0 {
+            Vec::new()
+        } else {
+            profiler
+                .kernel_stack(kernel_stack)
+                .map(kernel_symbolization_addresses)
+                .unwrap_or_default()
+        };
+        self.waiting.insert(
+            key,
+            Waiting {
+                comm: comm.into_owned(),
+                group,
+                frames: user.len(),
+                delta,
+            },
+        );
+        batches
+            .entry(target.pid)
+            .or_insert_with(|| Batch {
+                pid: target.pid,
+                maps: target.maps.clone(),
+                jobs: Vec::new(),
+            })
+            .jobs
+            .push(Job {
+                key,
+                user: symbolization_addresses(user),
+                kernel,
+            });
+    }
+
+    /// Records the samples of `snap` not seen before (those of stacks named since
+    /// the last update too) and the health of `profiler`, then updates `metrics`.
+    /// Only the processes of [`Profiler::target`] are exported (looked up for the
+    /// stacks that grew: nothing is copied per update). Never waits for names.
     pub fn update(
         &mut self,
         metrics: &mut Metrics,
         now: Instant,
         profiler: &Profiler,
         snap: &Snapshot,
-        symbolizer: &mut Symbolizer,
     ) {
+        // Names made since the last update, and the samples that waited for them.
+        for (key, stack) in self.namer.take_names() {
+            let Some(w) = self.waiting.remove(&key) else {
+                continue;
+            };
+            record(
+                metrics,
+                key,
+                &w.comm,
+                w.group.as_deref(),
+                &stack,
+                w.frames,
+                w.delta,
+            );
+            self.names.insert(key, (stack, w.frames));
+        }
         let group = metrics.group();
         // The group label value of each process with new samples (this update's).
         let mut groups: HashMap<u32, Option<String>> = HashMap::new();
@@ -116,55 +193,28 @@ impl Feed {
         let grown_off_cpu = new_counts(&mut self.previous_off_cpu, &snap.off_cpu);
         let mut found = Vec::with_capacity(grown.len() + grown_off_cpu.len());
         for (k, delta) in grown {
-            found.push((lookup(k.pid), k, delta, false));
+            found.push((lookup(k.pid), k, delta, None));
         }
         for (k, delta) in grown_off_cpu {
-            found.push((lookup(k.pid), k, delta, true));
+            found.push((lookup(k.pid), k, delta, Some(Sleep::of_outcome(k.outcome))));
         }
-        for (t, k, delta, off_cpu) in found {
+        let mut batches = HashMap::new();
+        for (t, k, delta, sleep) in found {
             let Some((target, group)) = t else {
                 continue;
             };
-            if off_cpu {
-                let sleep = Some(Sleep::of_outcome(k.outcome));
-                let (stack, _) = self.name(
-                    profiler,
-                    symbolizer,
-                    target,
-                    k.user_stack,
-                    k.kernel_stack,
-                    sleep,
-                );
-                metrics.record_off_cpu(
-                    k.pid,
-                    &crate::sanitize::name(&target.comm),
-                    group.as_deref(),
-                    &stack,
-                    delta,
-                );
-                continue;
-            }
-            let (stack, frames) = self.name(
-                profiler,
-                symbolizer,
-                target,
-                k.user_stack,
-                k.kernel_stack,
-                None,
-            );
-            metrics.record(
-                k.pid,
-                &crate::sanitize::name(&target.comm),
-                group.as_deref(),
-                &stack,
-                frames,
-                delta,
-            );
+            let key = (k.pid, k.user_stack, k.kernel_stack, sleep);
+            self.add(metrics, profiler, target, group, key, delta, &mut batches);
         }
-        // Forget the stacks of processes that have no series any more.
+        if !self.namer.submit(batches.into_values().collect()) {
+            log::warn!("the stack naming thread is gone: new stacks stay unnamed");
+        }
+        // Forget the stacks of processes that have no series any more, and the waiting
+        // samples of processes that are gone (their series would outlive their grace).
         let live: std::collections::HashSet<u32> = metrics.pids().into_iter().collect();
         let kept = |pid: &u32| live.contains(pid) || profiler.target(*pid).is_some();
         self.names.retain(|(pid, _, _, _), _| kept(pid));
+        self.waiting.retain(|(pid, _, _, _), _| kept(pid));
 
         let store = profiler.store().figures();
         let health = Health {
@@ -185,8 +235,26 @@ impl Feed {
             collect_cpu: crate::governor::collection_cpu_seconds(),
             event_lag: profiler.lifecycle().event_lag_ns as f64 / 1e9,
             event_lag_max: profiler.lifecycle().event_lag_max_ns as f64 / 1e9,
+            naming_waiting: self.waiting.len() as u64,
+            naming_dropped: self.dropped,
         };
         metrics.update(now, &health);
-        symbolizer.end_round();
+    }
+}
+
+/// Records `delta` of the named stack `key` (off CPU when it has a sleep).
+fn record(
+    metrics: &mut Metrics,
+    key: NameKey,
+    comm: &str,
+    group: Option<&str>,
+    stack: &str,
+    frames: usize,
+    delta: u64,
+) {
+    if key.3.is_some() {
+        metrics.record_off_cpu(key.0, comm, group, stack, delta);
+    } else {
+        metrics.record(key.0, comm, group, stack, frames, delta);
     }
 }

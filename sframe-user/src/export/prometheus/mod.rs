@@ -7,6 +7,8 @@
 
 #[cfg(feature = "profiler")]
 mod feed;
+#[cfg(feature = "profiler")]
+mod namer;
 pub mod server;
 pub mod text_format;
 mod window;
@@ -122,6 +124,10 @@ pub struct Health {
     /// Seconds lifecycle events waited for the event loop, summed, and the longest.
     pub event_lag: f64,
     pub event_lag_max: f64,
+    /// Stacks whose samples wait for the naming thread, and samples (or off-CPU
+    /// nanoseconds) dropped because too many did.
+    pub naming_waiting: u64,
+    pub naming_dropped: u64,
 }
 
 /// The registry and the aggregation behind it.
@@ -151,6 +157,8 @@ pub struct Metrics {
     fleet: Family<EventLabels, Counter>,
     event_lag: Counter<f64, AtomicU64>,
     event_lag_max: Gauge<f64, AtomicU64>,
+    naming_waiting: Gauge,
+    naming_dropped: Counter,
     processes: Gauge,
     frequency: Gauge,
     group: Option<GroupLabel>,
@@ -298,6 +306,17 @@ impl Metrics {
             Unit::Seconds,
             event_lag_max.clone(),
         );
+        let naming_waiting = gauge(
+            &mut registry,
+            "sframe_stacks_waiting_for_names",
+            "New stacks whose samples wait for the naming thread (symbolization off the event loop) before they are exported",
+        );
+        let naming_dropped = Counter::default();
+        registry.register(
+            "sframe_unnamed_samples_dropped",
+            "Samples (off CPU: nanoseconds asleep) of new stacks dropped because too many stacks were waiting for names",
+            naming_dropped.clone(),
+        );
         let processes = gauge(
             &mut registry,
             "sframe_processes",
@@ -345,6 +364,8 @@ impl Metrics {
             fleet,
             event_lag,
             event_lag_max,
+            naming_waiting,
+            naming_dropped,
             processes,
             frequency,
             group: None,
@@ -517,6 +538,12 @@ impl Metrics {
                 .inc_by(health.event_lag - self.last.event_lag);
         }
         self.event_lag_max.set(health.event_lag_max);
+        self.naming_waiting.set(as_i64(health.naming_waiting));
+        self.naming_dropped.inc_by(
+            health
+                .naming_dropped
+                .saturating_sub(self.last.naming_dropped),
+        );
         if health.collect_cpu > self.last.collect_cpu {
             self.collect_cpu
                 .inc_by(health.collect_cpu - self.last.collect_cpu);
