@@ -25,7 +25,10 @@ int main(void) { for (;;) level1(); }
 /// Off CPU: `main → nap_loop → nap → nanosleep(10 ms)`, 100 times; prints `nap NS`,
 /// the time the loop spent off CPU: its wall-clock time less the thread's CPU time
 /// (around each call would count the system calls' entry and exit, on CPU, which
-/// emulation makes slow).
+/// emulation makes slow), and `delay NS`, how long of that the thread waited runnable
+/// on a run queue (`/proc/thread-self/schedstat`; absent where the kernel does not
+/// keep it): a wait after a wake-up is part of a sleep as the profiler times it, a
+/// preemption while running is not.
 const SLEEPER_C: &str = r#"
 #include <stdio.h>
 #include <time.h>
@@ -33,6 +36,14 @@ static double clock_s(clockid_t c) {
     struct timespec t;
     clock_gettime(c, &t);
     return t.tv_sec + t.tv_nsec / 1e9;
+}
+static long long run_delay_ns(void) {
+    unsigned long long cpu = 0, delay = 0;
+    FILE *f = fopen("/proc/thread-self/schedstat", "r");
+    if (!f) return -1;
+    int n = fscanf(f, "%llu %llu", &cpu, &delay);
+    fclose(f);
+    return n == 2 ? (long long)delay : -1;
 }
 __attribute__((noinline)) void nap(void) {
     struct timespec t = {0, 10 * 1000 * 1000};
@@ -44,10 +55,13 @@ __attribute__((noinline)) void nap_loop(int n) {
     __asm__ volatile("");
 }
 int main(void) {
+    long long d = run_delay_ns();
     double w = clock_s(CLOCK_MONOTONIC), c = clock_s(CLOCK_THREAD_CPUTIME_ID);
     nap_loop(100);
     double off = (clock_s(CLOCK_MONOTONIC) - w) - (clock_s(CLOCK_THREAD_CPUTIME_ID) - c);
+    long long d2 = run_delay_ns();
     printf("nap %.0f\n", off * 1e9);
+    if (d >= 0 && d2 >= d) printf("delay %lld\n", d2 - d);
     return 0;
 }
 "#;

@@ -48,6 +48,12 @@ pub struct GuestArgs {
     /// naming off the event loop; one child is about 6 % of the samples).
     #[arg(long, default_value_t = 0.9)]
     lifecycle_min_complete: f64,
+    /// Share of those samples that must be through the children's chain (lifecycle):
+    /// each child also starts up (ld.so), dlopens and reads the clock, a share of its
+    /// life that emulation and a loaded host stretch (host 90 %; guests 72-83 % quiet,
+    /// 49 % under `cargo xtask stress`); the guests pass 0.3.
+    #[arg(long, default_value_t = 0.6)]
+    lifecycle_min_chain: f64,
 }
 
 /// Prefix of every line the host parses.
@@ -60,6 +66,7 @@ pub fn guest(args: GuestArgs) -> Result<()> {
         cpu: args.cpu_seconds,
         limit: Duration::from_secs(args.limit_seconds),
         lifecycle_min_complete: args.lifecycle_min_complete,
+        lifecycle_min_chain: args.lifecycle_min_chain,
     };
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     println!("{TAG} kernel {}", release.trim());
@@ -137,6 +144,7 @@ struct Ctx {
     cpu: f64,
     limit: Duration,
     lifecycle_min_complete: f64,
+    lifecycle_min_chain: f64,
 }
 
 impl Ctx {
@@ -873,7 +881,7 @@ fn lifecycle(ctx: &Ctx) -> Result<String> {
             min_complete: ctx.lifecycle_min_complete,
             // Each child also starts up (ld.so), dlopens and reads the clock: the
             // chain itself holds most of its samples, not nearly all.
-            min_chain: ctx.lifecycle_min_complete - 0.3,
+            min_chain: ctx.lifecycle_min_chain,
         },
     )
     .map_err(|e| {
@@ -1036,10 +1044,24 @@ fn off_cpu(ctx: &Ctx) -> Result<String> {
         .filter(|l| l.contains("_[k];[sleep S] "))
         .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
         .sum();
-    if (reported - fixture_us).abs() > 0.05 * fixture_us {
+    // Of the fixture's time off CPU, what it waited runnable may be a preemption while
+    // it ran (not a sleep, not counted) or the wait after a wake-up (part of the
+    // sleep, counted): the profile lies between the two, within 5 %. On a quiet
+    // machine the wait is a few milliseconds; on a loaded host (the guest's vCPUs
+    // descheduled, the profiler's own start-up on the same CPUs) it is what the
+    // fixture measured, not a guess.
+    let delay_us = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("delay "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map_or(0.0, |ns| ns / 1e3)
+        .min(fixture_us);
+    let low = 0.95 * (fixture_us - delay_us);
+    let high = 1.05 * fixture_us;
+    if reported < low || reported > high {
         bail!(
             "{reported:.0} us off CPU in {chain} against the {fixture_us:.0} us the fixture \
-             measured:\n{folded}\n{stderr}"
+             measured ({delay_us:.0} us of it runnable; want {low:.0}-{high:.0}):\n{folded}\n{stderr}"
         );
     }
     // Where the kernel can trace `schedule()` (x86-64; arm64 from Linux 6.4, which
@@ -1072,7 +1094,7 @@ fn off_cpu(ctx: &Ctx) -> Result<String> {
     }
     Ok(format!(
         "{reported:.0} us off CPU in the chain, the fixture measured {fixture_us:.0} us \
-         (walked {})",
+         ({delay_us:.0} us of it runnable; walked {})",
         if fexit {
             "as schedule() returns"
         } else {

@@ -20,7 +20,7 @@ use std::{
 use crate::{
     export::{Sleep, Stack},
     procfs::Mapping,
-    symbolize::Symbolizer,
+    symbolize::{Frame, Symbolizer},
 };
 
 /// (pid, user stack, kernel stack, off-CPU sleep): what a name is made of.
@@ -55,15 +55,7 @@ impl Namer {
         let (name_tx, names) = mpsc::channel();
         thread::Builder::new()
             .name("sframe-namer".into())
-            .spawn(move || {
-                let mut symbolizer = Symbolizer::new();
-                while let Ok(batches) = job_rx.recv() {
-                    let named = name_batches(&mut symbolizer, batches);
-                    if name_tx.send(named).is_err() {
-                        break;
-                    }
-                }
-            })?;
+            .spawn(move || run(job_rx, name_tx))?;
         Ok(Self { jobs, names })
     }
 
@@ -85,18 +77,73 @@ impl Namer {
     }
 }
 
-/// Folded names (outermost first, `;` inside a name made `:`) of every job.
-fn name_batches(s: &mut Symbolizer, batches: Vec<Batch>) -> Vec<(NameKey, String)> {
-    let mut named = Vec::new();
-    for batch in batches {
-        for job in batch.jobs {
-            let mut user = s.symbolize_user(batch.pid, &batch.maps, &job.user);
+/// Most addresses symbolized in one call (a chunk of one process's jobs): the frames of
+/// a call are held at once, and the names of a chunk go back to the loop as it ends.
+const CHUNK_ADDRESSES: usize = 8192;
+
+/// The naming thread: names each batch a chunk of jobs at a time, one symbolizer call
+/// for the user and one for the kernel addresses of a chunk (blazesym's cost per call
+/// and per object, and the sort of the process's mappings, paid once per chunk rather
+/// than per stack).
+fn run(jobs: Receiver<Vec<Batch>>, names: Sender<Vec<(NameKey, String)>>) {
+    let mut symbolizer = Symbolizer::new();
+    while let Ok(batches) = jobs.recv() {
+        for batch in batches {
+            let mut rest = batch.jobs;
+            while !rest.is_empty() {
+                let take = chunk_len(&rest, CHUNK_ADDRESSES);
+                let chunk: Vec<Job> = rest.drain(..take).collect();
+                let named = name_jobs(&mut symbolizer, batch.pid, &batch.maps, chunk);
+                if names.send(named).is_err() {
+                    return;
+                }
+            }
+        }
+        symbolizer.end_round();
+    }
+}
+
+/// How many of the first `jobs` make one chunk: as many as hold at most `limit`
+/// addresses together, and at least one.
+fn chunk_len(jobs: &[Job], limit: usize) -> usize {
+    let mut addresses = 0usize;
+    jobs.iter()
+        .take_while(|j| {
+            addresses = addresses.saturating_add(j.user.len() + j.kernel.len());
+            addresses <= limit
+        })
+        .count()
+        .max(1)
+}
+
+/// Folded names (outermost first, `;` inside a name made `:`) of `jobs`, stacks of
+/// process `pid` whose mappings are `maps`.
+fn name_jobs(
+    s: &mut Symbolizer,
+    pid: u32,
+    maps: &[Mapping],
+    jobs: Vec<Job>,
+) -> Vec<(NameKey, String)> {
+    let user: Vec<u64> = jobs.iter().flat_map(|j| j.user.iter().copied()).collect();
+    let kernel: Vec<u64> = jobs.iter().flat_map(|j| j.kernel.iter().copied()).collect();
+    // One frame per address, in order: each job takes its own back.
+    let mut user = if user.is_empty() {
+        Vec::new()
+    } else {
+        s.symbolize_user(pid, maps, &user)
+    }
+    .into_iter();
+    let mut kernel = if kernel.is_empty() {
+        Vec::new()
+    } else {
+        s.symbolize_kernel(&kernel)
+    }
+    .into_iter();
+    jobs.into_iter()
+        .map(|job| {
+            let mut user: Vec<Frame> = user.by_ref().take(job.user.len()).collect();
             user.reverse();
-            let mut kernel = if job.kernel.is_empty() {
-                Vec::new()
-            } else {
-                s.symbolize_kernel(&job.kernel)
-            };
+            let mut kernel: Vec<Frame> = kernel.by_ref().take(job.kernel.len()).collect();
             kernel.reverse();
             let stack = Stack {
                 tid: 0,
@@ -108,11 +155,9 @@ fn name_batches(s: &mut Symbolizer, batches: Vec<Batch>) -> Vec<(NameKey, String
                 sleep: job.key.3,
             };
             let names: Vec<String> = stack.names().iter().map(|n| n.replace(';', ":")).collect();
-            named.push((job.key, names.join(";")));
-        }
-    }
-    s.end_round();
-    named
+            (job.key, names.join(";"))
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -156,5 +201,61 @@ mod tests {
             "{}",
             named[0].1
         );
+    }
+
+    fn job(n: u64, user: Vec<u64>) -> Job {
+        Job {
+            key: (std::process::id(), n, -1, None),
+            user,
+            kernel: Vec::new(),
+        }
+    }
+
+    /// Chunks hold at most the limit, and one job over it goes alone.
+    #[test]
+    fn chunks_are_bounded_and_never_empty() {
+        let jobs = vec![job(1, vec![0; 3]), job(2, vec![0; 4]), job(3, vec![0; 2])];
+        assert_eq!(chunk_len(&jobs, 7), 2);
+        assert_eq!(chunk_len(&jobs, 9), 3);
+        assert_eq!(chunk_len(&jobs, 6), 1);
+        assert_eq!(chunk_len(&jobs, 2), 1);
+        assert_eq!(chunk_len(&jobs[2..], 100), 1);
+    }
+
+    /// Jobs named in one call each get their own frames back, in order, whatever
+    /// their lengths (empty ones too).
+    #[test]
+    fn a_chunk_gives_each_stack_its_own_frames() {
+        let a = chunk_len as *const () as u64;
+        let b = name_jobs as *const () as u64;
+        let pid = std::process::id();
+        let maps = crate::procfs::read_maps(pid).unwrap();
+        let mut s = Symbolizer::new();
+        let named = name_jobs(
+            &mut s,
+            pid,
+            &maps,
+            vec![
+                job(1, vec![a]),
+                job(2, Vec::new()),
+                job(3, vec![a, b]),
+                job(4, vec![b]),
+            ],
+        );
+        let keys: Vec<u64> = named.iter().map(|(k, _)| k.1).collect();
+        assert_eq!(keys, [1, 2, 3, 4]);
+        let leaf = |name: &str| name.rsplit(';').next().unwrap_or_default().to_owned();
+        assert!(leaf(&named[0].1).contains("chunk_len"), "{}", named[0].1);
+        assert!(named[1].1.is_empty(), "{}", named[1].1);
+        // Innermost first in the job, outermost first in the name.
+        assert!(leaf(&named[2].1).contains("chunk_len"), "{}", named[2].1);
+        assert!(named[2].1.contains("name_jobs"), "{}", named[2].1);
+        assert!(
+            !named[2].1.starts_with(&leaf(&named[2].1)),
+            "{}",
+            named[2].1
+        );
+        assert!(leaf(&named[3].1).contains("name_jobs"), "{}", named[3].1);
+        assert!(!named[3].1.contains("chunk_len"), "{}", named[3].1);
     }
 }
