@@ -51,7 +51,8 @@ pub struct GuestArgs {
     /// Share of those samples that must be through the children's chain (lifecycle):
     /// each child also starts up (ld.so), dlopens and reads the clock, a share of its
     /// life that emulation and a loaded host stretch (host 90 %; guests 72-83 % quiet,
-    /// 49 % under `cargo xtask stress`); the guests pass 0.3.
+    /// 29-51 % under `cargo xtask stress`, the lowest on arm64 where ld.so's start-up
+    /// took most of each child's samples); the guests pass 0.15, half the lowest.
     #[arg(long, default_value_t = 0.6)]
     lifecycle_min_chain: f64,
 }

@@ -682,7 +682,7 @@ mount -t tmpfs tmpfs /run
 mount -t cgroup2 cgroup2 /sys/fs/cgroup 2>/dev/null
 ip link set lo up
 echo "{tag} init $(uname -r)"
-/sframe/xtask vm-guest --profiler /sframe/sframe-user --fixtures /fixtures --lifecycle-min-complete 0.8 --lifecycle-min-chain 0.3 {args}
+/sframe/xtask vm-guest --profiler /sframe/sframe-user --fixtures /fixtures --lifecycle-min-complete 0.8 --lifecycle-min-chain 0.15 {args}
 echo "{tag} end rc=$?"
 poweroff -f
 "#,
