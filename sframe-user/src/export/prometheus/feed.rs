@@ -18,11 +18,6 @@ use crate::{
     },
 };
 
-/// Most samples' stacks waiting for their names at once (distinct stacks): past it,
-/// the samples of further new stacks are dropped and counted
-/// (`sframe_unnamed_samples_dropped`).
-pub const MAX_WAITING: usize = 65_536;
-
 /// What the last update saw.
 pub struct Feed {
     previous: HashMap<CountKey, u64>,
@@ -33,8 +28,16 @@ pub struct Feed {
     /// Samples of stacks the naming thread has not named yet, recorded when it has.
     waiting: HashMap<NameKey, Waiting>,
     namer: Namer,
-    /// Samples dropped because [`MAX_WAITING`] stacks were waiting for names.
+    /// Samples dropped because the naming thread had no room for their stacks
+    /// ([`super::namer::MAX_JOBS_IN_FLIGHT`], [`super::namer::MAX_BATCHES_IN_FLIGHT`]).
     dropped: u64,
+}
+
+/// The batches an update assembles for the naming thread, one per process.
+#[derive(Default)]
+struct Pending {
+    batches: HashMap<u32, Batch>,
+    jobs: usize,
 }
 
 /// Samples (or off-CPU nanoseconds) of one stack waiting for its name.
@@ -100,7 +103,7 @@ impl Feed {
         group: Option<String>,
         key: NameKey,
         delta: u64,
-        batches: &mut HashMap<u32, Batch>,
+        pending: &mut Pending,
     ) {
         let comm = crate::sanitize::name(&target.comm);
         if let Some((stack, frames)) = self.names.get(&key) {
@@ -111,7 +114,13 @@ impl Feed {
             w.delta = w.delta.saturating_add(delta);
             return;
         }
-        if self.waiting.len() >= MAX_WAITING {
+        // Every waiting stack is a job in flight or in `pending`, so this bounds the
+        // waiting samples too.
+        let new_batch = usize::from(!pending.batches.contains_key(&target.pid));
+        if !self.namer.room(
+            pending.jobs.saturating_add(1),
+            pending.batches.len().saturating_add(new_batch),
+        ) {
             self.dropped = self.dropped.saturating_add(delta);
             return;
         }
@@ -134,7 +143,9 @@ impl Feed {
                 delta,
             },
         );
-        batches
+        pending.jobs += 1;
+        pending
+            .batches
             .entry(target.pid)
             .or_insert_with(|| Batch {
                 pid: target.pid,
@@ -198,15 +209,15 @@ impl Feed {
         for (k, delta) in grown_off_cpu {
             found.push((lookup(k.pid), k, delta, Some(Sleep::of_outcome(k.outcome))));
         }
-        let mut batches = HashMap::new();
+        let mut pending = Pending::default();
         for (t, k, delta, sleep) in found {
             let Some((target, group)) = t else {
                 continue;
             };
             let key = (k.pid, k.user_stack, k.kernel_stack, sleep);
-            self.add(metrics, profiler, target, group, key, delta, &mut batches);
+            self.add(metrics, profiler, target, group, key, delta, &mut pending);
         }
-        if !self.namer.submit(batches.into_values().collect()) {
+        if !self.namer.submit(pending.batches.into_values().collect()) {
             log::warn!("the stack naming thread is gone: new stacks stay unnamed");
         }
         // Forget the stacks of processes that have no series any more, and the waiting

@@ -314,7 +314,7 @@ impl Metrics {
         let naming_dropped = Counter::default();
         registry.register(
             "sframe_unnamed_samples_dropped",
-            "Samples (off CPU: nanoseconds asleep) of new stacks dropped because too many stacks were waiting for names",
+            "Samples (off CPU: nanoseconds asleep) of new stacks dropped because too many stacks (or processes' batches) were waiting for names",
             naming_dropped.clone(),
         );
         let processes = gauge(

@@ -13,7 +13,11 @@
 //! like every other; the loop's outputs (interval files, the final profile) keep theirs.
 
 use std::{
-    sync::mpsc::{self, Receiver, Sender, TryRecvError},
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+        mpsc::{self, Receiver, Sender},
+    },
     thread,
 };
 
@@ -42,38 +46,76 @@ pub(super) struct Batch {
     pub jobs: Vec<Job>,
 }
 
+/// Most stacks submitted and not named yet: the samples of further new stacks are
+/// dropped and counted (`sframe_unnamed_samples_dropped`).
+pub(super) const MAX_JOBS_IN_FLIGHT: usize = 65_536;
+
+/// Most processes' batches submitted and not named yet (each holds a copy of its
+/// process's executable mappings, up to the read bound): while a slow object holds
+/// the thread, process churn cannot queue copies without end.
+pub(super) const MAX_BATCHES_IN_FLIGHT: usize = 256;
+
 /// The naming thread and its two channels. Dropping it closes the job channel: the
 /// thread ends after the batch it is naming.
 pub(super) struct Namer {
     jobs: Sender<Vec<Batch>>,
     names: Receiver<Vec<(NameKey, String)>>,
+    /// Stacks submitted whose names have not been taken yet.
+    jobs_in_flight: usize,
+    /// Batches submitted that the thread has not finished (it counts them down).
+    batches_in_flight: Arc<AtomicUsize>,
 }
 
 impl Namer {
     pub fn spawn() -> std::io::Result<Self> {
         let (jobs, job_rx) = mpsc::channel::<Vec<Batch>>();
         let (name_tx, names) = mpsc::channel();
+        let batches_in_flight = Arc::new(AtomicUsize::new(0));
+        let finished = batches_in_flight.clone();
         thread::Builder::new()
             .name("sframe-namer".into())
-            .spawn(move || run(job_rx, name_tx))?;
-        Ok(Self { jobs, names })
+            .spawn(move || run(job_rx, name_tx, &finished))?;
+        Ok(Self {
+            jobs,
+            names,
+            jobs_in_flight: 0,
+            batches_in_flight,
+        })
     }
 
-    /// Queues `batches` (the feed bounds how many stacks wait for names). False if
-    /// the thread is gone.
-    pub fn submit(&self, batches: Vec<Batch>) -> bool {
-        batches.is_empty() || self.jobs.send(batches).is_ok()
+    /// Whether `jobs` more stacks in `batches` more batches than are in flight now
+    /// stay within [`MAX_JOBS_IN_FLIGHT`] and [`MAX_BATCHES_IN_FLIGHT`].
+    pub fn room(&self, jobs: usize, batches: usize) -> bool {
+        self.jobs_in_flight.saturating_add(jobs) <= MAX_JOBS_IN_FLIGHT
+            && self
+                .batches_in_flight
+                .load(Ordering::Relaxed)
+                .saturating_add(batches)
+                <= MAX_BATCHES_IN_FLIGHT
+    }
+
+    /// Queues `batches` (callers keep within [`Self::room`]). False if the thread is
+    /// gone: what was in flight then stays counted, so no more is queued.
+    pub fn submit(&mut self, batches: Vec<Batch>) -> bool {
+        if batches.is_empty() {
+            return true;
+        }
+        let jobs: usize = batches.iter().map(|b| b.jobs.len()).sum();
+        self.jobs_in_flight = self.jobs_in_flight.saturating_add(jobs);
+        self.batches_in_flight
+            .fetch_add(batches.len(), Ordering::Relaxed);
+        self.jobs.send(batches).is_ok()
     }
 
     /// The names made since the last call, without waiting.
-    pub fn take_names(&self) -> Vec<(NameKey, String)> {
+    pub fn take_names(&mut self) -> Vec<(NameKey, String)> {
         let mut out = Vec::new();
-        loop {
-            match self.names.try_recv() {
-                Ok(mut named) => out.append(&mut named),
-                Err(TryRecvError::Empty | TryRecvError::Disconnected) => return out,
-            }
+        // Empty or disconnected: nothing more now.
+        while let Ok(mut named) = self.names.try_recv() {
+            out.append(&mut named);
         }
+        self.jobs_in_flight = self.jobs_in_flight.saturating_sub(out.len());
+        out
     }
 }
 
@@ -85,7 +127,11 @@ const CHUNK_ADDRESSES: usize = 8192;
 /// for the user and one for the kernel addresses of a chunk (blazesym's cost per call
 /// and per object, and the sort of the process's mappings, paid once per chunk rather
 /// than per stack).
-fn run(jobs: Receiver<Vec<Batch>>, names: Sender<Vec<(NameKey, String)>>) {
+fn run(
+    jobs: Receiver<Vec<Batch>>,
+    names: Sender<Vec<(NameKey, String)>>,
+    batches_in_flight: &AtomicUsize,
+) {
     let mut symbolizer = Symbolizer::new();
     while let Ok(batches) = jobs.recv() {
         for batch in batches {
@@ -94,6 +140,11 @@ fn run(jobs: Receiver<Vec<Batch>>, names: Sender<Vec<(NameKey, String)>>) {
                 let take = chunk_len(&rest, CHUNK_ADDRESSES);
                 let chunk: Vec<Job> = rest.drain(..take).collect();
                 let named = name_jobs(&mut symbolizer, batch.pid, &batch.maps, chunk);
+                if rest.is_empty() {
+                    // Before its last names go: once the loop has them all, the
+                    // batch is no longer counted.
+                    batches_in_flight.fetch_sub(1, Ordering::Relaxed);
+                }
                 if names.send(named).is_err() {
                     return;
                 }
@@ -169,7 +220,7 @@ mod tests {
     /// return at once, and the names come once it goes on.
     #[test]
     fn the_loop_does_not_wait_for_a_busy_symbolizer() {
-        let namer = Namer::spawn().unwrap();
+        let mut namer = Namer::spawn().unwrap();
         // The naming thread's symbolizer waits for this to call into blazesym.
         let held = crate::symbolize::hold_blazesym();
         let key: NameKey = (std::process::id(), 7, -1, None);
@@ -201,6 +252,43 @@ mod tests {
             "{}",
             named[0].1
         );
+    }
+
+    /// What is in flight is bounded (stacks and process batches) and given back as
+    /// names are taken, not before: while the thread is held, nothing is given back.
+    #[test]
+    fn room_is_given_back_when_names_come() {
+        let mut namer = Namer::spawn().unwrap();
+        let held = crate::symbolize::hold_blazesym();
+        let maps = crate::procfs::read_maps(std::process::id()).unwrap();
+        let addr = room_is_given_back_when_names_come as *const () as u64;
+        let batch = |n| Batch {
+            pid: std::process::id(),
+            maps: maps.clone(),
+            jobs: vec![job(n, vec![addr])],
+        };
+        assert!(namer.submit(vec![batch(1), batch(2)]));
+        assert!(namer.room(MAX_JOBS_IN_FLIGHT - 2, MAX_BATCHES_IN_FLIGHT - 2));
+        assert!(!namer.room(MAX_JOBS_IN_FLIGHT - 1, 0));
+        assert!(!namer.room(0, MAX_BATCHES_IN_FLIGHT - 1));
+        assert!(namer.take_names().is_empty());
+        assert!(!namer.room(MAX_JOBS_IN_FLIGHT - 1, 0));
+        drop(held);
+        // A guard against a hang only: the names come as soon as the thread runs.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let mut named = 0;
+        while named < 2 {
+            assert!(std::time::Instant::now() < deadline, "no names after 60 s");
+            let got = namer.take_names();
+            if got.is_empty() {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            named += got.len();
+        }
+        assert_eq!(named, 2);
+        assert_eq!(namer.jobs_in_flight, 0);
+        assert_eq!(namer.batches_in_flight.load(Ordering::Relaxed), 0);
+        assert!(namer.room(MAX_JOBS_IN_FLIGHT, MAX_BATCHES_IN_FLIGHT));
     }
 
     fn job(n: u64, user: Vec<u64>) -> Job {
