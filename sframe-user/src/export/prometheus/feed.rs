@@ -7,7 +7,7 @@ use std::{collections::HashMap, time::Instant};
 use sframe_common::stack::CountKey;
 
 use super::{
-    GroupLabel, Health, Metrics, bpf_stats_enabled,
+    FastMap, GroupLabel, Health, Metrics, bpf_stats_enabled,
     namer::{Batch, Job, NameKey, Namer},
 };
 use crate::{
@@ -20,13 +20,16 @@ use crate::{
 
 /// What the last update saw.
 pub struct Feed {
-    previous: HashMap<CountKey, u64>,
+    /// Each count key's count at the last update and the update that saw it.
+    previous: FastMap<CountKey, (u64, u64)>,
     /// The same for the off-CPU counts (nanoseconds asleep).
-    previous_off_cpu: HashMap<CountKey, u64>,
+    previous_off_cpu: FastMap<CountKey, (u64, u64)>,
+    /// Updates so far.
+    round: u64,
     /// Named stacks → folded name and user frame count.
-    names: HashMap<NameKey, (String, usize)>,
+    names: FastMap<NameKey, (String, usize)>,
     /// Samples of stacks the naming thread has not named yet, recorded when it has.
-    waiting: HashMap<NameKey, Waiting>,
+    waiting: FastMap<NameKey, Waiting>,
     namer: Namer,
     /// Samples dropped because the naming thread had no room for their stacks
     /// ([`super::namer::MAX_JOBS_IN_FLIGHT`], [`super::namer::MAX_BATCHES_IN_FLIGHT`]).
@@ -49,23 +52,23 @@ struct Waiting {
 }
 
 /// The keys of `counts` whose count grew since `previous`, with how much; `previous`
-/// becomes `counts`.
+/// becomes `counts` (updated in place: the entries `counts` has are marked with
+/// `round`, the others removed).
 fn new_counts(
-    previous: &mut HashMap<CountKey, u64>,
+    previous: &mut FastMap<CountKey, (u64, u64)>,
+    round: u64,
     counts: &[StackCount],
 ) -> Vec<(CountKey, u64)> {
-    let mut now = HashMap::with_capacity(counts.len());
     let mut grown = Vec::new();
     for c in counts {
-        now.insert(c.key, c.count);
-        let delta = c
-            .count
-            .saturating_sub(previous.get(&c.key).copied().unwrap_or(0));
+        let seen = previous.entry(c.key).or_insert((0, round));
+        let delta = c.count.saturating_sub(seen.0);
+        *seen = (c.count, round);
         if delta > 0 {
             grown.push((c.key, delta));
         }
     }
-    *previous = now;
+    previous.retain(|_, &mut (_, r)| r == round);
     grown
 }
 
@@ -83,10 +86,11 @@ impl Feed {
     /// A feed whose stacks are named on their own thread.
     pub fn new() -> std::io::Result<Self> {
         Ok(Self {
-            previous: HashMap::new(),
-            previous_off_cpu: HashMap::new(),
-            names: HashMap::new(),
-            waiting: HashMap::new(),
+            previous: FastMap::default(),
+            previous_off_cpu: FastMap::default(),
+            round: 0,
+            names: FastMap::default(),
+            waiting: FastMap::default(),
             namer: Namer::spawn()?,
             dropped: 0,
         })
@@ -200,8 +204,9 @@ impl Feed {
         // On CPU (samples) then off CPU (nanoseconds asleep); the counts of this
         // snapshot replace the last ones, so keys of processes the profiler has
         // forgotten are forgotten here too.
-        let grown = new_counts(&mut self.previous, &snap.counts);
-        let grown_off_cpu = new_counts(&mut self.previous_off_cpu, &snap.off_cpu);
+        self.round = self.round.wrapping_add(1);
+        let grown = new_counts(&mut self.previous, self.round, &snap.counts);
+        let grown_off_cpu = new_counts(&mut self.previous_off_cpu, self.round, &snap.off_cpu);
         let mut found = Vec::with_capacity(grown.len() + grown_off_cpu.len());
         for (k, delta) in grown {
             found.push((lookup(k.pid), k, delta, None));
@@ -267,5 +272,52 @@ fn record(
         metrics.record_off_cpu(key.0, comm, group, stack, delta);
     } else {
         metrics.record(key.0, comm, group, stack, frames, delta);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn count(user_stack: u64, count: u64) -> StackCount {
+        StackCount {
+            key: CountKey {
+                pid: 1,
+                user_stack,
+                ..CountKey::default()
+            },
+            count,
+        }
+    }
+
+    /// Only growth is reported; a key missing from a snapshot is forgotten (when it
+    /// comes back, all of its count is new), and nothing else is kept.
+    #[test]
+    fn counts_grow_in_place_and_gone_keys_are_forgotten() {
+        let mut previous = FastMap::default();
+        let grown = |p: &mut FastMap<_, _>, round, counts: &[StackCount]| {
+            let mut g: Vec<(u64, u64)> = new_counts(p, round, counts)
+                .into_iter()
+                .map(|(k, d)| (k.user_stack, d))
+                .collect();
+            g.sort_unstable();
+            g
+        };
+        assert_eq!(
+            grown(&mut previous, 1, &[count(1, 5), count(2, 3)]),
+            [(1, 5), (2, 3)]
+        );
+        assert_eq!(
+            grown(&mut previous, 2, &[count(1, 7), count(2, 3)]),
+            [(1, 2)]
+        );
+        assert_eq!(grown(&mut previous, 3, &[count(2, 4)]), [(2, 1)]);
+        assert_eq!(previous.len(), 1);
+        assert_eq!(
+            grown(&mut previous, 4, &[count(1, 7), count(2, 4)]),
+            [(1, 7)]
+        );
+        assert_eq!(grown(&mut previous, 5, &[]), []);
+        assert!(previous.is_empty());
     }
 }

@@ -14,13 +14,17 @@ pub mod text_format;
 mod window;
 
 use std::{
-    sync::atomic::AtomicU64,
+    sync::{Arc, Mutex, MutexGuard, PoisonError, atomic::AtomicU64},
     time::{Duration, Instant},
 };
 
 use prometheus_client::{
-    encoding::{EncodeLabelSet, text::encode},
+    collector::Collector,
+    encoding::{
+        DescriptorEncoder, EncodeLabel, EncodeLabelSet, LabelSetEncoder, NoLabelSet, text::encode,
+    },
     metrics::{
+        MetricType,
         counter::Counter,
         family::Family,
         gauge::Gauge,
@@ -32,7 +36,14 @@ use sframe_common::{Counter as Event, WalkOutcome};
 
 #[cfg(feature = "profiler")]
 pub use self::feed::Feed;
-pub use self::window::{OTHER, Series, StackWindow};
+pub use self::window::{OTHER, Series, SeriesRef, StackWindow};
+
+/// Maps hashed for every sample or update (stack names, count keys): a seeded fast
+/// hash (foldhash; SipHash over stack labels was a tenth of the profiler's CPU on a
+/// busy host, BENCHMARKS §6). Seeded per map, so keys a user shapes (symbol names)
+/// cannot be made to collide ahead of time.
+type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::quality::RandomState>;
+type FastSet<K> = std::collections::HashSet<K, foldhash::quality::RandomState>;
 
 /// Suggested `--prometheus` address.
 pub const DEFAULT_ADDR: &str = "127.0.0.1:9464";
@@ -41,14 +52,84 @@ pub const WINDOW: Duration = Duration::from_secs(300);
 /// How long the series of an exited process stay.
 pub const GRACE: Duration = Duration::from_secs(300);
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct StackLabels {
-    comm: String,
-    pid: u32,
-    stack: String,
-    /// `cgroup` or `container_id` with `--prometheus-group`, else empty.
-    #[prometheus(flatten)]
-    group: Vec<(&'static str, String)>,
+/// The labels of one stack series, borrowed from its window.
+struct StackLabels<'a> {
+    series: SeriesRef<'a>,
+    /// `cgroup` or `container_id` with `--prometheus-group`.
+    group: Option<GroupLabel>,
+}
+
+impl EncodeLabelSet for StackLabels<'_> {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        let s = &self.series;
+        ("comm", s.comm).encode(encoder.encode_label())?;
+        ("pid", s.pid).encode(encoder.encode_label())?;
+        ("stack", s.stack).encode(encoder.encode_label())?;
+        if let Some((label, value)) = self.group.zip(s.group) {
+            (label.key(), value).encode(encoder.encode_label())?;
+        }
+        Ok(())
+    }
+}
+
+const STACKS_HELP: &str = "Samples per stack (folded, outermost first) of the top-K stacks of each process over a sliding window; the stack [other] sums the rest";
+const OFF_CPU_HELP: &str = "Time threads slept per stack (folded, outermost first, ending with [sleep S] or [sleep D]) of the top-K stacks of each process over a sliding window, with --off-cpu; the stack [other] sums the rest";
+
+/// The stack windows, on CPU and off CPU, and the group label they are exported with.
+#[derive(Debug)]
+struct Windows {
+    on_cpu: StackWindow,
+    /// Off CPU (`--off-cpu`): nanoseconds asleep per stack.
+    off_cpu: StackWindow,
+    group: Option<GroupLabel>,
+}
+
+/// The stack series, encoded straight from the windows when the exposition is
+/// rendered: no per-series label copies or hashing per update (a registered
+/// `Family` rebuilt each second cost a tenth of the profiler's CPU on a busy host).
+/// The mutex is only ever taken by the profiler's loop (update and render).
+#[derive(Debug, Clone)]
+struct StackSeries(Arc<Mutex<Windows>>);
+
+impl StackSeries {
+    fn lock(&self) -> MutexGuard<'_, Windows> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Collector for StackSeries {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let w = self.lock();
+        let group = w.group;
+        if !w.on_cpu.is_empty() {
+            let mut metric = encoder.encode_descriptor(
+                "sframe_stack_samples",
+                STACKS_HELP,
+                None,
+                MetricType::Counter,
+            )?;
+            w.on_cpu.for_each_series(|series| {
+                metric
+                    .encode_family(&StackLabels { series, group })?
+                    .encode_counter::<NoLabelSet, _, u64>(&series.value, None)
+            })?;
+        }
+        if !w.off_cpu.is_empty() {
+            let mut metric = encoder.encode_descriptor(
+                "sframe_off_cpu",
+                OFF_CPU_HELP,
+                Some(&Unit::Seconds),
+                MetricType::Counter,
+            )?;
+            w.off_cpu.for_each_series(|series| {
+                let seconds = series.value as f64 / 1e9;
+                metric
+                    .encode_family(&StackLabels { series, group })?
+                    .encode_counter::<NoLabelSet, _, u64>(&seconds, None)
+            })?;
+        }
+        Ok(())
+    }
 }
 
 /// The one per-process label `--prometheus-group` adds to the stack series.
@@ -133,11 +214,8 @@ pub struct Health {
 /// The registry and the aggregation behind it.
 pub struct Metrics {
     registry: Registry,
-    window: StackWindow,
-    stacks: Family<StackLabels, Counter>,
-    /// Off CPU (`--off-cpu`): nanoseconds asleep per stack, in a window of its own.
-    off_cpu_window: StackWindow,
-    off_cpu: Family<StackLabels, Counter<f64, AtomicU64>>,
+    /// The stack windows (also registered: encoded from there).
+    stacks: StackSeries,
     outcomes: Family<OutcomeLabels, Counter>,
     events: Family<EventLabels, Counter>,
     frames: Histogram,
@@ -171,19 +249,12 @@ pub struct Metrics {
 impl Metrics {
     pub fn new(top_k: usize, window: Duration, grace: Duration) -> Self {
         let mut registry = Registry::default();
-        let stacks = Family::<StackLabels, Counter>::default();
-        registry.register(
-            "sframe_stack_samples",
-            "Samples per stack (folded, outermost first) of the top-K stacks of each process over a sliding window; the stack [other] sums the rest",
-            stacks.clone(),
-        );
-        let off_cpu = Family::<StackLabels, Counter<f64, AtomicU64>>::default();
-        registry.register_with_unit(
-            "sframe_off_cpu",
-            "Time threads slept per stack (folded, outermost first, ending with [sleep S] or [sleep D]) of the top-K stacks of each process over a sliding window, with --off-cpu; the stack [other] sums the rest",
-            Unit::Seconds,
-            off_cpu.clone(),
-        );
+        let stacks = StackSeries(Arc::new(Mutex::new(Windows {
+            on_cpu: StackWindow::new(top_k, window, grace),
+            off_cpu: StackWindow::new(top_k, window, grace),
+            group: None,
+        })));
+        registry.register_collector(Box::new(stacks.clone()));
         let outcomes = Family::<OutcomeLabels, Counter>::default();
         registry.register(
             "sframe_walk_outcomes",
@@ -341,10 +412,7 @@ impl Metrics {
         }
         Self {
             registry,
-            window: StackWindow::new(top_k, window, grace),
             stacks,
-            off_cpu_window: StackWindow::new(top_k, window, grace),
-            off_cpu,
             outcomes,
             events,
             frames,
@@ -379,8 +447,12 @@ impl Metrics {
     /// values at a time (the rest `[other]`, counted).
     pub fn with_group(mut self, label: GroupLabel, limit: usize) -> Self {
         self.group = Some(label);
-        self.window = self.window.with_group_limit(limit);
-        self.off_cpu_window = self.off_cpu_window.with_group_limit(limit);
+        {
+            let mut w = self.stacks.lock();
+            w.group = Some(label);
+            w.on_cpu.set_group_limit(limit);
+            w.off_cpu.set_group_limit(limit);
+        }
         self
     }
 
@@ -402,7 +474,10 @@ impl Metrics {
         delta: u64,
     ) {
         let group = self.group.and(group);
-        self.window.record(pid, comm, group, stack, delta);
+        self.stacks
+            .lock()
+            .on_cpu
+            .record(pid, comm, group, stack, delta);
         // Bounded: the samples of one update interval.
         for _ in 0..delta.min(100_000) {
             self.frames.observe(frames as f64);
@@ -420,61 +495,36 @@ impl Metrics {
         ns: u64,
     ) {
         let group = self.group.and(group);
-        self.off_cpu_window.record(pid, comm, group, stack, ns);
+        self.stacks
+            .lock()
+            .off_cpu
+            .record(pid, comm, group, stack, ns);
     }
 
     /// Process `pid` exited at `now`.
     pub fn exited(&mut self, pid: u32, now: Instant) {
-        self.window.exited(pid, now);
-        self.off_cpu_window.exited(pid, now);
+        let mut w = self.stacks.lock();
+        w.on_cpu.exited(pid, now);
+        w.off_cpu.exited(pid, now);
     }
 
     /// Pids that still have series.
     pub fn pids(&self) -> Vec<u32> {
-        let mut pids: Vec<u32> = self
-            .window
-            .pids()
-            .chain(self.off_cpu_window.pids())
-            .collect();
+        let w = self.stacks.lock();
+        let mut pids: Vec<u32> = w.on_cpu.pids().chain(w.off_cpu.pids()).collect();
         pids.sort_unstable();
         pids.dedup();
         pids
     }
 
-    /// The series of `window` with their labels (the group label when grouping).
-    fn series(&self, window: &StackWindow) -> Vec<(StackLabels, u64)> {
-        window
-            .series()
-            .into_iter()
-            .map(|s| {
-                let labels = StackLabels {
-                    comm: s.comm,
-                    pid: s.pid,
-                    stack: s.stack,
-                    group: self
-                        .group
-                        .zip(s.group)
-                        .map(|(label, value)| vec![(label.key(), value)])
-                        .unwrap_or_default(),
-                };
-                (labels, s.value)
-            })
-            .collect()
-    }
-
     /// Applies what was recorded and the new health values.
     pub fn update(&mut self, now: Instant, health: &Health) {
-        self.window.update(now);
-        self.stacks.clear();
-        for (labels, value) in self.series(&self.window) {
-            self.stacks.get_or_create(&labels).inc_by(value);
-        }
-        self.off_cpu_window.update(now);
-        self.off_cpu.clear();
-        for (labels, ns) in self.series(&self.off_cpu_window) {
-            self.off_cpu.get_or_create(&labels).inc_by(ns as f64 / 1e9);
-        }
-        let overflow = self.window.group_overflow() + self.off_cpu_window.group_overflow();
+        let overflow = {
+            let mut w = self.stacks.lock();
+            w.on_cpu.update(now);
+            w.off_cpu.update(now);
+            w.on_cpu.group_overflow() + w.off_cpu.group_overflow()
+        };
         self.group_overflow
             .inc_by(overflow.saturating_sub(self.group_overflow.get()));
         let at = |values: &[u64], i: usize| values.get(i).copied().unwrap_or(0);
@@ -586,6 +636,7 @@ mod tests {
         let mut m = Metrics::new(1, WINDOW, GRACE);
         m.record(7, "prog", None, "main;work", 2, 5);
         m.record(7, "prog", None, "main;idle", 2, 1);
+        m.record_off_cpu(7, "prog", None, "main;wait;[sleep S]", 1_500_000_000);
         let mut health = Health {
             objects_loaded: 3,
             objects_by_source: [1, 2, 0, 0],
@@ -607,6 +658,11 @@ mod tests {
         for line in [
             "sframe_stack_samples_total{comm=\"prog\",pid=\"7\",stack=\"main;work\"} 5",
             "sframe_stack_samples_total{comm=\"prog\",pid=\"7\",stack=\"[other]\"} 1",
+            "sframe_off_cpu_seconds_total{comm=\"prog\",pid=\"7\",stack=\"main;wait;[sleep S]\"} 1.5",
+            "sframe_off_cpu_seconds_total{comm=\"prog\",pid=\"7\",stack=\"[other]\"} 0.0",
+            "# TYPE sframe_stack_samples counter",
+            "# TYPE sframe_off_cpu_seconds counter",
+            "# UNIT sframe_off_cpu_seconds seconds",
             "sframe_walk_outcomes_total{outcome=\"complete\"} 6",
             "sframe_fleet_events_total{event=\"exec\"} 4",
             "sframe_fleet_events_total{event=\"table_eviction\"} 1",
@@ -644,6 +700,7 @@ mod tests {
         let text = m.render();
         assert!(text.contains("sframe_walk_outcomes_total{outcome=\"complete\"} 9"));
         assert!(!text.contains("sframe_stack_samples_total{"), "{text}");
+        assert!(!text.contains("sframe_off_cpu_seconds_total{"), "{text}");
     }
 
     /// prometheus-client writes HELP verbatim; OpenMetrics allows no `"`, `\\` or newline

@@ -12,12 +12,18 @@
 //! have series at a time; a process whose value would exceed the bound gets
 //! [`OTHER`] instead, counted in [`StackWindow::group_overflow`]. Values free up when
 //! the last process carrying them is forgotten.
+//!
+//! Costs per update grow with the processes that had samples or whose window slid,
+//! not with every process kept: an idle process (or one in its grace period) is not
+//! ranked again. Stack names are hashed with a seeded fast hash (foldhash), not SipHash.
 
 use std::{
-    collections::{HashMap, HashSet, VecDeque},
-    rc::Rc,
+    collections::{HashMap, VecDeque},
+    sync::Arc,
     time::{Duration, Instant},
 };
+
+use super::{FastMap, FastSet};
 
 /// The `stack` label of the series that sums stacks outside the top-K.
 pub const OTHER: &str = "[other]";
@@ -33,20 +39,30 @@ pub struct Series {
     pub value: u64,
 }
 
+/// One exported series, borrowed from the window.
+#[derive(Clone, Copy, Debug)]
+pub struct SeriesRef<'a> {
+    pub pid: u32,
+    pub comm: &'a str,
+    pub group: Option<&'a str>,
+    pub stack: &'a str,
+    pub value: u64,
+}
+
 #[derive(Debug, Default)]
 struct ProcessWindow {
     comm: String,
     group: Option<String>,
     /// Increments inside the window, oldest first. Each distinct stack's name is
     /// allocated once per process and shared by every entry that names it.
-    recent: VecDeque<(Instant, Rc<str>, u64)>,
+    recent: VecDeque<(Instant, Arc<str>, u64)>,
     /// Sum of `recent` per stack.
-    sums: HashMap<Rc<str>, u64>,
+    sums: FastMap<Arc<str>, u64>,
     /// Values of the stacks currently in the top-K.
-    exported: HashMap<Rc<str>, u64>,
+    exported: FastMap<Arc<str>, u64>,
     other: u64,
     /// Increments since the last [`StackWindow::update`].
-    pending: Vec<(Rc<str>, u64)>,
+    pending: Vec<(Arc<str>, u64)>,
     exited_at: Option<Instant>,
 }
 
@@ -78,8 +94,13 @@ impl StackWindow {
 
     /// Bounds the distinct group values with series to `limit`.
     pub fn with_group_limit(mut self, limit: usize) -> Self {
-        self.group_limit = limit;
+        self.set_group_limit(limit);
         self
+    }
+
+    /// Bounds the distinct group values with series to `limit` from now on.
+    pub fn set_group_limit(&mut self, limit: usize) {
+        self.group_limit = limit;
     }
 
     /// Processes whose group value was replaced by [`OTHER`] because `group_limit`
@@ -127,7 +148,7 @@ impl StackWindow {
         let stack = p
             .sums
             .get_key_value(stack)
-            .map_or_else(|| Rc::from(stack), |(known, _)| Rc::clone(known));
+            .map_or_else(|| Arc::from(stack), |(known, _)| Arc::clone(known));
         p.pending.push((stack, delta));
     }
 
@@ -161,14 +182,17 @@ impl StackWindow {
             keep
         });
         for p in self.processes.values_mut() {
+            let added = !p.pending.is_empty();
             for (stack, delta) in std::mem::take(&mut p.pending) {
                 *p.sums.entry(stack.clone()).or_default() += delta;
                 p.recent.push_back((now, stack, delta));
             }
+            let mut slid = false;
             while let Some((t, _, _)) = p.recent.front() {
                 if now.saturating_duration_since(*t) < window {
                     break;
                 }
+                slid = true;
                 if let Some((_, stack, delta)) = p.recent.pop_front()
                     && let Some(sum) = p.sums.get_mut(&stack)
                 {
@@ -178,9 +202,13 @@ impl StackWindow {
                     }
                 }
             }
-            let mut ranked: Vec<(&Rc<str>, &u64)> = p.sums.iter().collect();
+            // Nothing new and nothing left the window: the top-K and the values stay.
+            if !added && !slid {
+                continue;
+            }
+            let mut ranked: Vec<(&Arc<str>, &u64)> = p.sums.iter().collect();
             ranked.sort_by(|a, b| b.1.cmp(a.1).then_with(|| a.0.cmp(b.0)));
-            let top: HashSet<&Rc<str>> = ranked.iter().take(top_k).map(|(s, _)| *s).collect();
+            let top: FastSet<&Arc<str>> = ranked.iter().take(top_k).map(|(s, _)| *s).collect();
             p.exported.retain(|stack, _| top.contains(stack));
             // The increments of this update are the newest entries of `recent`.
             for (t, stack, delta) in p.recent.iter().rev() {
@@ -198,23 +226,52 @@ impl StackWindow {
 
     /// The series: per process (by pid) its top-K stacks by name, then `[other]`.
     pub fn series(&self) -> Vec<Series> {
-        let mut processes: Vec<(&u32, &ProcessWindow)> = self.processes.iter().collect();
-        processes.sort_by_key(|&(pid, _)| *pid);
         let mut out = Vec::new();
-        for (pid, p) in processes {
-            let mut stacks: Vec<(&Rc<str>, &u64)> = p.exported.iter().collect();
-            stacks.sort();
-            let series = |stack: &str, value: u64| Series {
-                pid: *pid,
-                comm: p.comm.clone(),
-                group: p.group.clone(),
-                stack: stack.to_owned(),
+        let _ = self.for_each_series(|s| {
+            out.push(Series {
+                pid: s.pid,
+                comm: s.comm.to_owned(),
+                group: s.group.map(str::to_owned),
+                stack: s.stack.to_owned(),
+                value: s.value,
+            });
+            Ok::<(), ()>(())
+        });
+        out
+    }
+
+    /// Calls `f` with each series, borrowed, in the order of [`Self::series`]
+    /// (nothing copied: the exposition is encoded from here); stops at its first
+    /// error.
+    pub fn for_each_series<E>(
+        &self,
+        mut f: impl FnMut(SeriesRef<'_>) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let mut processes: Vec<(&u32, &ProcessWindow)> = self.processes.iter().collect();
+        processes.sort_unstable_by_key(|&(pid, _)| *pid);
+        let mut stacks: Vec<(&Arc<str>, &u64)> = Vec::new();
+        for (&pid, p) in processes {
+            stacks.clear();
+            stacks.extend(p.exported.iter());
+            stacks.sort_unstable();
+            let series = |stack, value| SeriesRef {
+                pid,
+                comm: &p.comm,
+                group: p.group.as_deref(),
+                stack,
                 value,
             };
-            out.extend(stacks.into_iter().map(|(s, &v)| series(s, v)));
-            out.push(series(OTHER, p.other));
+            for &(stack, &value) in &stacks {
+                f(series(stack, value))?;
+            }
+            f(series(OTHER, p.other))?;
         }
-        out
+        Ok(())
+    }
+
+    /// Whether there is any series.
+    pub fn is_empty(&self) -> bool {
+        self.processes.is_empty()
     }
 
     /// Pids with series.
@@ -307,6 +364,30 @@ mod tests {
         w.update(t0 + Duration::from_secs(35));
         assert_eq!(values(&w), [v(2, "b", 1), v(2, OTHER, 0)]);
         assert_eq!(w.pids().collect::<Vec<_>>(), [2]);
+    }
+
+    /// A process with nothing new is not ranked again until its window slides; its
+    /// series stay as they were meanwhile.
+    #[test]
+    fn idle_processes_keep_their_series_until_the_window_slides() {
+        let t0 = Instant::now();
+        let mut w = StackWindow::new(1, Duration::from_secs(60), Duration::from_secs(30));
+        w.record(1, "p", None, "a", 3);
+        w.record(1, "p", None, "b", 2);
+        w.update(t0);
+        w.record(2, "q", None, "x", 1);
+        w.update(t0 + Duration::from_secs(10));
+        let idle = [v(1, "a", 3), v(1, OTHER, 2), v(2, "x", 1), v(2, OTHER, 0)];
+        assert_eq!(values(&w), idle);
+        w.update(t0 + Duration::from_secs(20));
+        assert_eq!(values(&w), idle);
+        // Process 1's samples leave the window: its top-K empties, the counters stay.
+        w.update(t0 + Duration::from_secs(61));
+        assert_eq!(values(&w), [v(1, OTHER, 2), v(2, "x", 1), v(2, OTHER, 0)]);
+        // A new stack of process 1 is ranked on its own.
+        w.record(1, "p", None, "c", 1);
+        w.update(t0 + Duration::from_secs(62));
+        assert_eq!(values(&w)[..2], [v(1, "c", 1), v(1, OTHER, 2)]);
     }
 
     #[test]
