@@ -2,7 +2,7 @@
 //! named once per distinct stack (on the naming thread, [`super::namer`]), and the
 //! unwinder's health.
 
-use std::{collections::HashMap, time::Instant};
+use std::{collections::HashMap, sync::Arc, time::Instant};
 
 use sframe_common::stack::CountKey;
 
@@ -27,7 +27,8 @@ pub struct Feed {
     /// Updates so far.
     round: u64,
     /// Named stacks → folded name and user frame count.
-    names: FastMap<NameKey, (String, usize)>,
+    /// The name is shared with the windows' series (not copied there).
+    names: FastMap<NameKey, (Arc<str>, usize)>,
     /// Samples of stacks the naming thread has not named yet, recorded when it has.
     waiting: FastMap<NameKey, Waiting>,
     namer: Namer,
@@ -180,6 +181,7 @@ impl Feed {
             let Some(w) = self.waiting.remove(&key) else {
                 continue;
             };
+            let stack: Arc<str> = Arc::from(stack);
             record(
                 metrics,
                 key,
@@ -264,14 +266,14 @@ fn record(
     key: NameKey,
     comm: &str,
     group: Option<&str>,
-    stack: &str,
+    stack: &Arc<str>,
     frames: usize,
     delta: u64,
 ) {
     if key.3.is_some() {
-        metrics.record_off_cpu(key.0, comm, group, stack, delta);
+        metrics.record_off_cpu(key.0, comm, group, Arc::clone(stack), delta);
     } else {
-        metrics.record(key.0, comm, group, stack, frames, delta);
+        metrics.record(key.0, comm, group, Arc::clone(stack), frames, delta);
     }
 }
 

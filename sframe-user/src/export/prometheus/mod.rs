@@ -244,6 +244,10 @@ pub struct Metrics {
     /// Last absolute values, to turn them into counter increments.
     last: Health,
     last_cpu: f64,
+    /// Length of the last exposition: the next is written into one allocation of
+    /// about that size (one string of megabytes with thousands of stack series, which
+    /// grown by doubling left the heap with a copy of each size every second).
+    last_render: std::sync::atomic::AtomicUsize,
 }
 
 impl Metrics {
@@ -440,6 +444,7 @@ impl Metrics {
             group_overflow,
             last: Health::default(),
             last_cpu: 0.0,
+            last_render: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
@@ -469,7 +474,7 @@ impl Metrics {
         pid: u32,
         comm: &str,
         group: Option<&str>,
-        stack: &str,
+        stack: impl Into<Arc<str>>,
         frames: usize,
         delta: u64,
     ) {
@@ -491,7 +496,7 @@ impl Metrics {
         pid: u32,
         comm: &str,
         group: Option<&str>,
-        stack: &str,
+        stack: impl Into<Arc<str>>,
         ns: u64,
     ) {
         let group = self.group.and(group);
@@ -606,9 +611,12 @@ impl Metrics {
 
     /// The OpenMetrics text exposition (ends with `# EOF`).
     pub fn render(&self) -> String {
-        let mut out = String::new();
+        use std::sync::atomic::Ordering::Relaxed;
+        let last = self.last_render.load(Relaxed);
+        let mut out = String::with_capacity(last.saturating_add(last / 16));
         // Writing into a String cannot fail.
         let _ = encode(&mut out, &self.registry);
+        self.last_render.store(out.len(), Relaxed);
         out
     }
 }

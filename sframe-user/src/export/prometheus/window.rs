@@ -125,7 +125,15 @@ impl StackWindow {
 
     /// Records `delta` new samples of `stack` (folded form) in process `pid`, whose
     /// group value (cgroup, container) is `group` when grouping.
-    pub fn record(&mut self, pid: u32, comm: &str, group: Option<&str>, stack: &str, delta: u64) {
+    /// The name is shared, not copied, when given as an `Arc<str>` (the feed's own).
+    pub fn record(
+        &mut self,
+        pid: u32,
+        comm: &str,
+        group: Option<&str>,
+        stack: impl Into<Arc<str>>,
+        delta: u64,
+    ) {
         if delta == 0 {
             return;
         }
@@ -145,10 +153,12 @@ impl StackWindow {
         if p.comm != comm {
             p.comm = comm.to_owned();
         }
+        // One allocation per distinct name and process, whichever way it came.
+        let stack: Arc<str> = stack.into();
         let stack = p
             .sums
-            .get_key_value(stack)
-            .map_or_else(|| Arc::from(stack), |(known, _)| Arc::clone(known));
+            .get_key_value(&stack)
+            .map_or(stack, |(known, _)| Arc::clone(known));
         p.pending.push((stack, delta));
     }
 
