@@ -439,6 +439,14 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
             ns as f64 / 1e6
         );
     }
+    if log::log_enabled!(log::Level::Debug) {
+        let nonzero: Vec<String> = sframe_common::Counter::ALL
+            .iter()
+            .filter(|c| snap.counters[**c as usize] != 0)
+            .map(|c| format!("{}={}", c.name(), snap.counters[*c as usize]))
+            .collect();
+        log::debug!("counters: {}", nonzero.join(" "));
+    }
     if let Some(e) = exporter.take() {
         e.server.abort();
     }

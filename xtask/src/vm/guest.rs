@@ -985,12 +985,15 @@ fn pac(ctx: &Ctx) -> Result<String> {
 }
 
 /// Off CPU (`--off-cpu`, raw tracepoints on `sched_switch` and `sys_exit`): the
-/// fixture's 100 sleeps of 10 ms are charged to their complete stack, within 5 % of the
+/// fixture's 50 sleeps of 40 ms are charged to their complete stack, within 5 % of the
 /// time the fixture measured off CPU (wall-clock less CPU time of its loop).
 fn off_cpu(ctx: &Ctx) -> Result<String> {
     let out_path = std::env::temp_dir().join("off-cpu.folded");
     let mut child = Command::new(&ctx.profiler)
-        .env("RUST_LOG", "sframe_user=info")
+        .env(
+            "RUST_LOG",
+            "sframe_user=info,sframe_user::cli::profile=debug",
+        )
         .args([
             "--off-cpu",
             "--no-on-cpu",
@@ -1057,12 +1060,24 @@ fn off_cpu(ctx: &Ctx) -> Result<String> {
         .and_then(|v| v.trim().parse::<f64>().ok())
         .map_or(0.0, |ns| ns / 1e3)
         .min(fixture_us);
-    let low = 0.95 * (fixture_us - delay_us);
+    // And of the time off CPU beyond what the sleeps asked for (each lasts at least
+    // that), part is the scheduler's own path between the thread's last CPU time and
+    // the switch (emulated, and stretched when the host deschedules the guest's vCPU
+    // there), which the fixture counts and the profiler does not: the profile must
+    // hold at least what was asked, within 5 %, or all the fixture measured if less.
+    let asked_us = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("asked "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .with_context(|| format!("no asked time in {stdout:?}"))?
+        / 1e3;
+    let low = 0.95 * (fixture_us - delay_us).min(asked_us);
     let high = 1.05 * fixture_us;
     if reported < low || reported > high {
         bail!(
             "{reported:.0} us off CPU in {chain} against the {fixture_us:.0} us the fixture \
-             measured ({delay_us:.0} us of it runnable; want {low:.0}-{high:.0}):\n{folded}\n{stderr}"
+             measured ({delay_us:.0} us of it runnable, {asked_us:.0} us asked for; want \
+             {low:.0}-{high:.0}):\n{folded}\n{stderr}"
         );
     }
     // Where the kernel can trace `schedule()` (x86-64; arm64 from Linux 6.4, which
@@ -1095,7 +1110,7 @@ fn off_cpu(ctx: &Ctx) -> Result<String> {
     }
     Ok(format!(
         "{reported:.0} us off CPU in the chain, the fixture measured {fixture_us:.0} us \
-         ({delay_us:.0} us of it runnable; walked {})",
+         ({delay_us:.0} us of it runnable, {asked_us:.0} us asked for; walked {})",
         if fexit {
             "as schedule() returns"
         } else {
