@@ -23,6 +23,8 @@
 //! - `governor`: keeps the BPF and collection cost under `--max-overhead`.
 //! - `sampler`: attaching the perf-event program and reading raw samples.
 //! - `symbolize`: addresses to function names (blazesym, PLT stubs).
+//! - `heap`: the allocator the profiler's binary installs, counting heap bytes per
+//!   thread (the symbolizer's state is bounded in bytes with it).
 //! - `export`: folded, SVG, pprof, top and Prometheus outputs.
 //! - `cgroup`, `cputime`, `safe_open`: cgroup filters, CPU time, opening a
 //!   process's files without following a path it chose.
@@ -66,6 +68,8 @@ pub mod export;
 #[cfg(feature = "profiler")]
 pub mod governor;
 #[cfg(feature = "profiler")]
+pub mod heap;
+#[cfg(feature = "profiler")]
 pub mod kmaps;
 #[cfg(feature = "profiler")]
 pub mod objects;
@@ -81,3 +85,8 @@ pub mod safe_open;
 pub mod sampler;
 #[cfg(feature = "profiler")]
 pub mod symbolize;
+
+/// The unit tests count heap bytes per thread as the profiler's binary does.
+#[cfg(all(test, feature = "profiler"))]
+#[global_allocator]
+static HEAP: heap::Counting = heap::Counting;

@@ -32,6 +32,11 @@ enum Command {
     CheckKernel,
 }
 
+/// Heap bytes counted per thread: the symbolizers' state is bounded in bytes with it
+/// (`sframe_user::heap`).
+#[global_allocator]
+static HEAP: sframe_user::heap::Counting = sframe_user::heap::Counting;
+
 fn main() {
     sframe_user::objects::single_heap_arena();
     sframe_user::privileges::init_logging();

@@ -10,10 +10,12 @@
 //! cached: a profile costs work proportional to its distinct (object, offset) pairs, not
 //! to its samples, and processes that map the same object share its cache entry. The
 //! caches are bounded for an always-on profiler: past [`MAX_OBJECTS`] open objects (each
-//! holds a descriptor and blazesym's parsed state), [`MAX_FRAMES`] user frames or
-//! [`MAX_KERNEL_FRAMES`] kernel frames, everything is dropped at the start of the next
-//! call (a new generation: what is still in use is opened and symbolized again), counted
-//! in [`SymbolizerStats::resets`]. blazesym caches by path, and objects are reached as
+//! holds a descriptor and blazesym's parsed state), [`MAX_FRAMES`] user frames,
+//! [`MAX_KERNEL_FRAMES`] kernel frames or [`MAX_STATE_BYTES`] of heap kept by its calls
+//! (blazesym's parsed symbols, decompressed DWARF and kallsyms, and the frames cached:
+//! measured by [`crate::heap`] where the process counts it), everything is dropped at
+//! the start of the next call (a new generation: what is still in use is opened and
+//! symbolized again), counted in [`SymbolizerStats::resets`]. blazesym caches by path, and objects are reached as
 //! `/proc/self/fd/N`: dropping one object alone would let its descriptor number, reused,
 //! name another file in blazesym's cache, so only whole generations are dropped.
 //!
@@ -69,6 +71,9 @@ pub struct SymbolizerStats {
     pub frame_cache_hits: u64,
     /// Times the caches were dropped for being over their bounds.
     pub resets: u64,
+    /// Heap bytes kept by this generation's calls (0 where the process does not count
+    /// them: see [`crate::heap`]).
+    pub state_bytes: u64,
 }
 
 /// How many objects and frames a [`Symbolizer`] keeps at most (see the module's
@@ -78,6 +83,8 @@ pub struct CacheLimits {
     pub objects: usize,
     pub frames: usize,
     pub kernel_frames: usize,
+    /// Heap bytes kept by a generation's calls.
+    pub state_bytes: u64,
 }
 
 impl Default for CacheLimits {
@@ -86,6 +93,7 @@ impl Default for CacheLimits {
             objects: MAX_OBJECTS,
             frames: MAX_FRAMES,
             kernel_frames: MAX_KERNEL_FRAMES,
+            state_bytes: MAX_STATE_BYTES,
         }
     }
 }
@@ -96,6 +104,11 @@ pub const MAX_OBJECTS: usize = 512;
 pub const MAX_FRAMES: usize = 256 * 1024;
 /// Cached kernel frames at most.
 pub const MAX_KERNEL_FRAMES: usize = 64 * 1024;
+/// Heap bytes a generation keeps at most, checked between calls (one call may go past
+/// it by what it parses). The busy-host bench's naming symbolizer keeps about 25 MB:
+/// a decompressed debug file of libc (11 MB), kallsyms (6 MB), symbol indexes (4.5 MB)
+/// and the frames.
+pub const MAX_STATE_BYTES: u64 = 64 << 20;
 
 /// Held by every [`Symbolizer`] of the process while blazesym may map or unmap files
 /// (each call into it, and dropping it) and by [`Symbolizer::end_round`] while it
@@ -192,15 +205,18 @@ impl Symbolizer {
     fn bound(&mut self) {
         let over = self.objects.len() > self.limits.objects
             || self.frames.len() > self.limits.frames
-            || self.kernel_frames.len() > self.limits.kernel_frames;
+            || self.kernel_frames.len() > self.limits.kernel_frames
+            || self.stats.state_bytes > self.limits.state_bytes;
         if !over {
             return;
         }
         log::info!(
-            "symbolizer: {} objects, {} frames, {} kernel frames cached: dropping them",
+            "symbolizer: {} objects, {} frames, {} kernel frames, {} heap bytes kept: \
+             dropping them",
             self.objects.len(),
             self.frames.len(),
-            self.kernel_frames.len()
+            self.kernel_frames.len(),
+            self.stats.state_bytes
         );
         let kallsyms = self.kallsyms.take();
         let stats = self.stats;
@@ -209,12 +225,20 @@ impl Symbolizer {
         self.kallsyms = kallsyms;
         self.stats = SymbolizerStats {
             resets: stats.resets + 1,
+            state_bytes: 0,
             ..stats
         };
     }
 
     pub fn stats(&self) -> SymbolizerStats {
         self.stats
+    }
+
+    /// Adds to the state's bytes what this thread kept since `since`, a reading of
+    /// [`crate::heap::thread_net`] (less, if it freed more).
+    fn kept_since(&mut self, since: i64) {
+        let kept = crate::heap::thread_net().wrapping_sub(since);
+        self.stats.state_bytes = self.stats.state_bytes.saturating_add_signed(kept);
     }
 
     /// Ends a round of symbolization (a profile written, a scrape's new stacks named):
@@ -328,6 +352,7 @@ impl Symbolizer {
         // process exited): answered for this call only, retried on the next.
         let mut uncached: HashMap<(usize, u64), Frame> = HashMap::new();
         for (id, offsets) in pending {
+            let since = crate::heap::thread_net();
             let (frames, cache) = self.symbolize_object(id, &offsets);
             let keyed = offsets.iter().map(|&o| (id, o)).zip(frames);
             if cache {
@@ -335,8 +360,10 @@ impl Symbolizer {
             } else {
                 uncached.extend(keyed);
             }
+            self.kept_since(since);
         }
         if !vdso_pending.is_empty() {
+            let since = crate::heap::thread_net();
             let (frames, cache) = self.symbolize_vdso(pid, &vdso_pending);
             let keyed = vdso_pending
                 .iter()
@@ -347,6 +374,7 @@ impl Symbolizer {
             } else {
                 uncached.extend(keyed);
             }
+            self.kept_since(since);
         }
 
         slots
@@ -386,6 +414,7 @@ impl Symbolizer {
         missing.sort_unstable();
         missing.dedup();
         if !missing.is_empty() {
+            let since = crate::heap::thread_net();
             let src = Source::Kernel(Kernel {
                 kallsyms: MaybeDefault::Default,
                 // kallsyms only: searching for a vmlinux image is slow and rarely fruitful.
@@ -411,6 +440,7 @@ impl Symbolizer {
             }
             self.kernel_frames
                 .extend(missing.iter().copied().zip(frames));
+            self.kept_since(since);
         }
         addrs
             .iter()
@@ -433,12 +463,14 @@ impl Symbolizer {
         if let Some(&id) = self.object_ids.get(&key) {
             return Ok(id);
         }
+        let since = crate::heap::thread_net();
         match OpenedObject::open(pid, m) {
             Ok(obj) => {
                 self.stats.objects_opened += 1;
                 let id = self.objects.len();
                 self.objects.push(obj);
                 self.object_ids.insert(key, id);
+                self.kept_since(since);
                 Ok(id)
             }
             Err(e) => {
@@ -777,6 +809,7 @@ mod tests {
             objects: 1,
             frames: 1,
             kernel_frames: 1,
+            ..CacheLimits::default()
         });
         let mut names = Vec::new();
         for _ in 0..3 {
@@ -791,5 +824,45 @@ mod tests {
             assert!(n.ends_with("sframe_symbolize_bound_probe"), "{names:?}");
         }
         assert_eq!(s.stats().objects_opened, 6);
+    }
+
+    #[test]
+    fn state_over_its_bytes_starts_a_new_generation() {
+        #[inline(never)]
+        fn sframe_symbolize_bytes_probe() -> u64 {
+            std::hint::black_box(9)
+        }
+        let pid = std::process::id();
+        let maps = crate::procfs::read_maps(pid).unwrap();
+        let here = sframe_symbolize_bytes_probe as *const () as u64;
+        // Within the count bounds, over a byte bound that one object's state passes
+        // (this test binary's symbols and DWARF: megabytes).
+        let mut s = Symbolizer::with_limits(CacheLimits {
+            state_bytes: 64 << 10,
+            ..CacheLimits::default()
+        });
+        let first = s.symbolize_user(pid, &maps, &[here]);
+        let kept = s.stats().state_bytes;
+        assert!(kept > 64 << 10, "{kept} bytes kept");
+        assert_eq!(s.stats().resets, 0);
+        // The next call starts a new generation, and still names the frame.
+        let second = s.symbolize_user(pid, &maps, &[here]);
+        assert_eq!(s.stats().resets, 1);
+        assert_eq!(first, second);
+        assert!(
+            second[0]
+                .name
+                .as_deref()
+                .unwrap_or_default()
+                .ends_with("sframe_symbolize_bytes_probe"),
+            "{second:?}"
+        );
+        // Under the default bound, the same state stays.
+        let mut s = Symbolizer::new();
+        for _ in 0..3 {
+            s.symbolize_user(pid, &maps, &[here]);
+        }
+        assert_eq!(s.stats().resets, 0);
+        assert!(s.stats().state_bytes > 0);
     }
 }

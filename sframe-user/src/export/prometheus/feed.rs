@@ -255,6 +255,8 @@ impl Feed {
             event_lag_max: profiler.lifecycle().event_lag_max_ns as f64 / 1e9,
             naming_waiting: self.waiting.len() as u64,
             naming_dropped: self.dropped,
+            naming_state_bytes: self.namer.state_bytes(),
+            naming_resets: self.namer.resets(),
         };
         metrics.update(now, &health);
     }

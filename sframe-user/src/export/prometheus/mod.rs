@@ -209,6 +209,10 @@ pub struct Health {
     /// nanoseconds) dropped because too many did.
     pub naming_waiting: u64,
     pub naming_dropped: u64,
+    /// Heap bytes the naming thread's symbolizer keeps, and the times it dropped its
+    /// state for being over a bound.
+    pub naming_state_bytes: u64,
+    pub naming_resets: u64,
 }
 
 /// The registry and the aggregation behind it.
@@ -237,6 +241,8 @@ pub struct Metrics {
     event_lag_max: Gauge<f64, AtomicU64>,
     naming_waiting: Gauge,
     naming_dropped: Counter,
+    naming_state: Gauge,
+    naming_resets: Counter,
     processes: Gauge,
     frequency: Gauge,
     group: Option<GroupLabel>,
@@ -392,6 +398,19 @@ impl Metrics {
             "Samples (off CPU: nanoseconds asleep) of new stacks dropped because too many stacks (or processes' batches) were waiting for names",
             naming_dropped.clone(),
         );
+        let naming_state = Gauge::default();
+        registry.register_with_unit(
+            "sframe_symbolizer_state",
+            "Heap the naming thread's symbolizer keeps (parsed symbol tables, decompressed debug information, kallsyms, cached frames); over its bound it drops it all and starts again",
+            Unit::Bytes,
+            naming_state.clone(),
+        );
+        let naming_resets = Counter::default();
+        registry.register(
+            "sframe_symbolizer_resets",
+            "Times the naming thread's symbolizer dropped its state for being over a bound (objects, frames or bytes); each is followed by parsing again what is still in use",
+            naming_resets.clone(),
+        );
         let processes = gauge(
             &mut registry,
             "sframe_processes",
@@ -438,6 +457,8 @@ impl Metrics {
             event_lag_max,
             naming_waiting,
             naming_dropped,
+            naming_state,
+            naming_resets,
             processes,
             frequency,
             group: None,
@@ -599,6 +620,9 @@ impl Metrics {
                 .naming_dropped
                 .saturating_sub(self.last.naming_dropped),
         );
+        self.naming_state.set(as_i64(health.naming_state_bytes));
+        self.naming_resets
+            .inc_by(health.naming_resets.saturating_sub(self.last.naming_resets));
         if health.collect_cpu > self.last.collect_cpu {
             self.collect_cpu
                 .inc_by(health.collect_cpu - self.last.collect_cpu);
@@ -656,6 +680,8 @@ mod tests {
             fleet: vec![("exec", 4), ("table_eviction", 1)],
             processes: 2,
             frequency: 49,
+            naming_state_bytes: 25 << 20,
+            naming_resets: 1,
             ..Health::default()
         };
         health.outcomes[WalkOutcome::Complete as usize] = 6;
@@ -688,6 +714,8 @@ mod tests {
             "sframe_bpf_run_time_seconds_total 2.0",
             "sframe_bpf_runs_total 10",
             "sframe_bpf_stats_enabled 1",
+            "sframe_symbolizer_state_bytes 26214400",
+            "sframe_symbolizer_resets_total 1",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
         }

@@ -15,7 +15,7 @@
 use std::{
     sync::{
         Arc,
-        atomic::{AtomicUsize, Ordering},
+        atomic::{AtomicU64, AtomicUsize, Ordering},
         mpsc::{self, Receiver, Sender},
     },
     thread,
@@ -64,6 +64,15 @@ pub(super) struct Namer {
     jobs_in_flight: usize,
     /// Batches submitted that the thread has not finished (it counts them down).
     batches_in_flight: Arc<AtomicUsize>,
+    /// The thread's symbolizer's figures, as of its last chunk.
+    figures: Arc<Figures>,
+}
+
+/// What the naming thread's symbolizer keeps ([`crate::symbolize::SymbolizerStats`]).
+#[derive(Default)]
+struct Figures {
+    state_bytes: AtomicU64,
+    resets: AtomicU64,
 }
 
 impl Namer {
@@ -72,15 +81,28 @@ impl Namer {
         let (name_tx, names) = mpsc::channel();
         let batches_in_flight = Arc::new(AtomicUsize::new(0));
         let finished = batches_in_flight.clone();
+        let figures = Arc::new(Figures::default());
+        let published = figures.clone();
         thread::Builder::new()
             .name("sframe-namer".into())
-            .spawn(move || run(job_rx, name_tx, &finished))?;
+            .spawn(move || run(job_rx, name_tx, &finished, &published))?;
         Ok(Self {
             jobs,
             names,
             jobs_in_flight: 0,
             batches_in_flight,
+            figures,
         })
+    }
+
+    /// Heap bytes the thread's symbolizer keeps (see [`crate::heap`]).
+    pub fn state_bytes(&self) -> u64 {
+        self.figures.state_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Times the thread's symbolizer dropped its state for being over a bound.
+    pub fn resets(&self) -> u64 {
+        self.figures.resets.load(Ordering::Relaxed)
     }
 
     /// Whether `jobs` more stacks in `batches` more batches than are in flight now
@@ -131,6 +153,7 @@ fn run(
     jobs: Receiver<Vec<Batch>>,
     names: Sender<Vec<(NameKey, String)>>,
     batches_in_flight: &AtomicUsize,
+    figures: &Figures,
 ) {
     let mut symbolizer = Symbolizer::new();
     while let Ok(batches) = jobs.recv() {
@@ -140,6 +163,11 @@ fn run(
                 let take = chunk_len(&rest, CHUNK_ADDRESSES);
                 let chunk: Vec<Job> = rest.drain(..take).collect();
                 let named = name_jobs(&mut symbolizer, batch.pid, &batch.maps, chunk);
+                let stats = symbolizer.stats();
+                figures
+                    .state_bytes
+                    .store(stats.state_bytes, Ordering::Relaxed);
+                figures.resets.store(stats.resets, Ordering::Relaxed);
                 if rest.is_empty() {
                     // Before its last names go: once the loop has them all, the
                     // batch is no longer counted.
@@ -252,6 +280,11 @@ mod tests {
             "{}",
             named[0].1
         );
+        // Its symbolizer's state (this test binary's symbols and debug information:
+        // counted, as the unit tests install the counting allocator) is published
+        // before the names go.
+        assert!(namer.state_bytes() > 0);
+        assert_eq!(namer.resets(), 0);
     }
 
     /// What is in flight is bounded (stacks and process batches) and given back as
