@@ -1731,3 +1731,82 @@ fn the_table_maps_leave_the_profiler_when_idle_and_return_for_deferred_walks() {
     );
     assert_complete("deferred after idle", (good, total, &bad), cpu, 499, 0.95);
 }
+
+/// Many distinct stacks in a short life: recursion to a depth that changes all the time.
+const CROWD_FILLER: &str = r#"
+volatile unsigned long sink;
+__attribute__((noinline)) void fill_leaf(void) { for (int i = 0; i < 20000; i++) sink += i; }
+__attribute__((noinline)) int fill_rec(int n) {
+    if (n == 0) { fill_leaf(); return 0; }
+    int r = fill_rec(n - 1);
+    sink += r;
+    return r + 1;
+}
+int main(void) { for (int k = 0; k < 4000; k++) fill_rec(k % 40); return 0; }
+"#;
+
+/// Exited processes kept for the report (`max_exited`) give way, oldest first, when the
+/// counts kept fill their bounds: a running process's new stacks are counted, not
+/// folded to its root. (Stressed CI, 2026-12-06: a build's exited compilers filled the
+/// bounds in whole-system mode, and the churn test's processes, started later, were
+/// counted without stacks.)
+#[test]
+fn exited_processes_give_way_to_running_ones_when_the_kept_counts_fill() {
+    if !bpf_or_skip("exited_processes_give_way_to_running_ones_when_the_kept_counts_fill") {
+        return;
+    }
+    let _serial = serial();
+    let filler = compile_c(
+        "crowd_filler",
+        CROWD_FILLER,
+        &["-O2", "-fomit-frame-pointer"],
+    );
+    let spinner = compile_c(
+        "crowd_spinner",
+        &spinner_source("crowd_work", 30.0),
+        &["-O2", "-fomit-frame-pointer"],
+    );
+    // 256 keys (16 per process) and 4096 stack words (256 per process).
+    let mut profiler = Profiler::start_with(ProfilerConfig {
+        max_kept_counts: Some(256),
+        ..ProfilerConfig::explicit(499)
+    })
+    .expect("start");
+    // Each filler brings up to its 16 keys: 24 of them would hold 384 of 256.
+    let mut fillers = 0;
+    while profiler.lifecycle().exited_forgotten == 0 {
+        assert!(
+            fillers < 200,
+            "{fillers} exited fillers never crowded the counts"
+        );
+        let mut child = Command::new(&filler).spawn().expect("spawn");
+        let _ = profiler.add_target(child.id());
+        while child.try_wait().expect("wait").is_none() {
+            pump(&mut profiler, Duration::from_millis(20));
+        }
+        pump(&mut profiler, Duration::from_millis(50));
+        let _ = profiler.collect();
+        fillers += 1;
+    }
+    eprintln!(
+        "{fillers} fillers; {} exited processes forgotten",
+        profiler.lifecycle().exited_forgotten
+    );
+    let child = KillOnDrop::spawn(&mut Command::new(&spinner));
+    let pid = child.pid();
+    wait_for_libc(pid);
+    profiler.add_target(pid).expect("load");
+    pump_cpu(&mut profiler, pid, 1.0);
+    let snap = profiler.collect();
+    let pids = HashSet::from([pid]);
+    let stacks = stacks_of(&profiler, &snap, &profiler.targets(), &pids);
+    let (good, total, bad) = complete_through(&stacks, &["main", "crowd_work"]);
+    assert!(
+        total >= samples_floor(1.0, 499),
+        "{total} samples of the running process"
+    );
+    assert!(
+        good as f64 >= 0.9 * total as f64,
+        "{good} of {total} samples complete through crowd_work:\n{bad}"
+    );
+}

@@ -86,7 +86,9 @@ pub struct ProfileArgs {
           value_parser = clap::value_parser!(u64).range(16..=1 << 24))]
     pub max_profile_counts: u64,
     /// Exited processes whose samples and mappings are kept for the report; beyond it
-    /// the oldest are forgotten (bounds memory under endless process churn).
+    /// the oldest are forgotten (bounds memory under endless process churn), and
+    /// earlier when the counts kept near `--max-profile-counts` (running processes'
+    /// new stacks come first).
     #[arg(long, value_name = "N", default_value_t = 10_000)]
     pub keep_exited: usize,
     /// Stop after this many seconds (default: run until Ctrl-C).

@@ -127,6 +127,20 @@ impl Kept {
         self.counts.iter().map(StdHashMap::len).sum()
     }
 
+    /// Whether the keys or the stack words kept are over `num/den` of their bounds.
+    fn crowded(&self, num: usize, den: usize) -> bool {
+        self.excess(num, den) != (0, 0)
+    }
+
+    /// The keys and stack words kept beyond `num/den` of their bounds.
+    fn excess(&self, num: usize, den: usize) -> (usize, usize) {
+        let over = |n: usize, bound: usize| n.saturating_sub(bound / den * num);
+        (
+            over(self.key_count(), self.bounds.keys),
+            over(self.words, self.bounds.words),
+        )
+    }
+
     fn add(&mut self, kind: Kind, key: CountKey, n: u64, frames: Option<&[u64]>) {
         if let Some(c) = self.of(kind).get_mut(&key) {
             *c += n;
@@ -374,6 +388,26 @@ impl Counts {
     /// Drops the counts of the processes `gone`, and the stacks no count uses any more.
     pub(super) fn forget(&mut self, gone: &HashSet<u32>) {
         self.kept.forget(gone);
+    }
+
+    /// Whether the counts kept (keys or stack words, all processes together) are over
+    /// `num/den` of their bounds.
+    pub(super) fn crowded(&self, num: usize, den: usize) -> bool {
+        self.kept.crowded(num, den)
+    }
+
+    /// The keys and stack words kept beyond `num/den` of their bounds.
+    pub(super) fn excess(&self, num: usize, den: usize) -> (usize, usize) {
+        self.kept.excess(num, den)
+    }
+
+    /// The keys and stack words charged to process `pid` (a stack shared by several
+    /// processes is charged to the lowest pid).
+    pub(super) fn charge(&self, pid: u32) -> (usize, usize) {
+        self.kept
+            .charges
+            .get(&pid)
+            .map_or((0, 0), |c| (c.keys, c.words))
     }
 
     /// The frames of a user stack (innermost first) seen by `collect`.

@@ -420,18 +420,52 @@ impl Profiler {
         // samples down to the limit, so memory stays bounded under endless churn (in
         // batches: dropping their counts walks all counts).
         if self.exited_order.len() > self.max_exited + self.max_exited / 10 {
-            let mut gone = HashSet::new();
-            while self.exited_order.len() > self.max_exited {
-                let Some(old) = self.exited_order.pop_front() else {
-                    break;
-                };
-                if self.procs.get(&old).is_some_and(|p| p.exited_at.is_some()) {
-                    self.procs.remove(&old);
-                    gone.insert(old);
-                }
-            }
-            self.counts.forget(&gone);
+            let excess = self.exited_order.len() - self.max_exited;
+            self.forget_oldest_exited(excess);
         }
+    }
+
+    /// Forgets the `n` oldest exited processes with their samples.
+    fn forget_oldest_exited(&mut self, n: usize) {
+        let mut gone = HashSet::new();
+        for _ in 0..n {
+            let Some(old) = self.exited_order.pop_front() else {
+                break;
+            };
+            if self.procs.get(&old).is_some_and(|p| p.exited_at.is_some()) {
+                self.procs.remove(&old);
+                gone.insert(old);
+            }
+        }
+        self.lifecycle.exited_forgotten += gone.len() as u64;
+        self.counts.forget(&gone);
+    }
+
+    /// Near the bounds of the counts kept (7/8 of the keys or stack words), forgets the
+    /// oldest exited processes with their samples, as many as hold what is kept beyond
+    /// 3/4 of the bounds (by their charges), or all if they hold less. On
+    /// a busy host, thousands of exited processes (a build's compilers, kept for the
+    /// report up to `max_exited`) would otherwise fill the bounds, and every new stack
+    /// of the running processes would be folded to its process's root: what is running
+    /// now is worth more than what ran long ago. A process's own room stays bounded
+    /// (`counts::MAX_KEYS_PER_PROCESS`), so running processes cannot be evicted this way
+    /// by one that makes stacks at will.
+    pub(super) fn make_room(&mut self) {
+        if !self.counts.crowded(7, 8) {
+            return;
+        }
+        let (mut keys, mut words) = self.counts.excess(3, 4);
+        let mut n = 0;
+        for pid in &self.exited_order {
+            if keys == 0 && words == 0 {
+                break;
+            }
+            let (k, w) = self.counts.charge(*pid);
+            keys = keys.saturating_sub(k);
+            words = words.saturating_sub(w);
+            n += 1;
+        }
+        self.forget_oldest_exited(n);
     }
 }
 

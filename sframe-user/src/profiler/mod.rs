@@ -227,6 +227,9 @@ pub struct LifecycleStats {
     /// summed, and the longest wait.
     pub event_lag_ns: u64,
     pub event_lag_max_ns: u64,
+    /// Exited processes forgotten with their samples: past `max_exited`, or earlier,
+    /// oldest first, while the kept counts were near their bounds.
+    pub exited_forgotten: u64,
 }
 
 /// A profiled process, alive or exited with samples.
@@ -727,6 +730,7 @@ impl Profiler {
             ("file_truncated_page", crate::mapped::truncated_pages()),
             ("process_table_full", t.process_table_full),
             ("count_folded", self.counts.folded()),
+            ("exited_forgotten", l.exited_forgotten),
             ("kernel_stack_dropped", self.kernel_stacks.dropped),
             ("cache_hit", self.store.cache().map_or(0, |c| c.stats.hits)),
             (
@@ -874,6 +878,7 @@ impl Profiler {
     /// Moves the kernel's counts into user space and returns everything counted so far.
     pub fn collect(&mut self) -> Snapshot {
         let _cpu = crate::cputime::Timer::start(&crate::cputime::COLLECTION);
+        self.make_room();
         self.counts.collect(&mut self.kernel_stacks)
     }
 
