@@ -466,3 +466,82 @@ fn plt_stubs_are_named_after_their_target() {
     assert_eq!(frames[1].file_offset, plt_off + plt_size - 1);
     assert_eq!(frames[1].reason, None);
 }
+
+/// The file offsets of the `Elf64_Chdr` of every `SHF_COMPRESSED` section of `data`,
+/// with the section's name offset in the section-name table.
+fn compression_headers(data: &[u8]) -> Vec<usize> {
+    const SHF_COMPRESSED: u64 = 0x800;
+    let shoff = u64::from_le_bytes(data[0x28..0x30].try_into().unwrap()) as usize;
+    let shentsize = u16::from_le_bytes(data[0x3a..0x3c].try_into().unwrap()) as usize;
+    let shnum = u16::from_le_bytes(data[0x3c..0x3e].try_into().unwrap()) as usize;
+    (0..shnum)
+        .filter_map(|i| {
+            let h = &data[shoff + i * shentsize..][..shentsize];
+            let flags = u64::from_le_bytes(h[8..16].try_into().unwrap());
+            let offset = u64::from_le_bytes(h[24..32].try_into().unwrap()) as usize;
+            (flags & SHF_COMPRESSED != 0).then_some(offset)
+        })
+        .collect()
+}
+
+/// A user's object whose compressed debug sections claim (`Elf64_Chdr.ch_size`) what
+/// they do not hold, as an unprivileged user can map one: blazesym allocated the claim
+/// (a terabyte aborted the profiler) and reads on past it. Such objects are named from
+/// their symbol tables, without their debug information; an honest claim over the
+/// bound is treated the same; an honest object keeps its inlined frames.
+#[test]
+fn compressed_sections_that_lie_about_their_size_cost_no_memory() {
+    let exe = compile_c("symbomb", FIXTURE_C, &["-O2", "-g"]);
+    let honest = exe.with_file_name("symbomb-compressed");
+    let status = Command::new("objcopy")
+        .arg("--compress-debug-sections=zlib")
+        .arg(&exe)
+        .arg(&honest)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let data = std::fs::read(&honest).unwrap();
+    let headers = compression_headers(&data);
+    assert!(!headers.is_empty(), "objcopy compressed nothing");
+    for (name, claim) in [
+        ("symbomb-terabyte", 1u64 << 40),
+        ("symbomb-short", 16),
+        ("symbomb-huge", (64 << 20) + 1),
+    ] {
+        let mut lying = data.clone();
+        for &h in &headers {
+            lying[h + 8..h + 16].copy_from_slice(&claim.to_le_bytes());
+        }
+        let path = exe.with_file_name(name);
+        std::fs::write(&path, &lying).unwrap();
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let p = spawn(&path);
+        let mut s = Symbolizer::new();
+        let frames = s.symbolize_user(p.pid(), &p.maps, &p.addrs);
+        // Named from the symbol table; no inlined frames (those are DWARF's).
+        assert_eq!(
+            names(&frames),
+            [Some("alpha_leaf"), Some("beta_caller"), Some("delta_outer")],
+            "{name}: {frames:?}"
+        );
+        assert!(
+            frames
+                .iter()
+                .all(|f| f.inlined.is_empty() && f.location.is_none()),
+            "{name}: {frames:?}"
+        );
+    }
+    // The honest one, with its debug information.
+    let p = spawn(&honest);
+    let mut s = Symbolizer::new();
+    let frames = s.symbolize_user(p.pid(), &p.maps, &p.addrs);
+    assert_eq!(
+        names(&frames),
+        [Some("alpha_leaf"), Some("beta_caller"), Some("delta_outer")]
+    );
+    assert!(
+        frames.iter().any(|f| f.location.is_some()),
+        "no line information from the compressed DWARF: {frames:?}"
+    );
+}

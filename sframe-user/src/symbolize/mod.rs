@@ -490,8 +490,14 @@ impl Symbolizer {
                 .collect();
             return (frames, false);
         };
-        // `Elf::new` consults DWARF and debug files (`debug_syms: true`).
-        let src = Source::Elf(Elf::new(obj.blaze_path.clone()));
+        // `Elf::new` consults DWARF and debug files (`debug_syms: true`), unless a
+        // compressed section of the object was found unsafe to decompress.
+        let mut elf = Elf::new(obj.blaze_path.clone());
+        if let Some(reason) = &obj.symbols_only {
+            log::debug!("{}: symbol tables only: {reason}", obj.display_path);
+            elf.debug_syms = false;
+        }
+        let src = Source::Elf(elf);
         let results = guarded(|| {
             self.blaze
                 .symbolize(&src, Input::FileOffset(offsets))

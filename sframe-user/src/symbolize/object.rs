@@ -44,6 +44,9 @@ pub(super) struct OpenedObject {
     /// PLT sections and entries: stubs have no symbols, and the nearest preceding symbol
     /// (often `_init`, of size 0) would be a wrong name.
     pub(super) plt: PltStubs,
+    /// Why its debug information (and separate debug files) is not used, if so: a
+    /// compressed section over the bound or not what its header claims.
+    pub(super) symbols_only: Option<String>,
 }
 
 /// Why the file of a mapping could not be opened for symbolization.
@@ -62,6 +65,96 @@ pub enum OpenError {
     },
     #[error(transparent)]
     Unsafe(#[from] crate::safe_open::OpenError),
+    #[error("{path}: {reason}")]
+    Compressed { path: String, reason: String },
+}
+
+/// Most bytes a compressed section of an object may decompress to for blazesym, which
+/// allocates what the section's header claims and reads on past it while the data
+/// lasts: a header claiming a terabyte aborted the profiler (allocation failure), and
+/// a zlib stream expands up to a thousandfold. Debug information of larger sections is
+/// not used (the symbol tables still are).
+pub const MAX_SYMBOLIZE_DECOMPRESSED: u64 = 64 << 20;
+
+/// What blazesym may read of an object, by its compressed sections.
+#[derive(Debug, PartialEq, Eq)]
+enum Compression {
+    /// None, or each holds what its header claims, within the bound.
+    Fine,
+    /// A debug section is over the bound or not what its header claims: symbol tables
+    /// only.
+    SymbolsOnly(String),
+    /// A compressed symbol or string table (no linker makes one): not read at all.
+    Refused(String),
+}
+
+/// Checks every `SHF_COMPRESSED` section of the ELF file `data` (streamed through the
+/// decompressor, output counted and discarded: no allocation of its size).
+fn check_compression<'d, R: object::ReadRef<'d>>(data: R) -> Compression {
+    use object::{Object as _, ObjectSection as _};
+    let Ok(file) = object::File::parse(data) else {
+        // blazesym refuses it as well, without decompressing anything.
+        return Compression::Fine;
+    };
+    let mut symbols_only = None;
+    for section in file.sections() {
+        let Ok(c) = section.compressed_data() else {
+            continue;
+        };
+        if c.format == object::CompressionFormat::None {
+            continue;
+        }
+        let name = String::from_utf8_lossy(section.name_bytes().unwrap_or_default()).into_owned();
+        if matches!(name.as_str(), ".symtab" | ".dynsym" | ".strtab" | ".dynstr") {
+            return Compression::Refused(format!("compressed symbol table {name}"));
+        }
+        if symbols_only.is_some() {
+            continue;
+        }
+        let size = c.uncompressed_size;
+        if size > MAX_SYMBOLIZE_DECOMPRESSED {
+            symbols_only = Some(format!(
+                "{name} claims {size} bytes decompressed (more than {MAX_SYMBOLIZE_DECOMPRESSED})"
+            ));
+            continue;
+        }
+        match decompressed_len(c.format, c.data, size) {
+            Some(n) if n == size => {}
+            got => {
+                symbols_only = Some(format!(
+                    "{name} claims {size} bytes decompressed and holds {}",
+                    got.map_or_else(|| "a corrupt stream".to_owned(), |n| format!("{n} or more"))
+                ));
+            }
+        }
+    }
+    symbols_only.map_or(Compression::Fine, Compression::SymbolsOnly)
+}
+
+/// The decompressed length of `data`, counted up to `size + 1` (None: corrupt or
+/// unknown format).
+fn decompressed_len(format: object::CompressionFormat, data: &[u8], size: u64) -> Option<u64> {
+    use std::io::Read as _;
+    let limit = size.saturating_add(1);
+    match format {
+        object::CompressionFormat::Zlib => {
+            let decoder = flate2::read::ZlibDecoder::new(data);
+            std::io::copy(&mut decoder.take(limit), &mut std::io::sink()).ok()
+        }
+        object::CompressionFormat::Zstandard => {
+            // Bounded by `size`, which is within MAX_SYMBOLIZE_DECOMPRESSED (object's
+            // decoder writes into a buffer of the claimed size and stops there).
+            let bytes = object::read::CompressedData {
+                format,
+                data,
+                uncompressed_size: size,
+            }
+            .decompress()
+            .ok()?;
+            Some(bytes.len() as u64)
+        }
+        _ => None,
+    }
 }
 
 impl OpenedObject {
@@ -70,7 +163,7 @@ impl OpenedObject {
     pub(super) fn open(pid: u32, m: &Mapping) -> Result<Self, OpenError> {
         let map_files = PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end));
         let first = match open_regular(&map_files) {
-            Ok((file, _)) => return Ok(Self::new(file, m)),
+            Ok((file, _)) => return Self::new(file, m),
             Err(e) => e,
         };
         // A deleted file's path now names another file or none.
@@ -95,7 +188,7 @@ impl OpenedObject {
                         mapped: m.inode,
                     }
                 } else {
-                    return Ok(Self::new(file, m));
+                    return Self::new(file, m);
                 }
             }
             Err(e) => e,
@@ -106,7 +199,7 @@ impl OpenedObject {
         if let Ok((file, _)) =
             crate::safe_open::open_if_inode(path, (m.dev_major, m.dev_minor), m.inode)
         {
-            return Ok(Self::new(file, m));
+            return Self::new(file, m);
         }
         Err(OpenError::Both {
             first: Box::new(first),
@@ -114,7 +207,17 @@ impl OpenedObject {
         })
     }
 
-    fn new(file: File, m: &Mapping) -> Self {
+    fn new(file: File, m: &Mapping) -> Result<Self, OpenError> {
+        let symbols_only = match check_compression(&object::ReadCache::new(&file)) {
+            Compression::Fine => None,
+            Compression::SymbolsOnly(reason) => Some(reason),
+            Compression::Refused(reason) => {
+                return Err(OpenError::Compressed {
+                    path: m.path.clone(),
+                    reason,
+                });
+            }
+        };
         let blaze_path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
         let build_id = blazesym::helper::read_elf_build_id(&blaze_path)
             .ok()
@@ -127,14 +230,15 @@ impl OpenedObject {
                     })
             });
         let plt = PltStubs::read(&object::ReadCache::new(&file));
-        Self {
+        Ok(Self {
             _file: file,
             blaze_path,
             display_path: m.path.clone(),
             basename: object_basename(&m.path),
             build_id,
             plt,
-        }
+            symbols_only,
+        })
     }
 }
 
