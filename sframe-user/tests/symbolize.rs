@@ -70,7 +70,11 @@ impl Running {
 }
 
 fn spawn(exe: &Path) -> Running {
-    let mut child = KillOnDrop::spawn(Command::new(exe).stdout(Stdio::piped()));
+    spawn_command(&mut Command::new(exe))
+}
+
+fn spawn_command(command: &mut Command) -> Running {
+    let mut child = KillOnDrop::spawn(command.stdout(Stdio::piped()));
     let stdout = child.0.stdout.take().expect("piped stdout");
     let mut line = String::new();
     BufReader::new(stdout)
@@ -503,6 +507,13 @@ fn compressed_sections_that_lie_about_their_size_cost_no_memory() {
     let data = std::fs::read(&honest).unwrap();
     let headers = compression_headers(&data);
     assert!(!headers.is_empty(), "objcopy compressed nothing");
+    // As root (CI), the attacker's files are nobody's and run as nobody.
+    let root = is_root();
+    let dir = if root {
+        support::hostile::nobody_dir("symbomb-nobody")
+    } else {
+        exe.parent().unwrap().to_path_buf()
+    };
     for (name, claim) in [
         ("symbomb-terabyte", 1u64 << 40),
         ("symbomb-short", 16),
@@ -512,11 +523,23 @@ fn compressed_sections_that_lie_about_their_size_cost_no_memory() {
         for &h in &headers {
             lying[h + 8..h + 16].copy_from_slice(&claim.to_le_bytes());
         }
-        let path = exe.with_file_name(name);
+        let path = dir.join(name);
         std::fs::write(&path, &lying).unwrap();
         std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755))
             .unwrap();
-        let p = spawn(&path);
+        let p = if root {
+            std::os::unix::fs::chown(&path, Some(65534), Some(65534)).unwrap();
+            spawn_command(&mut support::hostile::as_nobody(&path))
+        } else {
+            spawn(&path)
+        };
+        if root {
+            let uid = std::fs::read_to_string(format!("/proc/{}/status", p.pid())).unwrap();
+            assert!(
+                uid.lines().any(|l| l.starts_with("Uid:\t65534")),
+                "not run as nobody: {uid}"
+            );
+        }
         let mut s = Symbolizer::new();
         let frames = s.symbolize_user(p.pid(), &p.maps, &p.addrs);
         // Named from the symbol table; no inlined frames (those are DWARF's).
