@@ -1,0 +1,6 @@
+mod file;
+mod parser;
+mod resolver;
+mod types;
+
+pub use resolver::BreakpadResolver;

@@ -1,0 +1,7 @@
+mod inline;
+mod linetab;
+mod parser;
+mod resolver;
+mod types;
+
+pub(crate) use resolver::GsymResolver;
