@@ -16,11 +16,30 @@ thread_local! {
     /// than the one that allocated it moves the count of both). `const`-initialized
     /// without a destructor: using it from the allocator allocates nothing.
     static NET: Cell<i64> = const { Cell::new(0) };
+    /// The highest `NET` reached since [`thread_peak_reset`] last ran on this thread.
+    static PEAK: Cell<i64> = const { Cell::new(0) };
 }
 
 fn add(bytes: i64) {
     // Fails only while the thread is being torn down: nothing to count then.
-    let _ = NET.try_with(|c| c.set(c.get().wrapping_add(bytes)));
+    let Ok(net) = NET.try_with(|c| {
+        let net = c.get().wrapping_add(bytes);
+        c.set(net);
+        net
+    }) else {
+        return;
+    };
+    if bytes > 0 {
+        let _ = PEAK.try_with(|p| p.set(p.get().max(net)));
+    }
+}
+
+/// The highest [`thread_net`] reached on this thread since the last call (or since the
+/// thread started), and a new period starting from the current count: what a call
+/// between two readings held at most at once, transient buffers included.
+pub fn thread_peak_reset() -> i64 {
+    let net = thread_net();
+    PEAK.try_with(|p| p.replace(net).max(net)).unwrap_or(net)
 }
 
 /// The bytes the current thread allocated less those it freed, so far (0 if
@@ -92,5 +111,17 @@ mod tests {
         });
         other.join().unwrap();
         assert!(thread_net() - after < 1 << 16);
+    }
+
+    #[test]
+    fn a_transient_buffer_shows_in_the_peak_only() {
+        let start = thread_peak_reset();
+        let before = thread_net();
+        drop(std::hint::black_box(vec![0u8; 4 << 20]));
+        let peak = thread_peak_reset();
+        assert!(peak - before >= 4 << 20, "{start} {before} {peak}");
+        assert!(thread_net() - before < 1 << 10);
+        // A new period: nothing held since.
+        assert!(thread_peak_reset() - thread_net() < 1 << 10);
     }
 }

@@ -19,6 +19,10 @@ use sframe_user::{
 };
 use support::{KillOnDrop, compile_c, fixture_dir};
 
+/// Heap bytes counted per thread, as in the profiler's binary: what symbolizing holds.
+#[global_allocator]
+static HEAP: sframe_user::heap::Counting = sframe_user::heap::Counting;
+
 /// Prints the addresses of its functions, then waits to be killed.
 const FIXTURE_C: &str = r#"
 #include <stdio.h>
@@ -469,6 +473,31 @@ fn plt_stubs_are_named_after_their_target() {
     );
     assert_eq!(frames[1].file_offset, plt_off + plt_size - 1);
     assert_eq!(frames[1].reason, None);
+}
+
+/// Opening an object to name its frames reads its headers, not its sections: the check
+/// of compressed sections once asked every section for its data, which read each one
+/// into the heap (150 MB for rustc's driver library, on every new generation of the
+/// symbolizer: 251 MB peak RSS on the busy bench).
+#[test]
+fn opening_a_large_object_reads_none_of_its_sections() {
+    let src = format!("{FIXTURE_C}\nconst char big_rodata[96 << 20] = {{1}};\n");
+    let exe = compile_c("symbig", &src, &["-O2"]);
+    assert!(std::fs::metadata(&exe).unwrap().len() > 96 << 20);
+    let p = spawn(&exe);
+    let mut s = Symbolizer::new();
+    sframe_user::heap::thread_peak_reset();
+    let before = sframe_user::heap::thread_net();
+    let frames = s.symbolize_user(p.pid(), &p.maps, &p.addrs);
+    let peak = sframe_user::heap::thread_peak_reset() - before;
+    assert_eq!(
+        names(&frames),
+        [Some("alpha_leaf"), Some("beta_caller"), Some("delta_outer")]
+    );
+    assert!(
+        peak < 16 << 20,
+        "naming 3 frames of a 96 MiB object held {peak} bytes of heap at once"
+    );
 }
 
 /// The file offsets of the `Elf64_Chdr` of every `SHF_COMPRESSED` section of `data`,

@@ -67,6 +67,12 @@ pub enum OpenError {
     Unsafe(#[from] crate::safe_open::OpenError),
     #[error("{path}: {reason}")]
     Compressed { path: String, reason: String },
+    #[error("{path}: cannot map: {source}")]
+    Map {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// Most bytes a compressed section of an object may decompress to for blazesym, which
@@ -98,6 +104,14 @@ fn check_compression<'d, R: object::ReadRef<'d>>(data: R) -> Compression {
     };
     let mut symbols_only = None;
     for section in file.sections() {
+        // Only `SHF_COMPRESSED` sections are decompressed by blazesym. Asked of any other
+        // section, `compressed_data` would read its bytes (all of a 150 MB library's).
+        let object::SectionFlags::Elf { sh_flags } = section.flags() else {
+            continue;
+        };
+        if sh_flags & u64::from(object::elf::SHF_COMPRESSED) == 0 {
+            continue;
+        }
         let Ok(c) = section.compressed_data() else {
             continue;
         };
@@ -142,16 +156,8 @@ fn decompressed_len(format: object::CompressionFormat, data: &[u8], size: u64) -
             std::io::copy(&mut decoder.take(limit), &mut std::io::sink()).ok()
         }
         object::CompressionFormat::Zstandard => {
-            // Bounded by `size`, which is within MAX_SYMBOLIZE_DECOMPRESSED (object's
-            // decoder writes into a buffer of the claimed size and stops there).
-            let bytes = object::read::CompressedData {
-                format,
-                data,
-                uncompressed_size: size,
-            }
-            .decompress()
-            .ok()?;
-            Some(bytes.len() as u64)
+            let decoder = ruzstd::decoding::StreamingDecoder::new(data).ok()?;
+            std::io::copy(&mut decoder.take(limit), &mut std::io::sink()).ok()
         }
         _ => None,
     }
@@ -208,7 +214,19 @@ impl OpenedObject {
     }
 
     fn new(file: File, m: &Mapping) -> Result<Self, OpenError> {
-        let symbols_only = match check_compression(&object::ReadCache::new(&file)) {
+        // Read through a read-only mapping, dropped on return: the pages the checks
+        // touch (headers, compressed sections, PLT) leave the RSS with it.
+        let bytes = file
+            .try_clone()
+            .and_then(|f| {
+                let meta = f.metadata()?;
+                crate::mapped::ObjectBytes::map(f, &meta)
+            })
+            .map_err(|source| OpenError::Map {
+                path: m.path.clone(),
+                source,
+            })?;
+        let symbols_only = match check_compression(&*bytes) {
             Compression::Fine => None,
             Compression::SymbolsOnly(reason) => Some(reason),
             Compression::Refused(reason) => {
@@ -229,7 +247,8 @@ impl OpenedObject {
                         s
                     })
             });
-        let plt = PltStubs::read(&object::ReadCache::new(&file));
+        let plt = PltStubs::read(&*bytes);
+        drop(bytes);
         Ok(Self {
             _file: file,
             blaze_path,
@@ -257,6 +276,33 @@ use crate::procfs::dev_major_minor;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Both formats are counted as streams, up to one byte past the claim, and a
+    /// corrupt stream is no length.
+    #[test]
+    fn decompressed_lengths_are_counted_up_to_one_past_the_claim() {
+        use std::io::Write as _;
+        let plain: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
+        let n = plain.len() as u64;
+        let zstd = ruzstd::encoding::compress_to_vec(
+            &plain[..],
+            ruzstd::encoding::CompressionLevel::Fastest,
+        );
+        let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::fast());
+        z.write_all(&plain).unwrap();
+        let zlib = z.finish().unwrap();
+        for (format, data) in [
+            (object::CompressionFormat::Zstandard, &zstd),
+            (object::CompressionFormat::Zlib, &zlib),
+        ] {
+            assert_eq!(decompressed_len(format, data, n), Some(n), "{format:?}");
+            // A short claim: counting stops one byte past it.
+            assert_eq!(decompressed_len(format, data, 16), Some(17), "{format:?}");
+            // A long claim: what the stream holds.
+            assert_eq!(decompressed_len(format, data, n * 2), Some(n), "{format:?}");
+            assert_eq!(decompressed_len(format, &data[..8], n), None, "{format:?}");
+        }
+    }
 
     #[test]
     fn dev_numbers_match_procfs() {

@@ -284,6 +284,9 @@ struct Ours {
     /// User-space CPU collecting samples (seconds).
     collect: f64,
     table_bytes: f64,
+    /// Heap the naming thread's symbolizer keeps at the end, and its resets.
+    symbolizer_bytes: f64,
+    symbolizer_resets: f64,
     /// Sampling frequency seen at each scrape.
     frequencies: Vec<f64>,
     outcomes: BTreeMap<String, f64>,
@@ -380,6 +383,8 @@ fn run_ours(exe: &Path, dir: &Path, seconds: f64) -> Result<(f64, Ours)> {
     ours.bpf = metric(&last, "sframe_bpf_run_time_seconds_total").unwrap_or(0.0);
     ours.collect = metric(&last, "sframe_collection_cpu_seconds_total").unwrap_or(0.0);
     ours.table_bytes = metric(&last, "sframe_table_bytes").unwrap_or(0.0);
+    ours.symbolizer_bytes = metric(&last, "sframe_symbolizer_state_bytes").unwrap_or(0.0);
+    ours.symbolizer_resets = metric(&last, "sframe_symbolizer_resets_total").unwrap_or(0.0);
     ours.outcomes = labelled(&last, "sframe_walk_outcomes_total{outcome=\"");
     ours.events = labelled(&last, "sframe_events_total{event=\"");
     ours.fleet = labelled(&last, "sframe_fleet_events_total{event=\"");
@@ -555,6 +560,15 @@ fn report(doc: &mut String, windows: &[Window], seconds: f64, compiles: u64) {
             "kernel table memory".into(),
             format!("{:.1} MB", o.table_bytes / 1e6),
             "",
+        ),
+        (
+            "naming symbolizer's heap at the end / resets".into(),
+            format!(
+                "{:.1} MB / {:.0}",
+                o.symbolizer_bytes / 1e6,
+                o.symbolizer_resets
+            ),
+            "≤ 64 MiB (its bound)",
         ),
         (
             "sampling frequency (lowest seen / at the end)".into(),
