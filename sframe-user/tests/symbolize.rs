@@ -500,6 +500,108 @@ fn opening_a_large_object_reads_none_of_its_sections() {
     );
 }
 
+/// `.gnu_debuglink` contents: the name, NUL-padded to 4 bytes, and a CRC-32.
+fn debuglink_section(name: &str) -> Vec<u8> {
+    let mut b = name.as_bytes().to_vec();
+    b.push(0);
+    while !b.len().is_multiple_of(4) {
+        b.push(0);
+    }
+    b.extend_from_slice(&0x1234_5678u32.to_le_bytes());
+    b
+}
+
+/// A user's object whose separate debug file is named (`.gnu_debuglink`, or
+/// `.gnu_debugaltlink` with a build-id) as a FIFO with no writer: next to the object,
+/// by absolute path, or up and back down with `..`. blazesym looked for debug files by
+/// those names, in the object's own directory and at absolute paths, and opening the
+/// FIFO waited for a writer for ever: the naming thread of the root profiler stopped at
+/// a user's will, and it opened files of the user's choice. Only root's debug
+/// directories are searched now, by build-id or a plain file name, and a debug file is
+/// opened only if it is a regular file; the objects are named from their symbol
+/// tables.
+#[test]
+fn debug_links_to_a_users_fifo_do_not_stop_the_symbolizer() {
+    let root = is_root();
+    let dir = if root {
+        support::hostile::nobody_dir("symlink-nobody")
+    } else {
+        fixture_dir("symlink-user")
+    };
+    let exe = compile_c("symlinked", FIXTURE_C, &["-O2"]);
+    let fifo = dir.join("fifo");
+    let _ = std::fs::remove_file(&fifo);
+    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o666) }, 0, "mkfifo");
+    let dir_name = dir.file_name().unwrap().to_str().unwrap().to_owned();
+    let mut altlink = fifo.as_os_str().as_encoded_bytes().to_vec();
+    altlink.push(0);
+    altlink.extend_from_slice(&[0xab; 20]);
+    let cases: [(&str, &str, Vec<u8>); 4] = [
+        ("beside", ".gnu_debuglink", debuglink_section("fifo")),
+        (
+            "absolute",
+            ".gnu_debuglink",
+            debuglink_section(fifo.to_str().unwrap()),
+        ),
+        (
+            "dotdot",
+            ".gnu_debuglink",
+            debuglink_section(&format!("../{dir_name}/fifo")),
+        ),
+        ("altlink", ".gnu_debugaltlink", altlink),
+    ];
+    let mut waited = Vec::new();
+    for (name, section, contents) in cases {
+        let data = dir.join(format!("{name}.bin"));
+        std::fs::write(&data, &contents).unwrap();
+        let path = dir.join(format!("symlinked-{name}"));
+        let status = Command::new("objcopy")
+            .arg(format!("--add-section={section}={}", data.display()))
+            .arg(&exe)
+            .arg(&path)
+            .status()
+            .unwrap();
+        assert!(status.success(), "objcopy {name}");
+        let p = if root {
+            std::os::unix::fs::chown(&path, Some(65534), Some(65534)).unwrap();
+            spawn_command(&mut support::hostile::as_nobody(&path))
+        } else {
+            spawn(&path)
+        };
+        // On another thread, so that a symbolizer waiting on the FIFO fails the test
+        // instead of hanging it; the FIFO is then opened for writing to let it go.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (pid, maps, addrs) = (p.pid(), p.maps.clone(), p.addrs.clone());
+        std::thread::spawn(move || {
+            let mut s = Symbolizer::new();
+            let frames = s.symbolize_user(pid, &maps, &addrs);
+            let _ = tx.send(frames);
+        });
+        let frames = match rx.recv_timeout(std::time::Duration::from_secs(120)) {
+            Ok(frames) => frames,
+            Err(_) => {
+                waited.push(name);
+                let _writer = std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(&fifo);
+                continue;
+            }
+        };
+        assert_eq!(
+            names(&frames),
+            [Some("alpha_leaf"), Some("beta_caller"), Some("delta_outer")],
+            "{name}: {frames:?}"
+        );
+    }
+    assert!(
+        waited.is_empty(),
+        "the symbolizer waited on the user's FIFO for {waited:?}"
+    );
+}
+
 /// The file offsets of the `Elf64_Chdr` of every `SHF_COMPRESSED` section of `data`,
 /// with the section's name offset in the section-name table.
 fn compression_headers(data: &[u8]) -> Vec<usize> {
@@ -609,4 +711,56 @@ fn compressed_sections_that_lie_about_their_size_cost_no_memory() {
         frames.iter().any(|f| f.location.is_some()),
         "no line information from the compressed DWARF: {frames:?}"
     );
+}
+
+/// Root's separate debug files are still found by build-id (libc's, from `libc6-dbg`,
+/// under `/usr/lib/debug/.build-id`): a stripped libc frame gets its source line.
+#[test]
+fn system_debug_files_are_still_found_by_build_id() {
+    let exe = compile_c("symlibc", FIXTURE_C, &["-O2"]);
+    let p = spawn(&exe);
+    let libc = p
+        .maps
+        .iter()
+        .find(|m| m.path.contains("libc.so") && m.offset == 0)
+        .expect("libc mapped");
+    let data = std::fs::read(&libc.path).unwrap();
+    let file = object::File::parse(&*data).unwrap();
+    let sym = file
+        .dynamic_symbols()
+        .find(|s| s.name() == Ok("getppid"))
+        .expect("getppid");
+    let seg = file
+        .segments()
+        .find(|s| s.address() <= sym.address() && sym.address() < s.address() + s.size())
+        .unwrap();
+    let off = sym.address() - seg.address() + seg.file_range().0;
+    let m = p
+        .maps
+        .iter()
+        .find(|m| m.path == libc.path && m.offset <= off && off < m.offset + (m.end - m.start))
+        .unwrap();
+    let addr = m.start + off - m.offset;
+    let mut s = Symbolizer::new();
+    let frames = s.symbolize_user(p.pid(), &p.maps, &[addr]);
+    assert!(
+        frames[0]
+            .name
+            .as_deref()
+            .is_some_and(|n| n.contains("getppid")),
+        "{frames:?}"
+    );
+    let id: String = file
+        .build_id()
+        .unwrap()
+        .expect("libc has a build-id")
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let debug = format!("/usr/lib/debug/.build-id/{}/{}.debug", &id[..2], &id[2..]);
+    if std::path::Path::new(&debug).is_file() {
+        assert!(frames[0].location.is_some(), "{debug}: {frames:?}");
+    } else {
+        eprintln!("no {debug} (libc6-dbg not installed): source lines not checked");
+    }
 }

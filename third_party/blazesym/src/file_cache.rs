@@ -186,7 +186,7 @@ impl<T> FileCache<T> {
             // outdated `stat` (which could have changed), but the only
             // consequence is that we'd create a new entry again in the
             // future. On the bright side, we save one `stat` call.
-            let file = File::open(path)
+            let file = crate::util::open_regular_file(path)
                 .with_context(|| format!("failed to open file `{}`", path.display()))?;
             let entry = Entry::new(file);
             Ok(entry)

@@ -39,7 +39,7 @@ impl Builder {
     where
         P: AsRef<Path>,
     {
-        let file = File::open(path)?;
+        let file = crate::util::open_regular_file(path.as_ref())?;
         self.map(&file)
     }
 

@@ -21,6 +21,29 @@ use std::str::from_utf8;
 use crate::Addr;
 
 
+/// Opens `path` for reading only if it is a regular file, without waiting: a FIFO
+/// with no writer would block `open` for ever (`O_NONBLOCK`, which does not change
+/// how a regular file reads). (sframe-user patch: the profiler symbolizes, as root,
+/// files that other users name; `PATCHED.md`.)
+pub(crate) fn open_regular_file(path: &Path) -> io::Result<std::fs::File> {
+    #[cfg(unix)]
+    use std::os::unix::fs::OpenOptionsExt as _;
+
+    let mut options = std::fs::OpenOptions::new();
+    let _ = options.read(true);
+    #[cfg(unix)]
+    let _ = options.custom_flags(libc::O_NONBLOCK);
+    let file = options.open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
+    Ok(file)
+}
+
+
 #[cfg(feature = "tracing")]
 pub(crate) struct Hexify<T>(pub T);
 

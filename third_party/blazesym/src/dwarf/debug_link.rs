@@ -40,9 +40,6 @@ enum State {
     FixedDir {
         idx: usize,
     },
-    CanonicalTarget {
-        canonical_linkee: PathBuf,
-    },
     DynamicDirs {
         fixed_dir_idx: usize,
         canonical_rel_linkee: PathBuf,
@@ -59,8 +56,48 @@ pub(crate) struct DebugFileIter<'path> {
     linkee: &'path OsStr,
     /// The build id of the binary.
     build_id: Option<BuildId<'path>>,
+    /// How `linkee` may be searched for (sframe-user patch).
+    linkee_kind: LinkeeKind,
     /// The iteration state.
     state: State,
+}
+
+/// How a debug link's target may be searched for (sframe-user patch, `PATCHED.md`):
+/// the name and the directory of the linking file come from files any user may write,
+/// and the profiler opens what is found as root, so only the fixed (root's) debug
+/// directories are searched, never the linking file's own directory or a path of the
+/// file's choosing outside them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LinkeeKind {
+    /// A plain file name (one normal path component): joined to the fixed
+    /// directories, and to the linking file's directory under each of them.
+    Name,
+    /// An absolute path without `.` or `..` inside one of the fixed directories
+    /// (`.gnu_debugaltlink` and `.debug_sup` name their target so): that path only.
+    InFixedDir,
+    /// Anything else: found by build-id only.
+    Refused,
+}
+
+fn linkee_kind(fixed_dirs: &[PathBuf], linkee: &OsStr) -> LinkeeKind {
+    use std::path::Component;
+
+    let path = Path::new(linkee);
+    let mut components = path.components();
+    match (components.next(), components.next()) {
+        (Some(Component::Normal(_)), None) => return LinkeeKind::Name,
+        (Some(Component::RootDir), Some(_)) => (),
+        _ => return LinkeeKind::Refused,
+    }
+    let plain = path
+        .components()
+        .skip(1)
+        .all(|c| matches!(c, Component::Normal(_)));
+    if plain && fixed_dirs.iter().any(|dir| path.starts_with(dir)) {
+        LinkeeKind::InFixedDir
+    } else {
+        LinkeeKind::Refused
+    }
 }
 
 impl<'path> DebugFileIter<'path> {
@@ -75,6 +112,7 @@ impl<'path> DebugFileIter<'path> {
             canonical_linker,
             linkee,
             build_id,
+            linkee_kind: linkee_kind(fixed_dirs, linkee),
             state: State::BuildId,
         }
     }
@@ -142,44 +180,37 @@ impl Iterator for DebugFileIter<'_> {
                 }
             }
             State::FixedDir { idx } => {
-                if let Some(dir) = self.fixed_dirs.get(*idx) {
-                    *idx += 1;
-
-                    self.report_or_next(dir.join(self.linkee))
-                } else {
-                    // We covered all the "fixed" directories. Move on to the
-                    // dynamic stuff, if possible.
-                    if let Some(linker) = self.canonical_linker {
-                        let mut path = linker.to_path_buf();
-                        let () = path.set_file_name(self.linkee);
-
-                        self.state = State::CanonicalTarget {
-                            canonical_linkee: path,
-                        };
-                        self.next()
-                    } else {
-                        None
+                match self.linkee_kind {
+                    LinkeeKind::Name => {
+                        if let Some(dir) = self.fixed_dirs.get(*idx) {
+                            *idx += 1;
+                            return self.report_or_next(dir.join(self.linkee))
+                        }
                     }
+                    LinkeeKind::InFixedDir if *idx == 0 => {
+                        *idx = 1;
+                        return self.report_or_next(PathBuf::from(self.linkee))
+                    }
+                    LinkeeKind::InFixedDir | LinkeeKind::Refused => return None,
                 }
-            }
-            State::CanonicalTarget { canonical_linkee } => {
-                let path = canonical_linkee.clone();
-                let result = take(canonical_linkee);
-                let mut components = path.components();
+                // We covered all the "fixed" directories. Move on to the
+                // linking file's directory under each of them (sframe-user
+                // patch: not the linking file's directory itself, which is
+                // the user's).
+                let linker = self.canonical_linker?;
+                let mut components = linker.components();
                 // Remove the root directory to make the path relative. That
                 // allows for joining to work as expected.
                 let _ = components.next();
                 // Remove the file name, as we will always append it anyway.
                 let _ = components.next_back();
                 let path = components.as_path();
-
                 self.state = State::DynamicDirs {
                     fixed_dir_idx: 0,
                     canonical_rel_linkee: path.to_path_buf(),
                     linkee_dir: path.to_path_buf(),
                 };
-
-                self.report_or_next(result)
+                self.next()
             }
             State::DynamicDirs {
                 fixed_dir_idx,

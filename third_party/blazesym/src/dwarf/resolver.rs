@@ -128,7 +128,9 @@ fn find_debug_file(file: &OsStr, linker: Option<&Path>, debug_dirs: &[PathBuf]) 
         .and_then(|linker| read_elf_build_id(linker).unwrap_or_default());
     let it = DebugFileIter::new(debug_dirs, canonical_linker.as_deref(), file, build_id);
     for path in it {
-        if path.exists() {
+        // A regular file only (sframe-user patch: not a FIFO, a device or a
+        // directory).
+        if path.is_file() {
             debug!("found debug info at `{}`", path.display());
             return Some(path)
         }
@@ -212,7 +214,9 @@ fn find_supplementary_file(
         Some(Cow::Borrowed(build_id)),
     );
     for path in it {
-        if path.exists() {
+        // A regular file only (sframe-user patch: not a FIFO, a device or a
+        // directory).
+        if path.is_file() {
             debug!("found supplementary object file at `{}`", path.display());
             return Some(path);
         }

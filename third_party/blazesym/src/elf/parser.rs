@@ -1194,7 +1194,8 @@ impl ElfParser<File> {
     {
         fn open_impl(path: &Path, module: OsString) -> Result<ElfParser<File>> {
             let file =
-                File::open(path).with_context(|| format!("failed to open `{}`", path.display()))?;
+                crate::util::open_regular_file(path)
+                    .with_context(|| format!("failed to open `{}`", path.display()))?;
             let slf = ElfParser::from_file_io(file, module);
             Ok(slf)
         }
@@ -1241,7 +1242,8 @@ impl ElfParser<Mmap> {
     {
         fn open_impl(path: &Path, module: OsString) -> Result<ElfParser> {
             let file =
-                File::open(path).with_context(|| format!("failed to open {}", path.display()))?;
+                crate::util::open_regular_file(path)
+                    .with_context(|| format!("failed to open {}", path.display()))?;
             ElfParser::from_file(&file, module)
         }
 
