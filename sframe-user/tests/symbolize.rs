@@ -699,6 +699,51 @@ fn compressed_sections_that_lie_about_their_size_cost_no_memory() {
             "{name}: {message}"
         );
     }
+    // Honest sections that together decompress past the bound (two of 40 MiB): not
+    // decompressed past it, even to be checked; named from the symbol table.
+    let zeros = dir.join("zeros");
+    std::fs::write(&zeros, vec![0u8; 40 << 20]).unwrap();
+    let many = dir.join("symbomb-together");
+    let plain = dir.join("symbomb-together-plain");
+    let status = Command::new("objcopy")
+        .arg(format!("--add-section=.debug_junk1={}", zeros.display()))
+        .arg(format!("--add-section=.debug_junk2={}", zeros.display()))
+        .arg(&exe)
+        .arg(&plain)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let status = Command::new("objcopy")
+        .arg("--compress-debug-sections=zlib")
+        .arg(&plain)
+        .arg(&many)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let _ = std::fs::remove_file(&plain);
+    let _ = std::fs::remove_file(&zeros);
+    assert!(
+        std::fs::metadata(&many).unwrap().len() < 8 << 20,
+        "not compressed"
+    );
+    let p = if root {
+        std::os::unix::fs::chown(&many, Some(65534), Some(65534)).unwrap();
+        spawn_command(&mut support::hostile::as_nobody(&many))
+    } else {
+        spawn(&many)
+    };
+    let mut s = Symbolizer::new();
+    let frames = s.symbolize_user(p.pid(), &p.maps, &p.addrs);
+    assert_eq!(
+        names(&frames),
+        [Some("alpha_leaf"), Some("beta_caller"), Some("delta_outer")]
+    );
+    assert!(
+        frames
+            .iter()
+            .all(|f| f.inlined.is_empty() && f.location.is_none()),
+        "together: {frames:?}"
+    );
     // The honest one, with its debug information.
     let p = spawn(&honest);
     let mut s = Symbolizer::new();

@@ -75,11 +75,11 @@ pub enum OpenError {
     },
 }
 
-/// Most bytes a compressed section of an object may decompress to for blazesym, which
-/// allocates what the section's header claims and reads on past it while the data
-/// lasts: a header claiming a terabyte aborted the profiler (allocation failure), and
-/// a zlib stream expands up to a thousandfold. Debug information of larger sections is
-/// not used (the symbol tables still are).
+/// Most bytes the compressed sections of an object may decompress to, in all, for
+/// blazesym, which allocates what a section's header claims and reads on past it
+/// while the data lasts: a header claiming a terabyte aborted the profiler (allocation
+/// failure), and a zlib stream expands up to a thousandfold. Debug information over
+/// the bound is not used (the symbol tables still are).
 pub const MAX_SYMBOLIZE_DECOMPRESSED: u64 = 64 << 20;
 
 /// What blazesym may read of an object, by its compressed sections.
@@ -95,7 +95,10 @@ enum Compression {
 }
 
 /// Checks every `SHF_COMPRESSED` section of the ELF file `data` (streamed through the
-/// decompressor, output counted and discarded: no allocation of its size).
+/// decompressor, output counted and discarded: no allocation of its size). The claims
+/// of all of them together must stay within [`MAX_SYMBOLIZE_DECOMPRESSED`], so that
+/// checking an object decompresses that much at most (sections may share their bytes:
+/// thousands of them could each decompress the same honest stream).
 fn check_compression<'d, R: object::ReadRef<'d>>(data: R) -> Compression {
     use object::{Object as _, ObjectSection as _};
     let Ok(file) = object::File::parse(data) else {
@@ -103,6 +106,7 @@ fn check_compression<'d, R: object::ReadRef<'d>>(data: R) -> Compression {
         return Compression::Fine;
     };
     let mut symbols_only = None;
+    let mut claimed = 0u64;
     for section in file.sections() {
         // Only `SHF_COMPRESSED` sections are decompressed by blazesym. Asked of any other
         // section, `compressed_data` would read its bytes (all of a 150 MB library's).
@@ -126,9 +130,11 @@ fn check_compression<'d, R: object::ReadRef<'d>>(data: R) -> Compression {
             continue;
         }
         let size = c.uncompressed_size;
-        if size > MAX_SYMBOLIZE_DECOMPRESSED {
+        claimed = claimed.saturating_add(size);
+        if claimed > MAX_SYMBOLIZE_DECOMPRESSED {
             symbols_only = Some(format!(
-                "{name} claims {size} bytes decompressed (more than {MAX_SYMBOLIZE_DECOMPRESSED})"
+                "{name} claims {size} bytes decompressed, {claimed} with the sections before \
+                 it (more than {MAX_SYMBOLIZE_DECOMPRESSED})"
             ));
             continue;
         }

@@ -523,6 +523,9 @@ struct Cache<'elf, B> {
     section_data: OnceCell<Box<[OnceCell<Cow<'elf, [u8]>>]>>,
     /// The cached section relocations.
     section_relocs: OnceCell<SectionRelocations>,
+    /// PATCHED (sframe, see PATCHED.md): bytes decompressed so far from this file's
+    /// sections, all of them within [`MAX_DECOMPRESSED`].
+    decompressed: std::cell::Cell<usize>,
 }
 
 impl<'elf, B> Cache<'elf, B>
@@ -541,6 +544,7 @@ where
             dynsym: OnceCell::new(),
             section_data: OnceCell::new(),
             section_relocs: OnceCell::new(),
+            decompressed: std::cell::Cell::new(0),
         }
     }
 
@@ -612,6 +616,16 @@ where
                             (chdr.ch_type, chdr.ch_size)
                         };
 
+                        // PATCHED (sframe, see PATCHED.md): the file's sections
+                        // decompress to MAX_DECOMPRESSED in all, not each.
+                        let total = self.decompressed.get();
+                        if ch_size > MAX_DECOMPRESSED.saturating_sub(total) as u64 {
+                            return Err(Error::with_invalid_data(format!(
+                                "section claims {ch_size} bytes decompressed, more than the \
+                                 {} left of {MAX_DECOMPRESSED} for the file",
+                                MAX_DECOMPRESSED.saturating_sub(total)
+                            )))
+                        }
                         let mut decompressed = match ch_type {
                             t if t == ELFCOMPRESS_ZLIB => decompress_zlib(data, Some(ch_size as usize)),
                             t if t == ELFCOMPRESS_ZSTD => decompress_zstd(data, Some(ch_size as usize)),
@@ -620,6 +634,7 @@ where
                             ))),
                         }?;
                         decompressed.shrink_to_fit();
+                        self.decompressed.set(total.saturating_add(decompressed.len()));
                         debug_assert_eq!(
                             decompressed.len(),
                             ch_size as usize,
