@@ -301,9 +301,10 @@ impl Counts {
         self.kept.add(Kind::OffCpu, key, ns, Some(frames));
     }
 
-    /// Moves the kernel's counts into user space (their kernel stacks interned into
-    /// `kernel_stacks`) and returns everything counted so far.
-    pub(super) fn collect(&mut self, kernel_stacks: &mut KernelStacks) -> Snapshot {
+    /// Moves the kernel's counts and user stacks into user space (their kernel stacks
+    /// interned into `kernel_stacks`), emptying the kernel's maps for the samples to
+    /// come: they hold about a second of a busy machine's samples (`MAX_STACKS`).
+    pub(super) fn drain(&mut self, kernel_stacks: &mut KernelStacks) {
         let mut drained = drain(&mut self.counts_map, Kind::OnCpu);
         // Off CPU: the kernel stack is a key in `STACKS`, made an id of `kernel_stacks`
         // here (-1 meaning none, as for on-CPU keys).
@@ -357,6 +358,16 @@ impl Counts {
             let frames = read.get(&key.user_stack).and_then(Option::as_deref);
             self.kept.add(kind, key, n, frames);
         }
+        let failed: u64 = self
+            .counters_map
+            .get(&(Counter::KernelStackFailed as u32), 0)
+            .map_or(0, |v| v.iter().sum());
+        kernel_stacks.empty_when_full(failed);
+    }
+
+    /// [`Counts::drain`], then everything counted so far.
+    pub(super) fn collect(&mut self, kernel_stacks: &mut KernelStacks) -> Snapshot {
+        self.drain(kernel_stacks);
         let [on_cpu, off_cpu] = &self.kept.counts;
         let mut snap = Snapshot {
             counts: on_cpu
@@ -380,8 +391,6 @@ impl Counts {
                 *slot = v.iter().sum();
             }
         }
-        let failed = snap.counters.get(Counter::KernelStackFailed as usize);
-        kernel_stacks.empty_when_full(failed.copied().unwrap_or(0));
         snap
     }
 

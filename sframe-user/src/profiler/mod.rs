@@ -638,11 +638,13 @@ impl Profiler {
         self.step()
     }
 
-    /// Periodic work (about once a second): the table maps' mappings dropped when idle
+    /// Periodic work (about once a second): the kernel's counts drained
+    /// ([`Profiler::drain`]), the table maps' mappings dropped when idle
     /// ([`TABLE_MAPPING_IDLE`]), v1 cgroup members, and a
     /// liveness check that catches exits whose events were lost.
     pub fn maintain(&mut self) -> Vec<u32> {
         let mut added = Vec::new();
+        self.drain();
         self.store.unmap_tables_if_idle(TABLE_MAPPING_IDLE);
         if self.reload_built(&mut added) {
             // Deferred samples that waited for these tables (exited processes' too).
@@ -880,6 +882,17 @@ impl Profiler {
         let _cpu = crate::cputime::Timer::start(&crate::cputime::COLLECTION);
         self.make_room();
         self.counts.collect(&mut self.kernel_stacks)
+    }
+
+    /// Moves the kernel's counts and stacks into user space without a snapshot: done by
+    /// [`Profiler::maintain`] once a second whoever runs the loop, so that the kernel's
+    /// maps (a second or so of a busy machine's stacks) never fill between two
+    /// [`Profiler::collect`]s far apart — a new stack would then be counted without its
+    /// frames.
+    pub fn drain(&mut self) {
+        let _cpu = crate::cputime::Timer::start(&crate::cputime::COLLECTION);
+        self.make_room();
+        self.counts.drain(&mut self.kernel_stacks);
     }
 
     /// The frames of a kernel stack (innermost first) seen by `collect`.
