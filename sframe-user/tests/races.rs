@@ -218,10 +218,12 @@ fn full_kernel_maps_are_counted_and_profiling_goes_on() {
     let mut profiler = Profiler::start_with(ProfilerConfig {
         map_sizes: MapSizes {
             processes: Some(2),
-            // More stacks than count keys: both overflow (a stack that found no room
-            // is counted under stack 0, which makes few distinct keys).
-            stacks: Some(64),
-            counts: Some(16),
+            // Both overflow between two drains (every 100 ms here: `pump` →
+            // `Profiler::maintain`), in which the two processes in the kernel map make
+            // some 40 distinct stacks and at least two keys (a stack that found no room
+            // is counted under stack 0, which makes few distinct keys: one key of room).
+            stacks: Some(4),
+            counts: Some(1),
             kernel_stacks: None,
         },
         ..ProfilerConfig::explicit(499)
@@ -286,7 +288,12 @@ fn full_kernel_maps_are_counted_and_profiling_goes_on() {
                 &format!("window {window}"),
             );
         }
-        last = snap;
+        // The checks above symbolize on the loop's thread (the command names stacks on
+        // a thread of its own): meanwhile the deferred ring (256 samples) filled, and
+        // what did not fit was counted with its PC alone. The next window starts once
+        // the loop runs again.
+        pump(&mut profiler, Duration::from_millis(100));
+        last = profiler.collect();
     }
 
     // When processes leave the map, the waiting ones take their places.
