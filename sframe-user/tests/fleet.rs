@@ -1890,7 +1890,7 @@ fn stacks_past_the_kernel_map_keep_their_frames_between_snapshots() {
         distinct.len()
     );
     assert!(
-        distinct.len() > 4096,
+        distinct.len() > sframe_common::budget::MAX_STACKS as usize,
         "the test needs more distinct stacks than the kernel map holds: {}",
         distinct.len()
     );

@@ -126,6 +126,22 @@ fn symbol_file_offset(path: &Path, name: &str) -> (u64, u64) {
     (addr - seg.address() + seg.file_range().0, sym.size())
 }
 
+/// An attacker's executable running: as root (CI), the file is made nobody's and runs
+/// as nobody (checked in `/proc/PID/status`), the threat model's unprivileged user.
+fn spawn_attackers(path: &Path) -> Running {
+    if !is_root() {
+        return spawn(path);
+    }
+    std::os::unix::fs::chown(path, Some(65534), Some(65534)).unwrap();
+    let p = spawn_command(&mut support::hostile::as_nobody(path));
+    let status = std::fs::read_to_string(format!("/proc/{}/status", p.pid())).unwrap();
+    assert!(
+        status.lines().any(|l| l.starts_with("Uid:\t65534")),
+        "not run as nobody: {status}"
+    );
+    p
+}
+
 fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
@@ -564,12 +580,7 @@ fn debug_links_to_a_users_fifo_do_not_stop_the_symbolizer() {
             .status()
             .unwrap();
         assert!(status.success(), "objcopy {name}");
-        let p = if root {
-            std::os::unix::fs::chown(&path, Some(65534), Some(65534)).unwrap();
-            spawn_command(&mut support::hostile::as_nobody(&path))
-        } else {
-            spawn(&path)
-        };
+        let p = spawn_attackers(&path);
         // On another thread, so that a symbolizer waiting on the FIFO fails the test
         // instead of hanging it; the FIFO is then opened for writing to let it go.
         let (tx, rx) = std::sync::mpsc::channel();
@@ -658,19 +669,7 @@ fn compressed_sections_that_lie_about_their_size_cost_no_memory() {
         std::fs::write(&path, &lying).unwrap();
         std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755))
             .unwrap();
-        let p = if root {
-            std::os::unix::fs::chown(&path, Some(65534), Some(65534)).unwrap();
-            spawn_command(&mut support::hostile::as_nobody(&path))
-        } else {
-            spawn(&path)
-        };
-        if root {
-            let uid = std::fs::read_to_string(format!("/proc/{}/status", p.pid())).unwrap();
-            assert!(
-                uid.lines().any(|l| l.starts_with("Uid:\t65534")),
-                "not run as nobody: {uid}"
-            );
-        }
+        let p = spawn_attackers(&path);
         let mut s = Symbolizer::new();
         let frames = s.symbolize_user(p.pid(), &p.maps, &p.addrs);
         // Named from the symbol table; no inlined frames (those are DWARF's).
@@ -726,12 +725,7 @@ fn compressed_sections_that_lie_about_their_size_cost_no_memory() {
         std::fs::metadata(&many).unwrap().len() < 8 << 20,
         "not compressed"
     );
-    let p = if root {
-        std::os::unix::fs::chown(&many, Some(65534), Some(65534)).unwrap();
-        spawn_command(&mut support::hostile::as_nobody(&many))
-    } else {
-        spawn(&many)
-    };
+    let p = spawn_attackers(&many);
     let mut s = Symbolizer::new();
     let frames = s.symbolize_user(p.pid(), &p.maps, &p.addrs);
     assert_eq!(
