@@ -121,11 +121,17 @@ fn try_canonicalize(path: &Path) -> io::Result<Cow<'_, Path>> {
 ///
 /// # Notes
 /// This function ignores any errors encountered.
-fn find_debug_file(file: &OsStr, linker: Option<&Path>, debug_dirs: &[PathBuf]) -> Option<PathBuf> {
+fn find_debug_file(
+    file: &OsStr,
+    linker: Option<&Path>,
+    debug_dirs: &[PathBuf],
+    linker_parser: &ElfParser,
+) -> Option<PathBuf> {
     let canonical_linker = linker.and_then(|linker| try_canonicalize(linker).ok());
-    let build_id = canonical_linker
-        .as_ref()
-        .and_then(|linker| read_elf_build_id(linker).unwrap_or_default());
+    // PATCHED (sframe, see PATCHED.md): the build ID of the linking file as parsed
+    // already, not read again by its canonical path, which for a file of another mount
+    // namespace names whatever file that path is in ours (a path a user chose).
+    let build_id = read_build_id(linker_parser).unwrap_or_default();
     let it = DebugFileIter::new(debug_dirs, canonical_linker.as_deref(), file, build_id);
     for path in it {
         // A regular file only (sframe-user patch: not a FIFO, a device or a
@@ -154,7 +160,7 @@ fn try_deref_debug_link(
         //       actual path is not necessarily correct. Consider if the
         //       `ElfParser` references a map_files file.
         let linker = parser.module().map(OsStr::as_ref);
-        match find_debug_file(file, linker, debug_dirs) {
+        match find_debug_file(file, linker, debug_dirs, parser) {
             Some(path) => {
                 let tmp_parser;
                 let dst_parser = if let Some(elf_cache) = elf_cache {
