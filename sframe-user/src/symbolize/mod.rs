@@ -10,14 +10,16 @@
 //! cached: a profile costs work proportional to its distinct (object, offset) pairs, not
 //! to its samples, and processes that map the same object share its cache entry. The
 //! caches are bounded for an always-on profiler: past [`MAX_OBJECTS`] open objects (each
-//! holds a descriptor and blazesym's parsed state), [`MAX_FRAMES`] user frames,
-//! [`MAX_KERNEL_FRAMES`] kernel frames or [`MAX_STATE_BYTES`] of heap kept by its calls
-//! (blazesym's parsed symbols, decompressed DWARF and kallsyms, and the frames cached:
-//! measured by [`crate::heap`] where the process counts it), everything is dropped at
-//! the start of the next call (a new generation: what is still in use is opened and
-//! symbolized again), counted in [`SymbolizerStats::resets`]. blazesym caches by path, and objects are reached as
-//! `/proc/self/fd/N`: dropping one object alone would let its descriptor number, reused,
-//! name another file in blazesym's cache, so only whole generations are dropped.
+//! holds a descriptor and blazesym's parsed state), [`MAX_FRAMES`] user frames or
+//! [`MAX_STATE_BYTES`] of heap kept by its calls (blazesym's parsed symbols, decompressed
+//! DWARF and kallsyms, and the frames cached: measured by [`crate::heap`] where the
+//! process counts it), the least recently used objects are dropped with their state and
+//! frames at the start of the next call, until the cache is within its bounds again;
+//! past [`MAX_KERNEL_FRAMES`] kernel frames (or with no object left to drop), the
+//! kernel's and the vDSO's state and frames are. Both are counted in
+//! [`SymbolizerStats::evictions`]. Each object has its own blazesym symbolizer, dropped
+//! before the descriptor its path (`/proc/self/fd/N`) names: blazesym caches by path,
+//! and a descriptor number reused by another object must not find the first one's state.
 //!
 //! Addresses are symbolized as given: callers pass `return address - 1` for caller
 //! frames so that a call at the end of a function is attributed to it.
@@ -69,10 +71,11 @@ pub struct SymbolizerStats {
     pub frames_symbolized: u64,
     /// Addresses answered from the frame cache.
     pub frame_cache_hits: u64,
-    /// Times the caches were dropped for being over their bounds.
-    pub resets: u64,
-    /// Heap bytes kept by this generation's calls (0 where the process does not count
-    /// them: see [`crate::heap`]).
+    /// Objects dropped (least recently used first) with their state and frames to stay
+    /// within the bounds; the kernel's and the vDSO's state counts as one.
+    pub evictions: u64,
+    /// Heap bytes kept by the calls of the objects kept, the kernel's and the vDSO's
+    /// (0 where the process does not count them: see [`crate::heap`]).
     pub state_bytes: u64,
 }
 
@@ -83,7 +86,7 @@ pub struct CacheLimits {
     pub objects: usize,
     pub frames: usize,
     pub kernel_frames: usize,
-    /// Heap bytes kept by a generation's calls.
+    /// Heap bytes kept by the calls of the objects kept (and the kernel's and vDSO's).
     pub state_bytes: u64,
 }
 
@@ -104,7 +107,7 @@ pub const MAX_OBJECTS: usize = 512;
 pub const MAX_FRAMES: usize = 256 * 1024;
 /// Cached kernel frames at most.
 pub const MAX_KERNEL_FRAMES: usize = 64 * 1024;
-/// Heap bytes a generation keeps at most, checked between calls (one call may go past
+/// Heap bytes the symbolizer keeps at most, checked between calls (one call may go past
 /// it by what it parses). The busy-host bench's naming symbolizer keeps about 25 MB:
 /// a decompressed debug file of libc (11 MB), kallsyms (6 MB), symbol indexes (4.5 MB)
 /// and the frames.
@@ -134,14 +137,22 @@ pub const RELEASE_INTERVAL: std::time::Duration = std::time::Duration::from_secs
 
 /// Symbolizer of user and kernel addresses with per-object caches.
 pub struct Symbolizer {
+    /// blazesym's state for the kernel (kallsyms) and the vDSO.
     blaze: symbolize::Symbolizer,
-    /// Object key → index in `objects`.
-    object_ids: HashMap<ObjectKey, usize>,
-    objects: Vec<OpenedObject>,
-    /// (object index, file offset) → frame. The vDSO is object `usize::MAX`: its image is
-    /// the kernel's, the same in every process.
-    frames: HashMap<(usize, u64), Frame>,
+    /// Object key → id in `objects`.
+    object_ids: HashMap<ObjectKey, u64>,
+    /// Objects kept, by id (ids are never reused).
+    objects: HashMap<u64, Resident>,
+    next_id: u64,
+    /// Calls so far: the clock of [`Resident::last_used`].
+    tick: u64,
+    /// vDSO offset → frame: its image is the kernel's, the same in every process.
+    vdso_frames: HashMap<u64, Frame>,
     kernel_frames: HashMap<u64, Frame>,
+    /// Heap kept by the kernel's and the vDSO's calls.
+    shared_bytes: u64,
+    /// Frames kept for all objects and the vDSO.
+    user_frames: usize,
     /// Why `/proc/kallsyms` cannot be used, if so; computed on first use.
     kallsyms: Option<Result<(), KallsymsError>>,
     stats: SymbolizerStats,
@@ -150,18 +161,46 @@ pub struct Symbolizer {
     last_release: Option<std::time::Instant>,
 }
 
-const VDSO_ID: usize = usize::MAX;
+/// An object kept, with its own blazesym state and its frames. Dropped only while
+/// holding [`BLAZE_MAPPINGS`] (blazesym unmaps the file).
+struct Resident {
+    /// Declared first, so dropped before `object`, whose descriptor its cache's path
+    /// names.
+    blaze: symbolize::Symbolizer,
+    object: OpenedObject,
+    key: ObjectKey,
+    /// File offset → frame.
+    frames: HashMap<u64, Frame>,
+    /// Heap kept by its opening and its calls.
+    bytes: u64,
+    /// [`Symbolizer::tick`] of its last use.
+    last_used: u64,
+}
+
+/// The id of the vDSO in a call's slots (objects' ids count up from 0).
+const VDSO_ID: u64 = u64::MAX;
 
 impl Drop for Symbolizer {
     fn drop(&mut self) {
         // blazesym's mappings go now, under the lock (the fields are dropped after
         // this returns); the one put in its place has opened nothing.
         let _mappings = blaze_mappings();
-        drop(std::mem::replace(
-            &mut self.blaze,
-            symbolize::Symbolizer::builder().build(),
-        ));
+        self.objects.clear();
+        drop(std::mem::replace(&mut self.blaze, new_blaze()));
     }
+}
+
+/// A blazesym symbolizer as every one of ours is configured.
+fn new_blaze() -> symbolize::Symbolizer {
+    symbolize::Symbolizer::builder()
+        // Objects are reached through `/proc/self/fd/N` of a descriptor we keep open,
+        // so the path names one file for as long as its state is kept: no need to stat
+        // it at every call.
+        .enable_auto_reload(false)
+        .enable_code_info(true)
+        .enable_inlined_fns(true)
+        .enable_demangling(true)
+        .build()
 }
 
 impl Default for Symbolizer {
@@ -172,20 +211,16 @@ impl Default for Symbolizer {
 
 impl Symbolizer {
     pub fn new() -> Self {
-        let blaze = symbolize::Symbolizer::builder()
-            // Objects are reached through `/proc/self/fd/N` of a descriptor we keep open,
-            // so the path names one file forever: no need to stat it at every call.
-            .enable_auto_reload(false)
-            .enable_code_info(true)
-            .enable_inlined_fns(true)
-            .enable_demangling(true)
-            .build();
         Self {
-            blaze,
+            blaze: new_blaze(),
             object_ids: HashMap::new(),
-            objects: Vec::new(),
-            frames: HashMap::new(),
+            objects: HashMap::new(),
+            next_id: 0,
+            tick: 0,
+            vdso_frames: HashMap::new(),
             kernel_frames: HashMap::new(),
+            shared_bytes: 0,
+            user_frames: 0,
             kallsyms: None,
             stats: SymbolizerStats::default(),
             limits: CacheLimits::default(),
@@ -200,45 +235,70 @@ impl Symbolizer {
         s
     }
 
-    /// Starts a new generation if a cache is over its bound (only between calls: no
-    /// object index is held then).
+    /// Drops the least recently used objects while a cache is over its bound, then the
+    /// kernel's and the vDSO's state if still over (or over the kernel frames' bound).
+    /// Only between calls: no object id is held then.
     fn bound(&mut self) {
-        let over = self.objects.len() > self.limits.objects
-            || self.frames.len() > self.limits.frames
-            || self.kernel_frames.len() > self.limits.kernel_frames
-            || self.stats.state_bytes > self.limits.state_bytes;
-        if !over {
+        // The sum of what each part kept (each saturates at 0 on its own).
+        self.stats.state_bytes = self
+            .objects
+            .values()
+            .fold(self.shared_bytes, |sum, r| sum.saturating_add(r.bytes));
+        let over = |s: &Self| {
+            s.objects.len() > s.limits.objects
+                || s.user_frames > s.limits.frames
+                || s.stats.state_bytes > s.limits.state_bytes
+        };
+        if !over(self) && self.kernel_frames.len() <= self.limits.kernel_frames {
             return;
         }
+        let (objects, frames, bytes) =
+            (self.objects.len(), self.user_frames, self.stats.state_bytes);
+        let _mappings = blaze_mappings();
+        let evicted = self.stats.evictions;
+        while over(self) {
+            let Some(id) = self
+                .objects
+                .iter()
+                .min_by_key(|(_, r)| r.last_used)
+                .map(|(&id, _)| id)
+            else {
+                break;
+            };
+            if let Some(resident) = self.objects.remove(&id) {
+                self.object_ids.remove(&resident.key);
+                self.user_frames = self.user_frames.saturating_sub(resident.frames.len());
+                self.stats.state_bytes = self.stats.state_bytes.saturating_sub(resident.bytes);
+                self.stats.evictions += 1;
+            }
+        }
+        if over(self) || self.kernel_frames.len() > self.limits.kernel_frames {
+            self.blaze = new_blaze();
+            self.user_frames = self.user_frames.saturating_sub(self.vdso_frames.len());
+            self.vdso_frames = HashMap::new();
+            self.kernel_frames = HashMap::new();
+            self.stats.state_bytes = self.stats.state_bytes.saturating_sub(self.shared_bytes);
+            self.shared_bytes = 0;
+            self.stats.evictions += 1;
+        }
         log::info!(
-            "symbolizer: {} objects, {} frames, {} kernel frames, {} heap bytes kept: \
-             dropping them",
-            self.objects.len(),
-            self.frames.len(),
-            self.kernel_frames.len(),
-            self.stats.state_bytes
+            "symbolizer: {objects} objects, {frames} frames, {bytes} heap bytes kept: \
+             dropped {} (least recently used first)",
+            self.stats.evictions - evicted
         );
-        let kallsyms = self.kallsyms.take();
-        let stats = self.stats;
-        // blazesym's state first, then the descriptors its paths name.
-        *self = Self::with_limits(self.limits);
-        self.kallsyms = kallsyms;
-        self.stats = SymbolizerStats {
-            resets: stats.resets + 1,
-            state_bytes: 0,
-            ..stats
-        };
     }
 
     pub fn stats(&self) -> SymbolizerStats {
         self.stats
     }
 
-    /// Adds to the state's bytes what this thread kept since `since`, a reading of
-    /// [`crate::heap::thread_net`] (less, if it freed more).
-    fn kept_since(&mut self, since: i64) {
+    /// Adds to the state's bytes, and to `bytes` (an object's or the shared state's),
+    /// what this thread kept since `since`, a reading of [`crate::heap::thread_net`]
+    /// (less, if it freed more).
+    fn kept_since(state_bytes: &mut u64, bytes: &mut u64, since: i64) {
         let kept = crate::heap::thread_net().wrapping_sub(since);
-        self.stats.state_bytes = self.stats.state_bytes.saturating_add_signed(kept);
+        *state_bytes = state_bytes.saturating_add_signed(kept);
+        *bytes = bytes.saturating_add_signed(kept);
     }
 
     /// Ends a round of symbolization (a profile written, a scrape's new stacks named):
@@ -270,18 +330,19 @@ impl Symbolizer {
     /// (from [`crate::procfs::read_maps`]). Returns one frame per address, in order.
     pub fn symbolize_user(&mut self, pid: u32, maps: &[Mapping], addrs: &[u64]) -> Vec<Frame> {
         self.bound();
+        self.tick += 1;
         let _mappings = blaze_mappings();
         // Mappings sorted by start for a binary search (procfs gives them sorted; do not
         // rely on it).
         let mut order: Vec<usize> = (0..maps.len()).collect();
         order.sort_by_key(|&i| maps.get(i).map(|m| m.start));
         // Per mapping, for this call: its object, or why it has none.
-        let mut resolved: HashMap<usize, Result<usize, std::sync::Arc<self::object::OpenError>>> =
+        let mut resolved: HashMap<usize, Result<u64, std::sync::Arc<self::object::OpenError>>> =
             HashMap::new();
         let mut slots: Vec<Slot> = Vec::with_capacity(addrs.len());
         // Offsets to symbolize, per object (each once).
-        let mut pending: HashMap<usize, Vec<u64>> = HashMap::new();
-        let mut pending_set: HashSet<(usize, u64)> = HashSet::new();
+        let mut pending: HashMap<u64, Vec<u64>> = HashMap::new();
+        let mut pending_set: HashSet<(u64, u64)> = HashSet::new();
         // vDSO addresses to symbolize (absolute, blazesym reads the image from the process).
         let mut vdso_pending: Vec<(u64, u64)> = Vec::new();
 
@@ -297,7 +358,7 @@ impl Symbolizer {
             let rel = addr - m.start;
             if m.path == VDSO {
                 let key = (VDSO_ID, rel);
-                if self.frames.contains_key(&key) {
+                if self.vdso_frames.contains_key(&rel) {
                     self.stats.frame_cache_hits += 1;
                 } else if pending_set.insert(key) {
                     vdso_pending.push((addr, rel));
@@ -333,7 +394,11 @@ impl Symbolizer {
             match object {
                 Ok(id) => {
                     let key = (id, file_offset);
-                    if self.frames.contains_key(&key) {
+                    if self
+                        .objects
+                        .get(&id)
+                        .is_some_and(|r| r.frames.contains_key(&file_offset))
+                    {
                         self.stats.frame_cache_hits += 1;
                     } else if pending_set.insert(key) {
                         pending.entry(id).or_default().push(file_offset);
@@ -350,31 +415,35 @@ impl Symbolizer {
 
         // Frames of batches that failed as a whole (the file could not be parsed, the
         // process exited): answered for this call only, retried on the next.
-        let mut uncached: HashMap<(usize, u64), Frame> = HashMap::new();
+        let mut uncached: HashMap<(u64, u64), Frame> = HashMap::new();
         for (id, offsets) in pending {
             let since = crate::heap::thread_net();
             let (frames, cache) = self.symbolize_object(id, &offsets);
-            let keyed = offsets.iter().map(|&o| (id, o)).zip(frames);
+            let Some(r) = self.objects.get_mut(&id) else {
+                uncached.extend(offsets.iter().map(|&o| (id, o)).zip(frames));
+                continue;
+            };
             if cache {
-                self.frames.extend(keyed);
+                let before = r.frames.len();
+                r.frames.extend(offsets.iter().copied().zip(frames));
+                self.user_frames += r.frames.len() - before;
             } else {
-                uncached.extend(keyed);
+                uncached.extend(offsets.iter().map(|&o| (id, o)).zip(frames));
             }
-            self.kept_since(since);
+            Self::kept_since(&mut self.stats.state_bytes, &mut r.bytes, since);
         }
         if !vdso_pending.is_empty() {
             let since = crate::heap::thread_net();
             let (frames, cache) = self.symbolize_vdso(pid, &vdso_pending);
-            let keyed = vdso_pending
-                .iter()
-                .map(|&(_, rel)| (VDSO_ID, rel))
-                .zip(frames);
+            let rels = vdso_pending.iter().map(|&(_, rel)| rel);
             if cache {
-                self.frames.extend(keyed);
+                let before = self.vdso_frames.len();
+                self.vdso_frames.extend(rels.zip(frames));
+                self.user_frames += self.vdso_frames.len() - before;
             } else {
-                uncached.extend(keyed);
+                uncached.extend(rels.map(|rel| (VDSO_ID, rel)).zip(frames));
             }
-            self.kept_since(since);
+            Self::kept_since(&mut self.stats.state_bytes, &mut self.shared_bytes, since);
         }
 
         slots
@@ -382,8 +451,7 @@ impl Symbolizer {
             .map(|slot| match slot {
                 Slot::Done(frame) => frame,
                 Slot::Cached(key) => self
-                    .frames
-                    .get(&key)
+                    .cached(key)
                     .or_else(|| uncached.get(&key))
                     .cloned()
                     .unwrap_or_else(|| {
@@ -394,9 +462,19 @@ impl Symbolizer {
             .collect()
     }
 
+    /// The cached frame of `(object id, file offset)` (the vDSO's: `(VDSO_ID, offset)`).
+    fn cached(&self, (id, offset): (u64, u64)) -> Option<&Frame> {
+        if id == VDSO_ID {
+            self.vdso_frames.get(&offset)
+        } else {
+            self.objects.get(&id)?.frames.get(&offset)
+        }
+    }
+
     /// Symbolizes kernel addresses with `/proc/kallsyms`. One frame per address.
     pub fn symbolize_kernel(&mut self, addrs: &[u64]) -> Vec<Frame> {
         self.bound();
+        self.tick += 1;
         let _mappings = blaze_mappings();
         let usable = *self.kallsyms.get_or_insert_with(kallsyms_usable);
         if let Err(reason) = usable {
@@ -440,7 +518,7 @@ impl Symbolizer {
             }
             self.kernel_frames
                 .extend(missing.iter().copied().zip(frames));
-            self.kept_since(since);
+            Self::kept_since(&mut self.stats.state_bytes, &mut self.shared_bytes, since);
         }
         addrs
             .iter()
@@ -458,19 +536,31 @@ impl Symbolizer {
         &mut self,
         pid: u32,
         m: &Mapping,
-    ) -> Result<usize, std::sync::Arc<self::object::OpenError>> {
+    ) -> Result<u64, std::sync::Arc<self::object::OpenError>> {
         let key = ObjectKey::of(m);
-        if let Some(&id) = self.object_ids.get(&key) {
+        if let Some(&id) = self.object_ids.get(&key)
+            && let Some(r) = self.objects.get_mut(&id)
+        {
+            r.last_used = self.tick;
             return Ok(id);
         }
         let since = crate::heap::thread_net();
         match OpenedObject::open(pid, m) {
-            Ok(obj) => {
+            Ok(object) => {
                 self.stats.objects_opened += 1;
-                let id = self.objects.len();
-                self.objects.push(obj);
+                let id = self.next_id;
+                self.next_id += 1;
+                let mut resident = Resident {
+                    blaze: new_blaze(),
+                    object,
+                    key: key.clone(),
+                    frames: HashMap::new(),
+                    bytes: 0,
+                    last_used: self.tick,
+                };
+                Self::kept_since(&mut self.stats.state_bytes, &mut resident.bytes, since);
+                self.objects.insert(id, resident);
                 self.object_ids.insert(key, id);
-                self.kept_since(since);
                 Ok(id)
             }
             Err(e) => {
@@ -481,9 +571,12 @@ impl Symbolizer {
     }
 
     /// Frames of `offsets` in object `id`, and whether they may be cached.
-    fn symbolize_object(&mut self, id: usize, offsets: &[u64]) -> (Vec<Frame>, bool) {
+    fn symbolize_object(&mut self, id: u64, offsets: &[u64]) -> (Vec<Frame>, bool) {
         self.stats.frames_symbolized += offsets.len() as u64;
-        let Some(obj) = self.objects.get(id) else {
+        let Some(Resident {
+            blaze, object: obj, ..
+        }) = self.objects.get(&id)
+        else {
             let frames = offsets
                 .iter()
                 .map(|&o| Frame::unknown(UNKNOWN_OBJECT, o, "internal: no such object"))
@@ -499,7 +592,7 @@ impl Symbolizer {
         }
         let src = Source::Elf(elf);
         let results = guarded(|| {
-            self.blaze
+            blaze
                 .symbolize(&src, Input::FileOffset(offsets))
                 .context(obj.display_path.clone())
         });
@@ -543,7 +636,8 @@ impl Symbolizer {
 
 enum Slot {
     Done(Frame),
-    Cached((usize, u64)),
+    /// (object id or [`VDSO_ID`], file offset).
+    Cached((u64, u64)),
 }
 
 /// The index in `maps` of the mapping containing `addr`; `order` sorts `maps` by start.
@@ -801,7 +895,7 @@ mod tests {
     }
 
     #[test]
-    fn caches_over_their_bounds_start_a_new_generation() {
+    fn caches_over_their_bounds_drop_the_least_recently_used_objects() {
         #[inline(never)]
         fn sframe_symbolize_bound_probe() -> u64 {
             std::hint::black_box(7)
@@ -809,31 +903,68 @@ mod tests {
         let pid = std::process::id();
         let maps = crate::procfs::read_maps(pid).unwrap();
         let here = sframe_symbolize_bound_probe as *const () as u64;
-        // An address in another object (libc: `getpid`).
+        // An address in another object (libc: `getpid`), and one in a third (the
+        // dynamic loader, or whichever other object this test maps).
         let there = libc::getpid as *const () as u64;
+        let object_of = |addr: u64| {
+            maps.iter()
+                .find(|m| (m.start..m.end).contains(&addr))
+                .map(|m| m.path.clone())
+                .unwrap()
+        };
+        let (exe, libc_path) = (object_of(here), object_of(there));
+        let third = maps
+            .iter()
+            .find(|m| m.executable && m.is_file() && m.path != exe && m.path != libc_path)
+            .map(|m| m.start)
+            .expect("a third object mapped");
+        let named = |frames: &[Frame]| {
+            frames[0]
+                .name
+                .as_deref()
+                .unwrap_or_default()
+                .ends_with("sframe_symbolize_bound_probe")
+        };
+
         let mut s = Symbolizer::with_limits(CacheLimits {
-            objects: 1,
-            frames: 1,
-            kernel_frames: 1,
+            objects: 2,
             ..CacheLimits::default()
         });
-        let mut names = Vec::new();
-        for _ in 0..3 {
-            let frames = s.symbolize_user(pid, &maps, &[here, there]);
-            names.push(frames[0].name.clone().unwrap_or_default());
-        }
-        // Two objects and two frames are over the bounds of one: every later call
-        // started a new generation, and still symbolized.
-        assert_eq!(s.stats().resets, 2);
-        assert!(s.objects.len() <= 2 && s.frames.len() <= 2);
-        for n in &names {
-            assert!(n.ends_with("sframe_symbolize_bound_probe"), "{names:?}");
-        }
-        assert_eq!(s.stats().objects_opened, 6);
+        assert!(named(&s.symbolize_user(pid, &maps, &[here])));
+        s.symbolize_user(pid, &maps, &[there]);
+        // The executable is used again: libc is now the least recently used.
+        assert!(named(&s.symbolize_user(pid, &maps, &[here])));
+        s.symbolize_user(pid, &maps, &[third]);
+        assert_eq!((s.stats().objects_opened, s.stats().evictions), (3, 0));
+        // Three objects, over the bound of two: libc goes at the start of the next call,
+        // and the executable's state and frames stay.
+        let hits = s.stats().frame_cache_hits;
+        assert!(named(&s.symbolize_user(pid, &maps, &[here])));
+        assert_eq!((s.stats().objects_opened, s.stats().evictions), (3, 1));
+        assert_eq!(s.stats().frame_cache_hits, hits + 1);
+        assert_eq!(s.objects.len(), 2);
+        // libc is opened again when used again.
+        s.symbolize_user(pid, &maps, &[there]);
+        assert_eq!(s.stats().objects_opened, 4);
+
+        // Over the frames' bound: the least recently used object's frames go with it.
+        let mut s = Symbolizer::with_limits(CacheLimits {
+            frames: 1,
+            ..CacheLimits::default()
+        });
+        s.symbolize_user(pid, &maps, &[there]);
+        assert!(named(&s.symbolize_user(pid, &maps, &[here])));
+        assert_eq!(s.user_frames, 2);
+        assert!(named(&s.symbolize_user(pid, &maps, &[here])));
+        assert_eq!(
+            (s.stats().evictions, s.user_frames, s.objects.len()),
+            (1, 1, 1)
+        );
+        assert_eq!(s.stats().objects_opened, 2);
     }
 
     #[test]
-    fn state_over_its_bytes_starts_a_new_generation() {
+    fn state_over_its_bytes_drops_objects() {
         #[inline(never)]
         fn sframe_symbolize_bytes_probe() -> u64 {
             std::hint::black_box(9)
@@ -850,10 +981,11 @@ mod tests {
         let first = s.symbolize_user(pid, &maps, &[here]);
         let kept = s.stats().state_bytes;
         assert!(kept > 64 << 10, "{kept} bytes kept");
-        assert_eq!(s.stats().resets, 0);
-        // The next call starts a new generation, and still names the frame.
+        assert_eq!(s.stats().evictions, 0);
+        // The next call drops the object, opens it again and still names the frame.
         let second = s.symbolize_user(pid, &maps, &[here]);
-        assert_eq!(s.stats().resets, 1);
+        assert_eq!(s.stats().evictions, 1);
+        assert_eq!(s.stats().objects_opened, 2);
         assert_eq!(first, second);
         assert!(
             second[0]
@@ -868,7 +1000,7 @@ mod tests {
         for _ in 0..3 {
             s.symbolize_user(pid, &maps, &[here]);
         }
-        assert_eq!(s.stats().resets, 0);
+        assert_eq!(s.stats().evictions, 0);
         assert!(s.stats().state_bytes > 0);
     }
 }

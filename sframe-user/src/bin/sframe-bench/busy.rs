@@ -284,9 +284,9 @@ struct Ours {
     /// User-space CPU collecting samples (seconds).
     collect: f64,
     table_bytes: f64,
-    /// Heap the naming thread's symbolizer keeps at the end, and its resets.
+    /// Heap the naming thread's symbolizer keeps at the end, and its evictions.
     symbolizer_bytes: f64,
-    symbolizer_resets: f64,
+    symbolizer_evictions: f64,
     /// Sampling frequency seen at each scrape.
     frequencies: Vec<f64>,
     outcomes: BTreeMap<String, f64>,
@@ -384,7 +384,7 @@ fn run_ours(exe: &Path, dir: &Path, seconds: f64) -> Result<(f64, Ours)> {
     ours.collect = metric(&last, "sframe_collection_cpu_seconds_total").unwrap_or(0.0);
     ours.table_bytes = metric(&last, "sframe_table_bytes").unwrap_or(0.0);
     ours.symbolizer_bytes = metric(&last, "sframe_symbolizer_state_bytes").unwrap_or(0.0);
-    ours.symbolizer_resets = metric(&last, "sframe_symbolizer_resets_total").unwrap_or(0.0);
+    ours.symbolizer_evictions = metric(&last, "sframe_symbolizer_evictions_total").unwrap_or(0.0);
     ours.outcomes = labelled(&last, "sframe_walk_outcomes_total{outcome=\"");
     ours.events = labelled(&last, "sframe_events_total{event=\"");
     ours.fleet = labelled(&last, "sframe_fleet_events_total{event=\"");
@@ -562,11 +562,11 @@ fn report(doc: &mut String, windows: &[Window], seconds: f64, compiles: u64) {
             "",
         ),
         (
-            "naming symbolizer's heap at the end / resets".into(),
+            "naming symbolizer's heap at the end / evictions".into(),
             format!(
                 "{:.1} MB / {:.0}",
                 o.symbolizer_bytes / 1e6,
-                o.symbolizer_resets
+                o.symbolizer_evictions
             ),
             "≤ 64 MiB (its bound)",
         ),

@@ -256,7 +256,7 @@ impl Feed {
             naming_waiting: self.waiting.len() as u64,
             naming_dropped: self.dropped,
             naming_state_bytes: self.namer.state_bytes(),
-            naming_resets: self.namer.resets(),
+            naming_evictions: self.namer.evictions(),
         };
         metrics.update(now, &health);
     }

@@ -212,7 +212,7 @@ pub struct Health {
     /// Heap bytes the naming thread's symbolizer keeps, and the times it dropped its
     /// state for being over a bound.
     pub naming_state_bytes: u64,
-    pub naming_resets: u64,
+    pub naming_evictions: u64,
 }
 
 /// The registry and the aggregation behind it.
@@ -242,7 +242,7 @@ pub struct Metrics {
     naming_waiting: Gauge,
     naming_dropped: Counter,
     naming_state: Gauge,
-    naming_resets: Counter,
+    naming_evictions: Counter,
     processes: Gauge,
     frequency: Gauge,
     group: Option<GroupLabel>,
@@ -401,15 +401,15 @@ impl Metrics {
         let naming_state = Gauge::default();
         registry.register_with_unit(
             "sframe_symbolizer_state",
-            "Heap the naming thread's symbolizer keeps (parsed symbol tables, decompressed debug information, kallsyms, cached frames); over its bound it drops it all and starts again",
+            "Heap the naming thread's symbolizer keeps (parsed symbol tables, decompressed debug information, kallsyms, cached frames); over its bound it drops the least recently used objects",
             Unit::Bytes,
             naming_state.clone(),
         );
-        let naming_resets = Counter::default();
+        let naming_evictions = Counter::default();
         registry.register(
-            "sframe_symbolizer_resets",
-            "Times the naming thread's symbolizer dropped its state for being over a bound (objects, frames or bytes); each is followed by parsing again what is still in use",
-            naming_resets.clone(),
+            "sframe_symbolizer_evictions",
+            "Objects the naming thread's symbolizer dropped with their parsed state and frames, least recently used first, to stay within its bounds (objects, frames or bytes; the kernel's symbols and the vDSO's count as one); one used again is parsed again",
+            naming_evictions.clone(),
         );
         let processes = gauge(
             &mut registry,
@@ -458,7 +458,7 @@ impl Metrics {
             naming_waiting,
             naming_dropped,
             naming_state,
-            naming_resets,
+            naming_evictions,
             processes,
             frequency,
             group: None,
@@ -621,8 +621,11 @@ impl Metrics {
                 .saturating_sub(self.last.naming_dropped),
         );
         self.naming_state.set(as_i64(health.naming_state_bytes));
-        self.naming_resets
-            .inc_by(health.naming_resets.saturating_sub(self.last.naming_resets));
+        self.naming_evictions.inc_by(
+            health
+                .naming_evictions
+                .saturating_sub(self.last.naming_evictions),
+        );
         if health.collect_cpu > self.last.collect_cpu {
             self.collect_cpu
                 .inc_by(health.collect_cpu - self.last.collect_cpu);
@@ -681,7 +684,7 @@ mod tests {
             processes: 2,
             frequency: 49,
             naming_state_bytes: 25 << 20,
-            naming_resets: 1,
+            naming_evictions: 1,
             ..Health::default()
         };
         health.outcomes[WalkOutcome::Complete as usize] = 6;
@@ -715,7 +718,7 @@ mod tests {
             "sframe_bpf_runs_total 10",
             "sframe_bpf_stats_enabled 1",
             "sframe_symbolizer_state_bytes 26214400",
-            "sframe_symbolizer_resets_total 1",
+            "sframe_symbolizer_evictions_total 1",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
         }

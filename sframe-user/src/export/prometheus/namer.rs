@@ -72,7 +72,7 @@ pub(super) struct Namer {
 #[derive(Default)]
 struct Figures {
     state_bytes: AtomicU64,
-    resets: AtomicU64,
+    evictions: AtomicU64,
 }
 
 impl Namer {
@@ -100,9 +100,9 @@ impl Namer {
         self.figures.state_bytes.load(Ordering::Relaxed)
     }
 
-    /// Times the thread's symbolizer dropped its state for being over a bound.
-    pub fn resets(&self) -> u64 {
-        self.figures.resets.load(Ordering::Relaxed)
+    /// Objects the thread's symbolizer dropped to stay within its bounds.
+    pub fn evictions(&self) -> u64 {
+        self.figures.evictions.load(Ordering::Relaxed)
     }
 
     /// Whether `jobs` more stacks in `batches` more batches than are in flight now
@@ -167,7 +167,7 @@ fn run(
                 figures
                     .state_bytes
                     .store(stats.state_bytes, Ordering::Relaxed);
-                figures.resets.store(stats.resets, Ordering::Relaxed);
+                figures.evictions.store(stats.evictions, Ordering::Relaxed);
                 if rest.is_empty() {
                     // Before its last names go: once the loop has them all, the
                     // batch is no longer counted.
@@ -284,7 +284,7 @@ mod tests {
         // counted, as the unit tests install the counting allocator) is published
         // before the names go.
         assert!(namer.state_bytes() > 0);
-        assert_eq!(namer.resets(), 0);
+        assert_eq!(namer.evictions(), 0);
     }
 
     /// What is in flight is bounded (stacks and process batches) and given back as
