@@ -92,7 +92,9 @@ int main(void) {
 
 /// A mutex held 20 × 30 ms by `holder` while two threads wait for it in `take_lock`
 /// (called from `waiter`), timing their waits.
-const LOCKS: &str = r#"
+const LOCKS: &str = concat!(
+    include_str!("support/c/run_delay.h"),
+    r#"
 #include <pthread.h>
 #include <stdio.h>
 #include <time.h>
@@ -106,14 +108,6 @@ static double now(void) {
 }
 static double waited[2];
 static long long delayed[2];
-static long long run_delay_ns(void) {
-    unsigned long long cpu = 0, delay = 0;
-    FILE *f = fopen("/proc/thread-self/schedstat", "r");
-    if (!f) return -1;
-    int n = fscanf(f, "%llu %llu", &cpu, &delay);
-    fclose(f);
-    return n == 2 ? (long long)delay : -1;
-}
 __attribute__((noinline)) void take_lock(int who) {
     double a = now();
     pthread_mutex_lock(&m);
@@ -151,7 +145,8 @@ int main(void) {
     printf("delay %lld\n", delayed[0] + delayed[1]);
     return 0;
 }
-"#;
+"#
+);
 
 /// 2,000 × `nanosleep(100 us)` in `tiny`.
 const TINY: &str = r#"

@@ -33,21 +33,15 @@ int main(void) { for (;;) level1(); }
 /// on a run queue (`/proc/thread-self/schedstat`; absent where the kernel does not
 /// keep it): a wait after a wake-up is part of a sleep as the profiler times it, a
 /// preemption while running is not.
-const SLEEPER_C: &str = r#"
+const SLEEPER_C: &str = concat!(
+    include_str!("../../../sframe-user/tests/support/c/run_delay.h"),
+    r#"
 #include <stdio.h>
 #include <time.h>
 static double clock_s(clockid_t c) {
     struct timespec t;
     clock_gettime(c, &t);
     return t.tv_sec + t.tv_nsec / 1e9;
-}
-static long long run_delay_ns(void) {
-    unsigned long long cpu = 0, delay = 0;
-    FILE *f = fopen("/proc/thread-self/schedstat", "r");
-    if (!f) return -1;
-    int n = fscanf(f, "%llu %llu", &cpu, &delay);
-    fclose(f);
-    return n == 2 ? (long long)delay : -1;
 }
 #define NAP_NS (40 * 1000 * 1000)
 #define NAPS 50
@@ -71,7 +65,8 @@ int main(void) {
     if (d >= 0 && d2 >= d) printf("delay %lld\n", d2 - d);
     return 0;
 }
-"#;
+"#
+);
 
 /// `main → recurse × (DEPTH + 1) → deep_spin`.
 const DEEP_C: &str = r#"
