@@ -41,7 +41,7 @@ use sframe_common::{
 use crate::{
     is_target, lifecycle, regs,
     task_storage::TaskStorage,
-    unwind::{INDEX_SLOT_OFF_CPU, STACKS, count, defer, needs_tables, walk_in},
+    unwind::{INDEX_SLOT_OFF_CPU, STACKS, count, defer, needs_tables, store_stack, walk_in},
 };
 
 /// Sleeps shorter than this (ns) are not walked; set at load time.
@@ -384,7 +384,6 @@ fn walk_due(user: impl FnOnce() -> *const pt_regs) -> i32 {
         INDEX_SLOT_OFF_CPU,
         due.pid,
         pt,
-        &mut key.user_stack,
     );
     if needs_tables(&OFF_CPU_SCRATCH, outcome) {
         // No table yet for where it slept (a process or library new to user space): its
@@ -405,6 +404,8 @@ fn walk_due(user: impl FnOnce() -> *const pt_regs) -> i32 {
             return 0;
         }
     }
+    // Stored only now that it is counted (see `unwind::profile`).
+    key.user_stack = store_stack(&OFF_CPU_SCRATCH);
     key.outcome = outcome | due.state;
     add(&key, due.ns);
     0

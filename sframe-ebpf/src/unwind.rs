@@ -312,7 +312,7 @@ pub fn profile<const THREAD_NAMES: bool>(ctx: &PerfEventContext) -> u32 {
         }
     }
     if let Some((pt, _)) = user {
-        key.outcome = walk(tgid, pt, &mut key.user_stack);
+        key.outcome = walk(tgid, pt);
         if needs_tables(&SCRATCH, key.outcome) {
             lifecycle::send_miss(tgid);
             if defer(&key, pt, 0, 0, 0) {
@@ -320,6 +320,10 @@ pub fn profile<const THREAD_NAMES: bool>(ctx: &PerfEventContext) -> u32 {
                 return 0;
             }
         }
+        // Stored only now that it is counted: a deferred sample's partial stack would
+        // stay in `STACKS` with no count naming it, and user space drains only the
+        // stacks counts name (under process churn such stacks filled the map).
+        key.user_stack = store_stack(&SCRATCH);
     }
     count_outcome(key.outcome);
     bump(&key);
@@ -396,10 +400,10 @@ pub(crate) fn defer(
     true
 }
 
-/// Walks the user stack; stores it in STACKS and returns the outcome (and its key).
+/// Walks the user stack into `SCRATCH`; returns the outcome.
 #[inline(always)]
-fn walk(tgid: u32, pt: &pt_regs, stack_key: &mut u64) -> u32 {
-    walk_in(&SCRATCH, &WINDOW, INDEX_SLOT_PROFILE, tgid, pt, stack_key)
+fn walk(tgid: u32, pt: &pt_regs) -> u32 {
+    walk_in(&SCRATCH, &WINDOW, INDEX_SLOT_PROFILE, tgid, pt)
 }
 
 /// `walk` with the per-CPU scratch and window given: a program that can be interrupted
@@ -411,7 +415,6 @@ pub(crate) fn walk_in(
     index_slot: u32,
     tgid: u32,
     pt: &pt_regs,
-    stack_key: &mut u64,
 ) -> u32 {
     let (Some(state), Some(window), Some(slot)) = (
         scratch.get_ptr_mut(0),
@@ -457,11 +460,22 @@ pub(crate) fn walk_in(
         Counter::FramesFromFramePointer,
         u64::from(st.frames_from_fp),
     );
+    st.outcome
+}
+
+/// Stores the stack walked into `scratch` in `STACKS` (once per distinct stack) and
+/// returns its key, or 0 when the map is full (the sample is counted without it).
+#[inline(always)]
+pub(crate) fn store_stack(scratch: &PerCpuArray<WalkState>) -> u64 {
+    let Some(state) = scratch.get_ptr(0) else {
+        return 0;
+    };
+    // SAFETY: per-CPU scratch of the program that just walked into it.
+    let st = unsafe { &*state };
     let k = st.stack_key();
     // Most stacks are stored already: a lookup takes no bucket lock, an insert does.
     if STACKS.get_ptr(k).is_some() {
-        *stack_key = k;
-        return st.outcome;
+        return k;
     }
     // A reference to the scratch copy: passing the 2 KiB stack by value would put it on
     // the 512-byte BPF stack.
@@ -472,11 +486,13 @@ pub(crate) fn walk_in(
     let inserted = STACKS.insert(k, &st.stack, u64::from(BPF_NOEXIST));
     match inserted {
         // The same stack is stored already.
-        Ok(()) => *stack_key = k,
-        Err(e) if e == -EEXIST => *stack_key = k,
-        Err(_) => count(Counter::StackMapFull, 1),
+        Ok(()) => k,
+        Err(e) if e == -EEXIST => k,
+        Err(_) => {
+            count(Counter::StackMapFull, 1);
+            0
+        }
     }
-    st.outcome
 }
 
 /// Adds one sample to the key's count. Keys include the thread id and a thread runs on

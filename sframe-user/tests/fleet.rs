@@ -1209,6 +1209,15 @@ fn samples_waiting_at_the_end_are_walked_with_the_table_built_meanwhile() {
         good as f64 >= 0.95 * waiting as f64,
         "{good} complete, {waiting} waited for the build:\n{bad}"
     );
+    // Every stack the kernel stored is one a count names, drained with it: a deferred
+    // sample's partial stack is not stored (each stayed in `STACKS` for good, and under
+    // process churn they filled it: complete walks were then counted without frames).
+    profiler.collect();
+    let left = profiler.kernel_stacks_stored();
+    assert_eq!(
+        left, 0,
+        "stacks left in the kernel's map after a drain, with the process blocked"
+    );
     drop(child);
 }
 

@@ -394,6 +394,11 @@ impl Counts {
         snap
     }
 
+    /// Stacks in the kernel's `STACKS` map now (user stacks and off-CPU kernel stacks).
+    pub(super) fn stacks_in_kernel(&self) -> usize {
+        self.stacks_map.keys().filter(Result::is_ok).count()
+    }
+
     /// Drops the counts of the processes `gone`, and the stacks no count uses any more.
     pub(super) fn forget(&mut self, gone: &HashSet<u32>) {
         self.kept.forget(gone);

@@ -895,6 +895,12 @@ impl Profiler {
         self.counts.drain(&mut self.kernel_stacks);
     }
 
+    /// Stacks stored in the kernel's `STACKS` map now, read key by key (tests and
+    /// diagnostics): after [`Profiler::drain`], only those of samples counted since.
+    pub fn kernel_stacks_stored(&self) -> usize {
+        self.counts.stacks_in_kernel()
+    }
+
     /// The frames of a kernel stack (innermost first) seen by `collect`.
     pub fn kernel_stack(&self, id: i32) -> Option<&[u64]> {
         self.kernel_stacks.get(id)
