@@ -618,3 +618,58 @@ fn walks_of_random_tables_and_stacks_end_and_only_move_up() {
         assert!(st.stack.len as usize <= MAX_FRAMES && st.stack.len >= 1);
     }
 }
+
+#[test]
+fn not_above_is_the_unsigned_comparison() {
+    let edges = [
+        0,
+        1,
+        2,
+        0x7fff,
+        0x8000,
+        (1 << 47) - 1,
+        1 << 47,
+        (1 << 63) - 1,
+        1 << 63,
+        (1 << 63) + 1,
+        u64::MAX - 1,
+        u64::MAX,
+    ];
+    for &k in &edges {
+        for &x in &edges {
+            for (k, x) in [(k, x), (k ^ 0x5a5a, x), (k, x ^ 0xa5a5)] {
+                let want = if k <= x { u32::MAX } else { 0 };
+                assert_eq!(not_above(k, x), want, "k={k:#x} x={x:#x}");
+            }
+        }
+    }
+}
+
+#[test]
+fn search_narrow_finds_the_last_key_not_above() {
+    let keys = [3u64, 3, 10, 20, 20, 20, 40, 1 << 63, u64::MAX];
+    for x in [
+        0,
+        2,
+        3,
+        4,
+        10,
+        19,
+        20,
+        21,
+        39,
+        40,
+        41,
+        (1 << 63) - 1,
+        1 << 63,
+        u64::MAX,
+    ] {
+        let found = search_narrow::<8>(0, keys.len() as u32, x, |i| keys.get(i as usize).copied());
+        // The last index whose key is ≤ x, or 0 (the candidate callers check).
+        let want = keys.iter().rposition(|&k| k <= x).unwrap_or(0) as u32;
+        assert_eq!(found, want, "x={x:#x}");
+    }
+    // A key that cannot be read counts as greater than x.
+    let found = search_narrow::<8>(0, 8, u64::MAX, |i| (i < 5).then_some(1));
+    assert_eq!(found, 4);
+}
