@@ -68,9 +68,19 @@ fn control(slot: u32) -> u32 {
 }
 #[map]
 static OFF_CPU_COUNTS: HashMap<OffCpuKey, u64> = HashMap::with_max_entries(MAX_OFF_CPU_COUNTS, 0);
-/// The kernel stack of the sleep being charged, before it goes into `STACKS`.
+/// The kernel stack of this CPU's due sleep (`OffCpuDue::kernel_stack` is its key),
+/// stored in `STACKS` only when the sleep is counted or deferred: a sleep lost on the
+/// way (`off_cpu_lost`) would leave it there with no count naming it for user space's
+/// drain.
+#[repr(C)]
+struct DueKernelStack {
+    /// The key `stack` hashes to (0: none).
+    key: u64,
+    stack: UserStack,
+}
+
 #[map]
-static OFF_CPU_KSTACK: PerCpuArray<UserStack> = PerCpuArray::with_max_entries(1, 0);
+static OFF_CPU_KSTACK: PerCpuArray<DueKernelStack> = PerCpuArray::with_max_entries(1, 0);
 /// The walker's own per-CPU state: `off_cpu_return` runs with interrupts enabled, and a
 /// `profile` run in an interrupt on the same CPU uses `SCRATCH` and `WINDOW`.
 #[map]
@@ -179,19 +189,21 @@ pub fn switch(ctx: &BtfTracePointContext) -> i32 {
         tid: start.tid,
         state: start.state,
         weight: start.weight,
-        kernel_stack: kernel_stack(next_task),
+        kernel_stack: capture_kernel_stack(next_task),
     };
     0
 }
 
-/// The kernel stack `task` sleeps in, stored in `STACKS`; its key, or 0.
+/// Copies the kernel stack `task` sleeps in to this CPU's `OFF_CPU_KSTACK`; returns
+/// its key, or 0.
 #[inline(always)]
-fn kernel_stack(task: *mut task_struct) -> u64 {
+fn capture_kernel_stack(task: *mut task_struct) -> u64 {
     let Some(buf) = OFF_CPU_KSTACK.get_ptr_mut(0) else {
         return 0;
     };
     // SAFETY: this CPU's buffer (sched_switch runs with interrupts off).
-    let st = unsafe { &mut *buf };
+    unsafe { (*buf).key = 0 };
+    let st = unsafe { &mut (*buf).stack };
     // SAFETY: `task` is the tracepoint's typed task pointer; the helper writes at most
     // the given size into the buffer's frames.
     let n = unsafe {
@@ -220,14 +232,37 @@ fn kernel_stack(task: *mut task_struct) -> u64 {
         i += 1;
     }
     let key = finish(h, len);
+    // SAFETY: as above.
+    unsafe { (*buf).key = key };
+    key
+}
+
+/// Stores the due sleep's kernel stack, whose key is `key`, from this CPU's
+/// `OFF_CPU_KSTACK` into `STACKS`; returns `key`, or 0 when it is not there any more (a
+/// later sleep on this CPU took the buffer) or the map is full.
+#[inline(always)]
+fn store_kernel_stack(key: u64) -> u64 {
+    if key == 0 {
+        return 0;
+    }
+    let Some(buf) = OFF_CPU_KSTACK.get_ptr(0) else {
+        return 0;
+    };
+    // SAFETY: this CPU's buffer.
+    if unsafe { (*buf).key } != key {
+        count(Counter::OffCpuKernelStackFailed, 1);
+        return 0;
+    }
     if STACKS.get_ptr(key).is_some() {
         return key;
     }
+    // SAFETY: as above.
+    let st = unsafe { &(*buf).stack };
     #[allow(
         clippy::needless_borrows_for_generic_args,
         reason = "by value would copy the stack onto the BPF stack"
     )]
-    match STACKS.insert(key, &*st, u64::from(BPF_NOEXIST)) {
+    match STACKS.insert(key, st, u64::from(BPF_NOEXIST)) {
         Ok(()) => key,
         Err(e) if e == -crate::unwind::EEXIST => key,
         Err(_) => {
@@ -400,9 +435,14 @@ fn walk_due(user: impl FnOnce() -> *const pt_regs) -> i32 {
         };
         // (Not counted as `Deferred`, which counts on-CPU samples, whose outcomes
         // user space adds to the kernel's.)
-        if defer(&deferred, pt, due.ns, due.state, due.kernel_stack) {
+        let kernel_stack = store_kernel_stack(due.kernel_stack);
+        if defer(&deferred, pt, due.ns, due.state, kernel_stack) {
             return 0;
         }
+        // Counted below: the stored kernel stack is named by its key.
+        key.kernel_stack = kernel_stack;
+    } else {
+        key.kernel_stack = store_kernel_stack(due.kernel_stack);
     }
     // Stored only now that it is counted (see `unwind::profile`).
     key.user_stack = store_stack(&OFF_CPU_SCRATCH);

@@ -1,6 +1,7 @@
 //! Off-CPU profiling with the real profiler binary (`--off-cpu`): the time threads of a
 //! no-frame-pointer program sleep is charged to the complete stacks they slept in, as
-//! much as the program itself measured; sleeps under the threshold cost no walk.
+//! much as the program itself measured; sleeps under the threshold cost no walk; a lost
+//! sleep leaves no kernel stack in the kernel's map.
 
 mod support;
 
@@ -562,4 +563,115 @@ fn off_cpu_time_is_exported_to_prometheus_in_seconds() {
         .find(|l| l.starts_with("sframe_off_cpu_seconds_total{") && l.contains(wanted))
         .unwrap_or_default();
     assert!(line.contains("[sleep S]"), "{line}");
+}
+
+/// Sleeps in page faults: a file's pages, dropped from the page cache, read back one
+/// fault at a time (`MADV_RANDOM`: no read-ahead) through a mapping, in four rounds
+/// with a 2 ms `nanosleep` between them. It waits for a byte on stdin first.
+const FAULTER: &str = r#"
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+#define SIZE (64L << 20)
+int main(int argc, char **argv) {
+    char go;
+    if (argc < 2 || read(0, &go, 1) != 1) return 2;
+    volatile char sink = 0;
+    for (int round = 0; round < 4; round++) {
+        int fd = open(argv[1], O_RDONLY);
+        if (fd < 0) return 3;
+        posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+        char *p = mmap(0, SIZE, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (p == MAP_FAILED) return 4;
+        madvise(p, SIZE, MADV_RANDOM);
+        for (long off = 0; off < SIZE; off += 64 << 10) sink += p[off];
+        munmap(p, SIZE);
+        close(fd);
+        struct timespec t = {0, 2 * 1000 * 1000};
+        nanosleep(&t, 0);
+    }
+    return 0;
+}
+"#;
+
+/// A sleep in a page fault ends in user code without a system call: the walker at
+/// system-call exit finds, at the next one (here `munmap`), that the thread ran user
+/// code since it slept (the faults' sleeps were carried on into one), and counts it
+/// lost. Its kernel stack must not stay in the kernel's `STACKS` map, where no count
+/// names it for user space's drain (it was stored when the sleep ended, and one stayed
+/// per distinct stack of such sleeps for the profiler's life).
+#[test]
+fn kernel_stacks_of_lost_sleeps_do_not_stay_in_the_kernel_map() {
+    use std::{io::Write as _, process::Stdio, time::Duration};
+
+    use sframe_user::profiler::{Profiler, TargetSpec};
+    use support::profiling::{config, pump};
+
+    if !bpf_or_skip("kernel_stacks_of_lost_sleeps_do_not_stay_in_the_kernel_map") {
+        return;
+    }
+    let _serial = serial();
+    let exe = compile_c("faulter", FAULTER, &["-O2"]);
+    let pages = exe.with_file_name("pages");
+    {
+        let mut f = std::fs::File::create(&pages).expect("create the file");
+        let chunk = vec![0x5au8; 1 << 20];
+        for _ in 0..64 {
+            f.write_all(&chunk).expect("write the file");
+        }
+        // Clean pages only can be dropped from the page cache.
+        f.sync_all().expect("sync the file");
+    }
+    let mut child = Command::new(&exe)
+        .arg(&pages)
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("spawn the faulter");
+    let pid = child.id();
+    let mut cfg = config(
+        99,
+        TargetSpec {
+            pids: vec![pid],
+            ..TargetSpec::default()
+        },
+    );
+    cfg.off_cpu_min = Some(Duration::from_micros(1));
+    let mut profiler = Profiler::start_with(cfg).expect("start with off-CPU profiling");
+    pump(&mut profiler, Duration::from_millis(200));
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"g")
+        .expect("start the faulter");
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(300),
+            "the faulter did not finish in 300 s"
+        );
+        pump(&mut profiler, Duration::from_millis(50));
+    };
+    assert!(status.success(), "faulter: {status}");
+    pump(&mut profiler, Duration::from_millis(200));
+    let snap = profiler.collect();
+    let counter = |c: sframe_common::Counter| snap.counters[c as usize];
+    let lost = counter(sframe_common::Counter::OffCpuLost);
+    let walks = counter(sframe_common::Counter::OffCpuWalks);
+    let left = profiler.kernel_stacks_stored();
+    eprintln!("{walks} sleeps walked, {lost} lost; {left} stacks left in the kernel map");
+    // Not vacuous: sleeps were walked (their stacks stored and drained) and sleeps were
+    // lost (where the stacks stayed).
+    assert!(walks > 0, "no sleep walked");
+    assert!(lost > 0, "no sleep lost: the page faults did not sleep");
+    assert_eq!(
+        left, 0,
+        "stacks left in the kernel's map after a drain, the faulter gone"
+    );
 }
