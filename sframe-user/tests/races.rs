@@ -297,7 +297,7 @@ fn full_kernel_maps_are_counted_and_profiling_goes_on() {
     }
 
     // When processes leave the map, the waiting ones take their places.
-    let (gone, _waiting): (Vec<KillOnDrop>, Vec<KillOnDrop>) = children
+    let (gone, waiting): (Vec<KillOnDrop>, Vec<KillOnDrop>) = children
         .into_iter()
         .partition(|c| in_kernel.contains(&c.pid()));
     drop(gone);
@@ -313,6 +313,18 @@ fn full_kernel_maps_are_counted_and_profiling_goes_on() {
             "the waiting processes never got the freed room: {now_in:?}"
         );
     }
+
+    // Stacks whose count found no room stayed in the kernel's map, named by no count
+    // for the drain to take out, and the map stayed full for good: once no target runs,
+    // one drain leaves it empty.
+    drop(waiting);
+    pump(&mut profiler, Duration::from_millis(100));
+    profiler.collect();
+    assert_eq!(
+        profiler.kernel_stacks_stored(),
+        0,
+        "stacks left in the kernel's map after the targets exited and a drain"
+    );
 }
 
 /// A shell loop starting short processes (`/bin/true`) for `secs` seconds; it prints

@@ -217,6 +217,8 @@ pub(super) struct Counts {
     kept: Kept,
     /// Outcomes of the samples walked in user space (added to the kernel's).
     walked_here: [u64; WalkOutcome::COUNT],
+    /// The kernel's full-map counters (stacks, counts, off-CPU counts) at the last drain.
+    map_failures: u64,
 }
 
 /// Every key of a kernel count map with its count, the map emptied. Read then delete:
@@ -252,6 +254,7 @@ impl Counts {
             off_cpu_map: take(ebpf, maps::OFF_CPU_COUNTS)?,
             kept: Kept::new(Bounds::for_keys(max_keys.unwrap_or(MAX_KEYS))),
             walked_here: [0; WalkOutcome::COUNT],
+            map_failures: 0,
         })
     }
 
@@ -358,11 +361,38 @@ impl Counts {
             let frames = read.get(&key.user_stack).and_then(Option::as_deref);
             self.kept.add(kind, key, n, frames);
         }
-        let failed: u64 = self
-            .counters_map
-            .get(&(Counter::KernelStackFailed as u32), 0)
-            .map_or(0, |v| v.iter().sum());
+        let failed = self.counter(Counter::KernelStackFailed);
         kernel_stacks.empty_when_full(failed);
+        self.empty_stacks_when_full();
+    }
+
+    /// The kernel's counter `c`, summed over CPUs.
+    fn counter(&self, c: Counter) -> u64 {
+        self.counters_map
+            .get(&(c as u32), 0)
+            .map_or(0, |v| v.iter().sum())
+    }
+
+    /// Empties `STACKS` after a drain when a kernel map was full since the last one. A
+    /// stack no drained count names stays there otherwise (the kernel stores a stack,
+    /// then finds no room for its count), and a full map's stacks stay for good: every
+    /// new stack would then be counted without frames. A sample counted between this
+    /// drain's reading of the counts and the emptying loses its stack (its count is
+    /// drained next time without frames); the map was full, so such samples were losing
+    /// theirs already.
+    fn empty_stacks_when_full(&mut self) {
+        let failures = self
+            .counter(Counter::StackMapFull)
+            .saturating_add(self.counter(Counter::CountMapFull))
+            .saturating_add(self.counter(Counter::OffCpuMapFull));
+        if failures == self.map_failures {
+            return;
+        }
+        self.map_failures = failures;
+        let keys: Vec<u64> = self.stacks_map.keys().filter_map(Result::ok).collect();
+        for key in keys {
+            let _ = self.stacks_map.remove(&key);
+        }
     }
 
     /// [`Counts::drain`], then everything counted so far.
