@@ -119,22 +119,15 @@ pub fn search_narrow_in<const STEPS: u32>(
             break;
         }
         let half = len / 2;
-        // 0 or all ones: whether the key is ≤ x, as arithmetic (the BPF target has no
-        // conditional move, so a comparison is a branch, mispredicted about every other
-        // halving of a search).
-        let take = key(pos.wrapping_add(half)).map_or(0, |k| not_above(k, x));
-        cells.store(pos.wrapping_add(half & take), len - half);
+        // A comparison, compiled to a branch: the same searches recur from sample to
+        // sample, and a predicted branch lets the next key's load start before this one
+        // is compared. The arithmetic form (no branch: the borrow of `x - key`) made the
+        // walk 1.45x slower per frame at 256 frames (BENCHMARKS.md, section 1).
+        let le = matches!(key(pos.wrapping_add(half)), Some(k) if k <= x) as u32;
+        cells.store(pos.wrapping_add(half * le), len - half);
         i += 1;
     }
     cells.load().0
-}
-
-/// All ones when `k ≤ x`, else 0, without a branch: the borrow of `x - k` (Hacker's
-/// Delight 2-13), inverted.
-#[inline(always)]
-pub fn not_above(k: u64, x: u64) -> u32 {
-    let borrow = ((!x & k) | (!(x ^ k) & x.wrapping_sub(k))) >> 63;
-    (borrow as u32).wrapping_sub(1)
 }
 
 /// What the tables say about a PC.

@@ -620,32 +620,6 @@ fn walks_of_random_tables_and_stacks_end_and_only_move_up() {
 }
 
 #[test]
-fn not_above_is_the_unsigned_comparison() {
-    let edges = [
-        0,
-        1,
-        2,
-        0x7fff,
-        0x8000,
-        (1 << 47) - 1,
-        1 << 47,
-        (1 << 63) - 1,
-        1 << 63,
-        (1 << 63) + 1,
-        u64::MAX - 1,
-        u64::MAX,
-    ];
-    for &k in &edges {
-        for &x in &edges {
-            for (k, x) in [(k, x), (k ^ 0x5a5a, x), (k, x ^ 0xa5a5)] {
-                let want = if k <= x { u32::MAX } else { 0 };
-                assert_eq!(not_above(k, x), want, "k={k:#x} x={x:#x}");
-            }
-        }
-    }
-}
-
-#[test]
 fn search_narrow_finds_the_last_key_not_above() {
     let keys = [3u64, 3, 10, 20, 20, 20, 40, 1 << 63, u64::MAX];
     for x in [
