@@ -32,6 +32,11 @@ const MAX_DEFERRED_BACKLOG: usize = 1024;
 /// cannot take every place and leave other new processes' samples to be walked at
 /// once, without their tables.
 const MAX_DEFERRED_PER_PROCESS: usize = MAX_DEFERRED_BACKLOG / 4;
+/// How long a process's liveness (`/proc/PID/stat`), read for its waiting samples, is
+/// taken as known: rounds run at every batch of events, and reading it for every waiting
+/// process at each took most of the profiler's CPU on a busy host's start (its exit,
+/// when the event comes, forgets it at once).
+const LIVENESS_TTL: Duration = Duration::from_millis(250);
 
 /// A deferred sample waiting: when it arrived, and the process table generation it
 /// was last walked over without finding its PC's mapping (it is walked again only over
@@ -50,6 +55,8 @@ pub(super) struct DeferredQueue {
     backlog: VecDeque<Waiting>,
     /// Samples waiting in `backlog`, per process.
     per_process: StdHashMap<u32, usize>,
+    /// Liveness of the processes with samples waiting, and when it was read.
+    liveness: StdHashMap<u32, (Instant, procfs::Liveness)>,
 }
 
 impl DeferredQueue {
@@ -58,6 +65,7 @@ impl DeferredQueue {
             ring,
             backlog: VecDeque::new(),
             per_process: StdHashMap::new(),
+            liveness: StdHashMap::new(),
         }
     }
 
@@ -81,6 +89,11 @@ impl DeferredQueue {
     fn has_room_for(&self, pid: u32) -> bool {
         self.backlog.len() < MAX_DEFERRED_BACKLOG
             && self.per_process.get(&pid).copied().unwrap_or(0) < MAX_DEFERRED_PER_PROCESS
+    }
+
+    /// Forgets what was read of `pid`'s liveness (it exited).
+    pub(super) fn forget_liveness(&mut self, pid: u32) {
+        self.liveness.remove(&pid);
     }
 
     /// Puts a sample (back) to wait.
@@ -185,7 +198,15 @@ impl Profiler {
     /// same tables (read from the maps) and the stack bytes the sample carries, and counts
     /// them like the kernel side would have.
     pub(super) fn unwind_deferred(&mut self) {
-        self.unwind_deferred_rounds(false);
+        self.unwind_deferred_rounds(false, None);
+    }
+
+    /// [`Profiler::unwind_deferred`] for the samples of `pid` alone (it exited: they are
+    /// walked with its tables before they go); the others wait on, untouched (one round
+    /// over every waiting sample at each exit made process churn cost the product of the
+    /// two).
+    pub(super) fn unwind_deferred_of(&mut self, pid: u32) {
+        self.unwind_deferred_rounds(false, Some(pid));
     }
 
     /// Waits (at most `timeout`) for the tables the deferred samples still wait for to be
@@ -220,11 +241,12 @@ impl Profiler {
             self.reload_built(&mut added);
             self.unwind_deferred();
         }
-        self.unwind_deferred_rounds(true);
+        self.unwind_deferred_rounds(true, None);
     }
 
-    /// `unwind_deferred`; `last`: walk every record now, waiting for nothing.
-    fn unwind_deferred_rounds(&mut self, last: bool) {
+    /// `unwind_deferred`; `last`: walk every record now, waiting for nothing; `only`:
+    /// that process's records alone (the others wait on, where there is room).
+    fn unwind_deferred_rounds(&mut self, last: bool, only: Option<u32>) {
         let _cpu = crate::cputime::Timer::start(&crate::cputime::COLLECTION);
         let now = Instant::now();
         // Records still waiting for their process's first load come first.
@@ -237,10 +259,21 @@ impl Profiler {
         // `/proc/PID` but no mappings, and waiting for its load would retry it every
         // round until the patience ran out; any user can leave zombies), or is still
         // there at all (a zombie whose exit has not been handled yet: its samples wait
-        // for that, then go with the mappings it had). Read once per process per call.
-        let mut liveness: StdHashMap<u32, procfs::Liveness> = StdHashMap::new();
-        let mut live = |pid: u32| *liveness.entry(pid).or_insert_with(|| procfs::liveness(pid));
+        // for that, then go with the mappings it had). Read at most once per process per
+        // LIVENESS_TTL.
+        let mut liveness = std::mem::take(&mut self.deferred.liveness);
+        liveness.retain(|_, (at, _)| now.duration_since(*at) < LIVENESS_TTL);
+        let mut live = |pid: u32| {
+            liveness
+                .entry(pid)
+                .or_insert_with(|| (Instant::now(), procfs::liveness(pid)))
+                .1
+        };
         for mut w in records {
+            if only.is_some_and(|p| p != w.rec.pid) && self.deferred.has_room_for(w.rec.pid) {
+                self.deferred.wait(w);
+                continue;
+            }
             let (seen, rec) = (w.seen, &w.rec);
             // A sample waits at most DEFERRED_PATIENCE, or for as long as its process is
             // queued for its first load or one of its objects is being built: both end
@@ -338,6 +371,7 @@ impl Profiler {
                 self.counts.add_walked(key, frames);
             }
         }
+        self.deferred.liveness = liveness;
     }
 
     /// Moves the deferred samples the kernel handed over into the backlog (up to its

@@ -388,7 +388,7 @@ impl Profiler {
                 *self.failed_loads.entry(pid).or_default() += 1;
                 self.load_retries.remove(&pid);
                 // Its deferred samples are walked while its tables are still there.
-                self.unwind_deferred();
+                self.unwind_deferred_of(pid);
                 self.store.forget_process(pid);
                 if !procfs::exists(pid) || self.procs.contains_key(&pid) {
                     self.exited(pid);
@@ -401,7 +401,8 @@ impl Profiler {
     pub(super) fn exited(&mut self, pid: u32) {
         // Samples it left in the kernel's deferred ring are walked with its tables
         // before they go (a short process can exit while its first load runs).
-        self.unwind_deferred();
+        self.deferred.forget_liveness(pid);
+        self.unwind_deferred_of(pid);
         self.store.forget_process(pid);
         self.reload_due.remove(&pid);
         self.load_retries.remove(&pid);
