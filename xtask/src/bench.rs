@@ -1,5 +1,7 @@
 //! `cargo xtask bench [--quick] [--strict]`: builds `sframe-bench` in release, runs it as
-//! root, prints its report and, unless `--quick`, writes it to `BENCHMARKS.md`.
+//! root, prints its report and, unless `--quick`, writes it to `BENCHMARKS.md`, keeping
+//! the notes written there by hand between `<!-- kept -->` and `<!-- /kept -->` lines
+//! (each carried to the end of its section in the new report).
 //! `cargo xtask test` runs `bench --quick --strict` after the tests, to keep the harness
 //! working (its numbers are not asserted).
 
@@ -95,9 +97,141 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     print!("{report}");
     if !args.quick {
         let path = root.join("BENCHMARKS.md");
+        // Notes written by hand after earlier runs (between KEPT_OPEN and KEPT_CLOSE) are
+        // carried over: the report is regenerated, the record of what was measured is not.
+        let report = match fs::read_to_string(&path) {
+            Ok(old) => carry_kept_notes(&old, &report),
+            Err(_) => report,
+        };
         fs::write(&path, report.as_bytes())
             .with_context(|| format!("writing {}", path.display()))?;
         eprintln!("xtask: bench: wrote {}", path.display());
     }
     Ok(())
+}
+
+/// Opens a note written by hand in BENCHMARKS.md, which a full bench keeps.
+const KEPT_OPEN: &str = "<!-- kept -->";
+/// Closes it.
+const KEPT_CLOSE: &str = "<!-- /kept -->";
+
+/// `new` with the kept notes of `old` (each block from a [`KEPT_OPEN`] line to its
+/// [`KEPT_CLOSE`] line, markers included) at the end of the section of `new` whose
+/// heading line is the one the block was under in `old`, in their order. Blocks whose
+/// heading `new` does not have (a section renamed or gone) go to the end, under a copy
+/// of that heading. An unclosed block runs to the end of `old`.
+fn carry_kept_notes(old: &str, new: &str) -> String {
+    // (heading, block) in the order of `old`.
+    let mut blocks: Vec<(String, String)> = Vec::new();
+    let mut heading = String::new();
+    let mut open: Option<String> = None;
+    for line in old.lines() {
+        if let Some(block) = open.as_mut() {
+            block.push_str(line);
+            block.push('\n');
+            if line.trim() == KEPT_CLOSE {
+                blocks.push((heading.clone(), open.take().unwrap_or_default()));
+            }
+            continue;
+        }
+        if line.starts_with('#') {
+            heading = line.to_owned();
+        } else if line.trim() == KEPT_OPEN {
+            open = Some(format!("{line}\n"));
+        }
+    }
+    if let Some(block) = open {
+        blocks.push((heading, format!("{block}{KEPT_CLOSE}\n")));
+    }
+    let headings: Vec<&str> = new.lines().filter(|l| l.starts_with('#')).collect();
+    let mut out = String::with_capacity(new.len() + old.len());
+    let mut section = String::new();
+    let put = |out: &mut String, section: &str| {
+        for (_, block) in blocks.iter().filter(|(h, _)| h == section) {
+            if !out.ends_with("\n\n") {
+                out.push('\n');
+            }
+            out.push_str(block);
+            out.push('\n');
+        }
+    };
+    for line in new.lines() {
+        if line.starts_with('#') {
+            put(&mut out, &section);
+            section = line.to_owned();
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    put(&mut out, &section);
+    let orphans: Vec<&(String, String)> = blocks
+        .iter()
+        .filter(|(h, _)| !headings.contains(&h.as_str()))
+        .collect();
+    if !orphans.is_empty() {
+        out.push_str("\n# Notes kept from earlier reports whose section is gone\n");
+        let mut last: Option<&str> = None;
+        for (h, block) in orphans {
+            if last != Some(h.as_str()) {
+                // The heading as it was, so that the next report finds it again.
+                out.push_str(&format!("\n{h}\n\n"));
+                last = Some(h);
+            }
+            out.push_str(block);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kept_notes_follow_their_section_and_the_rest_is_regenerated() {
+        let old = "# B\n\n## 1. Cost\n\nold table\n\n<!-- kept -->\nMeasured by hand.\n<!-- /kept -->\n\n## 2. Gone\n\n<!-- kept -->\nOrphan.\n<!-- /kept -->\n\n## 3. Last\n\n<!-- kept -->\nTail.\n";
+        let new = "# B\n\n## 1. Cost\n\nnew table\n\n## 3. Last\n\nnew last\n";
+        let out = carry_kept_notes(old, new);
+        assert!(!out.contains("old table"));
+        let cost = out.find("new table").unwrap();
+        let hand = out.find("Measured by hand.").unwrap();
+        let last = out.find("## 3. Last").unwrap();
+        assert!(cost < hand && hand < last, "{out}");
+        let tail = out.find("Tail.").unwrap();
+        assert!(out.find("new last").unwrap() < tail);
+        let orphan = out.find("Orphan.").unwrap();
+        assert!(out.find("whose section is gone").unwrap() < orphan);
+        assert!(out.find("## 2. Gone").unwrap() < orphan);
+        assert_eq!(out.matches(KEPT_OPEN).count(), 3);
+        assert_eq!(out.matches(KEPT_CLOSE).count(), 3);
+        // Carrying twice changes nothing more.
+        assert_eq!(carry_kept_notes(&out, new), out);
+    }
+
+    /// The project's own BENCHMARKS.md: regenerated without its kept notes, it gets every
+    /// one back, none orphaned.
+    #[test]
+    fn benchmarks_md_keeps_its_notes_through_a_regeneration() {
+        let path = crate::cmd::workspace_root().join("BENCHMARKS.md");
+        let old = std::fs::read_to_string(path).unwrap();
+        let mut stripped = String::new();
+        let mut inside = false;
+        for line in old.lines() {
+            match line.trim() {
+                KEPT_OPEN => inside = true,
+                KEPT_CLOSE => inside = false,
+                _ if !inside => {
+                    stripped.push_str(line);
+                    stripped.push('\n');
+                }
+                _ => {}
+            }
+        }
+        let kept = old.matches(KEPT_OPEN).count();
+        assert!(kept >= 6, "{kept} kept notes");
+        let out = carry_kept_notes(&old, &stripped);
+        assert_eq!(out.matches(KEPT_OPEN).count(), kept);
+        assert!(!out.contains("whose section is gone"));
+        assert!(out.contains("**The suite under load.**"));
+    }
 }

@@ -240,7 +240,8 @@ fn header(doc: &mut String, args: &Args) {
         doc,
         "# Benchmarks\n\n\
          Written by `cargo xtask bench{}` (the `sframe-bench` binary of `sframe-user`); do not\n\
-         edit by hand. Every figure stands beside a baseline measured in the same run on the\n\
+         edit by hand, except notes between `<!-- kept -->` and `<!-- /kept -->` lines, which\n\
+         the next full run carries to the end of their section. Every figure stands beside a baseline measured in the same run on the\n\
          same machine; nothing here is asserted. The machine is shared (other builds may run\n\
          beside the bench), so single numbers carry noise: medians and min–max are shown\n\
          where repeated.\n\n\
