@@ -121,31 +121,9 @@ const KEPT_CLOSE: &str = "<!-- /kept -->";
 /// heading `new` does not have (a section renamed or gone) go to the end, under a copy
 /// of that heading. An unclosed block runs to the end of `old`.
 fn carry_kept_notes(old: &str, new: &str) -> String {
-    // (heading, block) in the order of `old`.
-    let mut blocks: Vec<(String, String)> = Vec::new();
-    let mut heading = String::new();
-    let mut open: Option<String> = None;
-    for line in old.lines() {
-        if let Some(block) = open.as_mut() {
-            block.push_str(line);
-            block.push('\n');
-            if line.trim() == KEPT_CLOSE {
-                blocks.push((heading.clone(), open.take().unwrap_or_default()));
-            }
-            continue;
-        }
-        if line.starts_with('#') {
-            heading = line.to_owned();
-        } else if line.trim() == KEPT_OPEN {
-            open = Some(format!("{line}\n"));
-        }
-    }
-    if let Some(block) = open {
-        blocks.push((heading, format!("{block}{KEPT_CLOSE}\n")));
-    }
-    let headings: Vec<&str> = new.lines().filter(|l| l.starts_with('#')).collect();
+    let blocks = kept_blocks(old);
+    let headings = headings(new);
     let mut out = String::with_capacity(new.len() + old.len());
-    let mut section = String::new();
     let put = |out: &mut String, section: &str| {
         for (_, block) in blocks.iter().filter(|(h, _)| h == section) {
             if !out.ends_with("\n\n") {
@@ -155,15 +133,16 @@ fn carry_kept_notes(old: &str, new: &str) -> String {
             out.push('\n');
         }
     };
-    for line in new.lines() {
-        if line.starts_with('#') {
-            put(&mut out, &section);
-            section = line.to_owned();
+    let mut section = "";
+    for (line, heading) in new.lines().zip(&headings) {
+        if *heading != section {
+            put(&mut out, section);
+            section = heading;
         }
         out.push_str(line);
         out.push('\n');
     }
-    put(&mut out, &section);
+    put(&mut out, section);
     let orphans: Vec<&(String, String)> = blocks
         .iter()
         .filter(|(h, _)| !headings.contains(&h.as_str()))
@@ -181,6 +160,48 @@ fn carry_kept_notes(old: &str, new: &str) -> String {
         }
     }
     out
+}
+
+/// For each line of `doc`, the heading line it is under ("" before the first). Lines
+/// of fenced code blocks are never headings (a `#` comment in a listing is not one).
+fn headings(doc: &str) -> Vec<&str> {
+    let (mut heading, mut fenced) = ("", false);
+    doc.lines()
+        .map(|line| {
+            if line.starts_with("```") {
+                fenced = !fenced;
+            } else if !fenced && line.starts_with('#') {
+                heading = line;
+            }
+            heading
+        })
+        .collect()
+}
+
+/// The kept blocks of `doc` (markers included, a missing close supplied), each with the
+/// heading line it is under.
+fn kept_blocks(doc: &str) -> Vec<(String, String)> {
+    let mut blocks = Vec::new();
+    let mut open: Option<(&str, String)> = None;
+    for (line, heading) in doc.lines().zip(headings(doc)) {
+        match open.as_mut() {
+            Some((_, block)) => {
+                block.push_str(line);
+                block.push('\n');
+                if line.trim() == KEPT_CLOSE
+                    && let Some((h, block)) = open.take()
+                {
+                    blocks.push((h.to_owned(), block));
+                }
+            }
+            None if line.trim() == KEPT_OPEN => open = Some((heading, format!("{line}\n"))),
+            None => {}
+        }
+    }
+    if let Some((h, block)) = open {
+        blocks.push((h.to_owned(), format!("{block}{KEPT_CLOSE}\n")));
+    }
+    blocks
 }
 
 #[cfg(test)]
@@ -206,6 +227,19 @@ mod tests {
         assert_eq!(out.matches(KEPT_CLOSE).count(), 3);
         // Carrying twice changes nothing more.
         assert_eq!(carry_kept_notes(&out, new), out);
+    }
+
+    /// A `#` line of a code listing is not a heading: a note after the listing stays in
+    /// the listing's section.
+    #[test]
+    fn fenced_lines_are_not_headings() {
+        let old =
+            "## 7. Off CPU\n\n```\n# a comment\n```\n\n<!-- kept -->\nNote.\n<!-- /kept -->\n";
+        let new = "## 7. Off CPU\n\n```\n# another listing\n```\n\n## 8. Next\n";
+        let out = carry_kept_notes(old, new);
+        let note = out.find("Note.").unwrap();
+        assert!(note < out.find("## 8. Next").unwrap(), "{out}");
+        assert!(!out.contains("whose section is gone"), "{out}");
     }
 
     /// The project's own BENCHMARKS.md: regenerated without its kept notes, it gets every

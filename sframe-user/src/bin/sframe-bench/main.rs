@@ -241,10 +241,10 @@ fn header(doc: &mut String, args: &Args) {
         "# Benchmarks\n\n\
          Written by `cargo xtask bench{}` (the `sframe-bench` binary of `sframe-user`); do not\n\
          edit by hand, except notes between `<!-- kept -->` and `<!-- /kept -->` lines, which\n\
-         the next full run carries to the end of their section. Every figure stands beside a baseline measured in the same run on the\n\
-         same machine; nothing here is asserted. The machine is shared (other builds may run\n\
-         beside the bench), so single numbers carry noise: medians and min–max are shown\n\
-         where repeated.\n\n\
+         the next full run carries to the end of their section. Every figure stands beside a\n\
+         baseline measured in the same run on the same machine; nothing here is asserted.\n\
+         The machine is shared (other builds may run beside the bench), so single numbers\n\
+         carry noise: medians and min–max are shown where repeated.\n\n\
          - date: {date}\n\
          - machine: {nproc} CPUs ({cpu}), kernel {kernel}\n\
          - load average at start: {load}",
