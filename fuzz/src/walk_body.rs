@@ -112,7 +112,8 @@ pub fn run(data: &[u8]) {
             page_first: 0,
             page_count,
             row_first: 0,
-            _pad: 0,
+            // Any shift, the kernel's 8..=16 or not: the walk stays safe.
+            page_shift: u32::from(input.u8()),
         },
         pages,
         rows,

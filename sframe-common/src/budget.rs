@@ -8,11 +8,20 @@ pub const MAX_MAPPINGS: usize = 256;
 /// Steps of the fixed-length binary search over a process's mappings.
 pub const MAPPING_SEARCH_STEPS: u32 = 9;
 
-/// Rows are grouped in pages of `1 << PAGE_SHIFT` bytes of code; a row stores the low
-/// `PAGE_SHIFT` bits of its address, and a page is searched in `ROW_SEARCH_STEPS`.
-pub const PAGE_SHIFT: u32 = 16;
-/// A page holds at most one row per byte address: `1 << PAGE_SHIFT` rows.
-pub const ROW_SEARCH_STEPS: u32 = PAGE_SHIFT + 1;
+/// Rows are grouped in pages of `1 << page_shift` bytes of code, the shift chosen per
+/// object (`ObjectEntry::page_shift`) between [`MIN_PAGE_SHIFT`] and this; a row stores
+/// the low `page_shift` bits of its address, and a page is searched in
+/// [`ROW_SEARCH_STEPS`]. Finer pages shorten each frame's row search (one halving per
+/// halving of the page) and cost a 4-byte page entry each: the flattener takes the
+/// finest pages that leave [`MIN_ROWS_PER_PAGE`] rows per page on average.
+pub const MAX_PAGE_SHIFT: u32 = 16;
+/// The finest pages: 256 bytes of code.
+pub const MIN_PAGE_SHIFT: u32 = 8;
+/// Rows per page, on average over an object, below which its pages are not made finer
+/// (page entries then add at most 4 bytes per this many rows: 1/16 byte per row).
+pub const MIN_ROWS_PER_PAGE: u64 = 64;
+/// A page holds at most one row per byte address: `1 << MAX_PAGE_SHIFT` rows.
+pub const ROW_SEARCH_STEPS: u32 = MAX_PAGE_SHIFT + 1;
 
 /// Objects with tables loaded at once.
 pub const MAX_OBJECTS: u32 = 8192;
@@ -59,9 +68,10 @@ pub const MAX_SCRATCH_BYTES: usize = 32 * 1024;
 
 const _: () = assert!(1usize << MAPPING_SEARCH_STEPS > MAX_MAPPINGS);
 const _: () = assert!(MAX_MAPPINGS.is_power_of_two());
-const _: () = assert!(1u64 << ROW_SEARCH_STEPS > 1u64 << PAGE_SHIFT);
+const _: () = assert!(1u64 << ROW_SEARCH_STEPS > 1u64 << MAX_PAGE_SHIFT);
+const _: () = assert!(MIN_PAGE_SHIFT <= MAX_PAGE_SHIFT);
 const _: () = assert!(MAX_RULES <= 1 << 16, "row rule index is a u16");
-const _: () = assert!(PAGE_SHIFT <= 16, "row address is a u16");
+const _: () = assert!(MAX_PAGE_SHIFT <= 16, "row address is a u16");
 const _: () = assert!(MAX_FRAMES <= 1 << 16);
 const _: () = assert!(MAX_CGROUP_FILTERS.is_power_of_two());
 const _: () = assert!(

@@ -3,7 +3,8 @@
 //! ```text
 //! PROCESSES  hash   tgid -> ProcessEntry { count, mappings[MAX_MAPPINGS] sorted by start }
 //!                         MappingEntry { start, end, bias, object }   (object vaddr = pc - bias)
-//! OBJECTS    array  object id -> ObjectEntry { base, page_first, page_count, row_first }
+//! OBJECTS    array  object id -> ObjectEntry { base, page_first, page_count, row_first,
+//!                                                page_shift }
 //! PAGES      array  of PageBlock (PAGE_BLOCK u32s): per object page_count + 1 entries;
 //!                   entry p = index (relative to row_first) of the first row of page p,
 //!                   entry page_count = the object's row count (sentinel)
@@ -11,16 +12,17 @@
 //! RULES      array  rule index -> RuleEntry (12 bytes), shared by all objects; 0 = no rule
 //! ```
 //!
-//! A page covers `1 << PAGE_SHIFT` bytes of an object's address space starting at
-//! `ObjectEntry::base`. Every page that exists starts with a row at `addr_low == 0`, so
-//! the search inside a page always finds a row, and a row costs 4 bytes: the low 16 bits
-//! of its address and a 16-bit rule index. Function boundaries are rows too: where a
+//! A page covers `1 << ObjectEntry::page_shift` bytes of an object's address space
+//! starting at `ObjectEntry::base` (256 bytes to 64 KiB, chosen per object: see
+//! `budget::MAX_PAGE_SHIFT`). Every page that exists starts with a row at
+//! `addr_low == 0`, so the search inside a page always finds a row, and a row costs 4
+//! bytes: the low `page_shift` (≤ 16) bits of its address and a 16-bit rule index. Function boundaries are rows too: where a
 //! function ends and the next does not start, a row with rule 0 ("no rule") begins.
 //!
 //! Array maps round elements up to 8 bytes, so rows and page entries are stored in
 //! blocks; `ROW_BLOCK` rows per element keeps the 4-byte cost.
 
-use crate::budget::{MAX_MAPPINGS, PAGE_SHIFT};
+use crate::budget::MAX_MAPPINGS;
 
 /// No object table for this mapping (use frame pointers).
 pub const NO_OBJECT: u32 = u32::MAX;
@@ -109,15 +111,16 @@ pub struct ObjectEntry {
     pub page_count: u32,
     /// Index of the object's first row in ROWS (not in blocks).
     pub row_first: u32,
-    /// Explicit padding; zero.
-    pub _pad: u32,
+    /// Log2 of the object's page size in bytes (`budget::MIN_PAGE_SHIFT` to
+    /// `budget::MAX_PAGE_SHIFT`).
+    pub page_shift: u32,
 }
 
 /// One row: from its address to the next row's, `rule` holds.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct RowEntry {
-    /// Low `PAGE_SHIFT` bits of the row's start address (relative to the object base).
+    /// Low `page_shift` bits of the row's start address (relative to its page).
     pub addr_low: u16,
     /// Index in RULES; 0 means "no rule here".
     pub rule: u16,
@@ -238,9 +241,6 @@ impl RuleEntry {
         r
     }
 }
-
-/// Page size in bytes of object address space.
-pub const PAGE_BYTES: u64 = 1 << PAGE_SHIFT;
 
 const _: () = assert!(core::mem::size_of::<MappingEntry>() == 32);
 const _: () = assert!(core::mem::size_of::<ObjectEntry>() == 24);

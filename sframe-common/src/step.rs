@@ -7,7 +7,7 @@
 //! frame must have a CFA above the current stack pointer (except after a signal frame).
 
 use crate::{
-    budget::{MAPPING_SEARCH_STEPS, MAX_FRAMES, MAX_MAPPINGS, PAGE_SHIFT, ROW_SEARCH_STEPS},
+    budget::{MAPPING_SEARCH_STEPS, MAX_FRAMES, MAX_MAPPINGS, ROW_SEARCH_STEPS},
     layout::*,
     outcome::WalkOutcome,
     stack::{FRAME_EXACT, HASH_SEED, UserStack, finish, lookup_address, mix},
@@ -181,7 +181,7 @@ impl LookupCache {
             page_first: 0,
             page_count: 0,
             row_first: 0,
-            _pad: 0,
+            page_shift: 0,
         },
         page_index: 0,
         page_valid: 0,
@@ -243,7 +243,10 @@ pub fn find_rule<T: Tables>(t: &mut T, pc: u64, cache: &mut LookupCache) -> Look
     let Some(rel) = vaddr.checked_sub(o.base) else {
         return Lookup::NoRule;
     };
-    let page = rel >> PAGE_SHIFT;
+    // Any shift is safe (the page is checked against the count, the row search is
+    // bounded); user space writes 8 to 16.
+    let shift = o.page_shift & 63;
+    let page = rel >> shift;
     if page >= u64::from(o.page_count) {
         return Lookup::NoRule;
     }
@@ -261,18 +264,28 @@ pub fn find_rule<T: Tables>(t: &mut T, pc: u64, cache: &mut LookupCache) -> Look
         cache.page_hi = hi;
         (lo, hi)
     };
-    if hi <= lo {
+    if hi < lo {
         return Lookup::NoRule;
     }
     let first = o.row_first.wrapping_add(lo);
-    let low = rel & ((1 << PAGE_SHIFT) - 1);
-    let k = t.narrow::<ROW_SEARCH_STEPS>(first, hi - lo, low, |t, k| {
+    let low = rel & ((1u64 << shift) - 1);
+    // The page's last row at or below `low`. A page need not start with a row: where it
+    // has none there, the last row before its rows (the last of an earlier page of the
+    // object) runs on into it. The search starts from that row, whose own key it never
+    // reads (it only probes above its start): a candidate above the start is at or below
+    // `low`, the start itself is the row before when there is one, else it is checked.
+    let before = if lo > 0 { 1 } else { 0 };
+    let n = hi - lo + before;
+    if n == 0 {
+        return Lookup::NoRule;
+    }
+    let k = t.narrow::<ROW_SEARCH_STEPS>(first.wrapping_sub(before), n, low, |t, k| {
         t.row(k).map(|r| u64::from(r.addr_low))
     });
     let Some(row) = t.row(k) else {
         return Lookup::NoRule;
     };
-    if u64::from(row.addr_low) > low {
+    if k == first && u64::from(row.addr_low) > low {
         return Lookup::NoRule;
     }
     match t.rule(row.rule) {

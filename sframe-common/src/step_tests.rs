@@ -389,7 +389,7 @@ fn chain_tables() -> HostTables {
             page_first: 0,
             page_count: 1,
             row_first: 0,
-            _pad: 0,
+            page_shift: 16,
         },
         pages: vec![0, 4],
         rows: vec![

@@ -39,7 +39,10 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use sframe_common::layout::{RowEntry, RuleEntry};
+use sframe_common::{
+    budget::{MAX_PAGE_SHIFT, MIN_PAGE_SHIFT},
+    layout::{RowEntry, RuleEntry},
+};
 
 use crate::{
     flatten::{FlatObject, RuleDict},
@@ -47,8 +50,9 @@ use crate::{
 };
 
 const MAGIC: &[u8; 4] = b"SFTC";
-/// 2: keyed by content digest (1 was keyed by build-id).
-const FORMAT: u32 = 2;
+/// 3: pages of a size per object (the page shift after the base); 2: keyed by content
+/// digest (1 was keyed by build-id).
+const FORMAT: u32 = 3;
 /// Cache files larger than this are not read.
 pub const MAX_FILE_BYTES: u64 = 256 << 20;
 
@@ -86,6 +90,8 @@ pub enum Corruption {
     Trailing(usize),
     #[error("page entries out of order or past the rows")]
     Pages,
+    #[error("page shift {0} out of range")]
+    PageShift(u32),
 }
 
 /// Why the cache or one of its files could not be used.
@@ -463,6 +469,7 @@ fn encode(tool: &str, key: &[u8], meta: CachedMeta, flat: &FlatObject, dict: &Ru
     ] {
         out.extend_from_slice(&v.to_le_bytes());
     }
+    out.extend_from_slice(&flat.page_shift.to_le_bytes());
     out.extend_from_slice(&(rules.len() as u32).to_le_bytes());
     for r in &rules {
         out.extend_from_slice(&r.cfa_offset.to_le_bytes());
@@ -574,6 +581,10 @@ fn decode(
     let unencodable_rows = r.u64("unencodable rows")?;
     let unexpanded_pcmask = r.u64("unexpanded")?;
     let base = r.u64("base")?;
+    let page_shift = r.u32("page shift")?;
+    if !(MIN_PAGE_SHIFT..=MAX_PAGE_SHIFT).contains(&page_shift) {
+        return Err(Corruption::PageShift(page_shift).into());
+    }
     let n = r.count(12, "rules")?;
     let mut global = Vec::with_capacity(n);
     for _ in 0..n {
@@ -630,6 +641,7 @@ fn decode(
     Ok((
         FlatObject {
             base,
+            page_shift,
             pages,
             rows,
             unencodable_rows,
@@ -664,6 +676,7 @@ mod tests {
             .unwrap();
         FlatObject {
             base: 0x1000,
+            page_shift: 12,
             pages: vec![0, 3],
             rows: vec![
                 RowEntry {
@@ -711,6 +724,7 @@ mod tests {
         assert_eq!(m, meta);
         assert_eq!(back.pages, flat.pages);
         assert_eq!(back.base, flat.base);
+        assert_eq!(back.page_shift, flat.page_shift);
         assert_eq!(back.unencodable_rows, 2);
         assert_eq!(rules_of(&back, &d2), rules_of(&flat, &d1));
     }
@@ -753,6 +767,7 @@ mod tests {
         body.extend_from_slice(&0u16.to_le_bytes());
         body.extend_from_slice(&[2, 0]);
         body.extend_from_slice(&[0u8; 32]);
+        body.extend_from_slice(&12u32.to_le_bytes());
         body.extend_from_slice(&u32::MAX.to_le_bytes());
         let crc = crc32fast::hash(&body);
         body.extend_from_slice(&crc.to_le_bytes());
@@ -764,6 +779,32 @@ mod tests {
                 n: u32::MAX as usize
             })
         );
+    }
+
+    #[test]
+    fn a_page_shift_out_of_range_is_rejected() {
+        let mut d = RuleDict::default();
+        let meta = CachedMeta {
+            source: Source::EhFrame,
+            table_rows: 3,
+        };
+        for (shift, ok) in [(7, false), (8, true), (16, true), (17, false), (64, false)] {
+            let flat = FlatObject {
+                page_shift: shift,
+                ..sample(&mut d)
+            };
+            let got = decode(&encode("t", b"id", meta, &flat, &d), "t", b"id", &mut d);
+            match got {
+                Ok((back, _)) => {
+                    assert!(ok, "shift {shift}");
+                    assert_eq!(back.page_shift, shift);
+                }
+                Err(e) => {
+                    assert!(!ok, "shift {shift}: {e:?}");
+                    assert_eq!(e, Decoded::Corrupt(Corruption::PageShift(shift)));
+                }
+            }
+        }
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Flattening an object's [`UnwindTable`] into the kernel layout of
-//! `sframe_common::layout`: 4-byte rows grouped in 64 KiB pages, rules deduplicated into
-//! a dictionary shared by all objects.
+//! `sframe_common::layout`: 4-byte rows grouped in pages of 256 bytes to 64 KiB (the
+//! finest that keep [`MIN_ROWS_PER_PAGE`] rows per page on average), rules deduplicated
+//! into a dictionary shared by all objects.
 //!
 //! Function boundaries become rows: where a function ends and the next does not start,
 //! a "no rule" row begins, unless only alignment padding lies between them
@@ -13,7 +14,7 @@ use std::collections::HashMap;
 
 use sframe_common::{
     CfaBase, RegRule, RuleFlags, UnwindRule,
-    budget::{MAX_RULES, PAGE_SHIFT},
+    budget::{MAX_PAGE_SHIFT, MAX_RULES, MIN_PAGE_SHIFT, MIN_ROWS_PER_PAGE},
     layout::*,
     step::Tables,
 };
@@ -22,7 +23,7 @@ use crate::table::{Arch, CompactRow, PcType, UnwindTable};
 
 /// Rows a PCMASK function may expand to before it is left without rules.
 const MAX_PCMASK_EXPANSION: u64 = 1 << 16;
-/// Pages one object may span (4 GiB of address space).
+/// Pages one object may span (4 GiB of address space in pages of 64 KiB).
 const MAX_PAGES_PER_OBJECT: u64 = 1 << 16;
 
 /// Why a table could not be flattened.
@@ -143,6 +144,9 @@ pub struct FlatObject {
     /// Object virtual address of the start of page 0 (page-aligned), as
     /// [`ObjectEntry::base`].
     pub base: u64,
+    /// Log2 of the page size, as [`ObjectEntry::page_shift`] ([`MIN_PAGE_SHIFT`] to
+    /// [`MAX_PAGE_SHIFT`]).
+    pub page_shift: u32,
     /// `page_count + 1` entries; the last is `rows.len()`.
     pub pages: Vec<u32>,
     /// The rows of all pages in order; each page's rows start with one at `addr_low` 0.
@@ -306,29 +310,23 @@ pub fn flatten(table: &UnwindTable, dict: &mut RuleDict) -> Result<FlatObject, F
         ..FlatObject::default()
     };
     let (Some(first), Some(last)) = (events.first(), events.last()) else {
+        out.page_shift = MAX_PAGE_SHIFT;
         out.pages.push(0);
         return Ok(out);
     };
-    let page_mask = (1u64 << PAGE_SHIFT) - 1;
-    out.base = first.0 & !page_mask;
-    let page_count = ((last.0 - out.base) >> PAGE_SHIFT) + 1;
-    if page_count > MAX_PAGES_PER_OBJECT {
-        return Err(FlattenError::TooManyPages { pages: page_count });
-    }
-    out.rows.reserve(events.len() + page_count as usize);
+    let shift = page_shift(first.0, last.0, events.len())?;
+    out.page_shift = shift;
+    out.base = first.0 & !((1u64 << shift) - 1);
+    let page_count = ((last.0 - out.base) >> shift) + 1;
+    out.rows.reserve(events.len());
     out.pages.reserve(page_count as usize + 1);
-    let mut current = 0u16;
+    // A page's rows are the events inside it; a page need not start with one (the last
+    // row before it runs on: `find_rule`).
     let mut ev = events.iter().peekable();
     for p in 0..page_count {
-        let page_start = out.base + (p << PAGE_SHIFT);
-        let page_end = page_start + (1 << PAGE_SHIFT);
+        let page_start = out.base + (p << shift);
+        let page_end = page_start + (1 << shift);
         out.pages.push(out.rows.len() as u32);
-        if ev.peek().is_none_or(|e| e.0 != page_start) {
-            out.rows.push(RowEntry {
-                addr_low: 0,
-                rule: current,
-            });
-        }
         while let Some(&&(addr, rule)) = ev.peek() {
             if addr >= page_end {
                 break;
@@ -337,7 +335,6 @@ pub fn flatten(table: &UnwindTable, dict: &mut RuleDict) -> Result<FlatObject, F
                 addr_low: (addr - page_start) as u16,
                 rule,
             });
-            current = rule;
             ev.next();
         }
     }
@@ -348,6 +345,26 @@ pub fn flatten(table: &UnwindTable, dict: &mut RuleDict) -> Result<FlatObject, F
     }
     out.pages.push(out.rows.len() as u32);
     Ok(out)
+}
+
+/// The page shift of an object whose rows (`rows` of them) run from object address
+/// `first` to `last`: the smallest from [`MIN_PAGE_SHIFT`] up that leaves at least
+/// [`MIN_ROWS_PER_PAGE`] rows per page on average (each page costs a 4-byte entry and,
+/// unless a row starts it, a 4-byte first row), and [`MAX_PAGE_SHIFT`] when none does.
+/// The finer the pages, the fewer halvings each frame's row search takes.
+fn page_shift(first: u64, last: u64, rows: usize) -> Result<u32, FlattenError> {
+    let pages = |shift: u32| ((last - (first & !((1u64 << shift) - 1))) >> shift) + 1;
+    let rows = (rows as u64).max(MIN_ROWS_PER_PAGE);
+    let shift = (MIN_PAGE_SHIFT..MAX_PAGE_SHIFT)
+        .find(|&s| {
+            let p = pages(s);
+            p <= MAX_PAGES_PER_OBJECT && p.saturating_mul(MIN_ROWS_PER_PAGE) <= rows
+        })
+        .unwrap_or(MAX_PAGE_SHIFT);
+    match pages(shift) {
+        p if p > MAX_PAGES_PER_OBJECT => Err(FlattenError::TooManyPages { pages: p }),
+        _ => Ok(shift),
+    }
 }
 
 /// Host-side tables over slices, laid out exactly as in the kernel, for the reference
@@ -379,7 +396,7 @@ impl HostTables {
             page_first: self.pages.len() as u32,
             page_count: flat.page_count(),
             row_first: self.rows.len() as u32,
-            _pad: 0,
+            page_shift: flat.page_shift,
         });
         self.pages.extend_from_slice(&flat.pages);
         self.rows.extend_from_slice(&flat.rows);
@@ -629,13 +646,9 @@ mod tests {
         let (_, flat) = host(&t, 0);
         assert_eq!(flat.base, 0);
         assert_eq!(flat.page_count(), 5);
-        for p in 0..flat.page_count() as usize {
-            let first = flat.pages[p] as usize;
-            assert_eq!(
-                flat.rows[first].addr_low, 0,
-                "page {p} starts with a row at 0"
-            );
-        }
+        // Rows at 0xfff0, 0x10010, 0x3fff0 (the end), 0x40000 and 0x40010: page 2 holds
+        // none (the rule of 0x10010 runs on through it), pages 1 and 3 none at their start.
+        assert_eq!(flat.pages, [0, 1, 2, 2, 3, 5]);
         for addr in [
             0xffef, 0xfff0, 0x1000f, 0x10010, 0x1ffff, 0x20000, 0x3ffef, 0x3fff0,
         ] {
@@ -647,6 +660,72 @@ mod tests {
             };
             assert_eq!(got, model(&t, addr), "address {addr:#x}");
         }
+    }
+
+    #[test]
+    fn dense_code_gets_finer_pages() {
+        // 64 functions of 16 bytes with 4 rows each (64 rows per 256 bytes), starting off
+        // a page boundary so that pages begin inside functions, between two rows.
+        let fns: Vec<_> = (0..64u64)
+            .map(|i| {
+                func(
+                    0x1_0008 + i * 16,
+                    16,
+                    &[
+                        (0, Some(rule(8))),
+                        (1, Some(rule(16))),
+                        (4, Some(rule(24))),
+                        (12, Some(rule(40))),
+                    ],
+                )
+            })
+            .collect();
+        let t = table(fns);
+        let (_, flat) = host(&t, 0);
+        assert!(flat.page_shift <= MIN_PAGE_SHIFT + 1, "{}", flat.page_shift);
+        let pages = u64::from(flat.page_count());
+        assert!(flat.rows.len() as u64 >= MIN_ROWS_PER_PAGE * pages);
+        // No page starts with a row: each runs on from the page before.
+        for p in 1..flat.page_count() as usize {
+            assert_ne!(flat.rows[flat.pages[p] as usize].addr_low, 0, "page {p}");
+        }
+        // The same rules as the table at every address, page boundaries included.
+        check_every_address(&t, 0xff00, 0x1_0008 + 64 * 16 + 0x100);
+    }
+
+    #[test]
+    fn page_shift_keeps_rows_per_page_and_the_page_limit() {
+        for (first, last, rows) in [
+            (0, 0, 1),
+            (0x1000, 0x1fff, 16),
+            (0x1000, 0x1_0fff, 4096),
+            (0x1000, 0x10_0fff, 4096),
+            (0x1000, 0x10_0fff, 1 << 20),
+            (0, u64::from(u32::MAX), 1 << 24),
+            (0x1234, 0x8000_0000, 2),
+        ] {
+            let shift = page_shift(first, last, rows).unwrap();
+            assert!((MIN_PAGE_SHIFT..=MAX_PAGE_SHIFT).contains(&shift));
+            let pages = ((last - (first & !((1u64 << shift) - 1))) >> shift) + 1;
+            assert!(pages <= MAX_PAGES_PER_OBJECT, "{first:#x}..{last:#x}");
+            if shift > MIN_PAGE_SHIFT {
+                // Finer pages would have had too few rows each, or too many pages.
+                let finer = ((last - (first & !((1u64 << (shift - 1)) - 1))) >> (shift - 1)) + 1;
+                assert!(
+                    finer * MIN_ROWS_PER_PAGE > (rows as u64).max(MIN_ROWS_PER_PAGE)
+                        || finer > MAX_PAGES_PER_OBJECT,
+                    "{first:#x}..{last:#x} {rows}: shift {shift}"
+                );
+            }
+            if shift < MAX_PAGE_SHIFT {
+                assert!(pages * MIN_ROWS_PER_PAGE <= (rows as u64).max(MIN_ROWS_PER_PAGE));
+            }
+        }
+        // More than 4 GiB of address space is refused, as before.
+        assert!(matches!(
+            page_shift(0, 1 << 33, 1 << 20),
+            Err(FlattenError::TooManyPages { .. })
+        ));
     }
 
     #[test]

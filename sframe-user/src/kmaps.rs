@@ -448,7 +448,7 @@ impl KernelTables {
             page_first: page_first as u32,
             page_count: flat.page_count(),
             row_first: row_first as u32,
-            _pad: 0,
+            page_shift: flat.page_shift,
         };
         if let Err(source) = self.objects.set(id, entry, 0) {
             self.row_alloc.free(row_block, row_blocks);

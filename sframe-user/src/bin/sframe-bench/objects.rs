@@ -46,6 +46,8 @@ pub(crate) struct ObjectNumbers {
     pub rows: usize,
     pub functions: usize,
     pub flat_rows: usize,
+    /// Pages of the flattened object, and their size (log2 of bytes).
+    pub pages: (u32, u32),
     pub kernel_bytes: u64,
     pub rules: usize,
     pub eh_frame_bytes: Option<u64>,
@@ -146,6 +148,7 @@ fn bench_object(path: &Path, args: &Args) -> Result<ObjectNumbers> {
         rows: table.table.row_count(),
         functions: table.table.functions().len(),
         flat_rows: flat.rows.len(),
+        pages: (flat.page_count(), flat.page_shift),
         kernel_bytes: flat.kernel_bytes(),
         rules,
         eh_frame_bytes,
@@ -251,7 +254,9 @@ pub(crate) fn memory_section(doc: &mut String, objects: &[ObjectBench]) {
          Method: `objtable::table_for_elf` builds each object's table (its `.sframe` when\n\
          valid, else rows derived from `.eh_frame`/`.debug_frame`, plus PLT rows);\n\
          `flatten::flatten` turns it into the kernel layout; *kernel bytes* is\n\
-         `FlatObject::kernel_bytes()` (4-byte rows, 4-byte page entries, one object entry).\n\
+         `FlatObject::kernel_bytes()` (4-byte rows, 4-byte page entries, one object entry);\n\
+         *pages*: the object's page entries and their size (the finest from 256 bytes that\n\
+         leaves 32 rows per page on average, else 64 KiB).\n\
          Rules are deduplicated into one table shared by all objects ({rule_bytes} bytes per\n\
          distinct rule), counted apart. Beside: the object's `.eh_frame` section, and a\n\
          version 3 `.sframe` the project's writer generates from the same table\n\
@@ -259,8 +264,8 @@ pub(crate) fn memory_section(doc: &mut String, objects: &[ObjectBench]) {
          Goal (issues 5, 8): ≤ 4 bytes per row including the function entries, hard limit 8.\n"
     );
     doc.push_str(
-        "| object | source | functions | rows | flattened rows | kernel bytes | bytes/row | bytes/function | distinct rules | `.eh_frame` bytes (/row) | generated `.sframe` v3 bytes (/row) |\n\
-         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| object | source | functions | rows | flattened rows | pages | kernel bytes | bytes/row | bytes/function | distinct rules | `.eh_frame` bytes (/row) | generated `.sframe` v3 bytes (/row) |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for o in objects {
         let name = object_name(o);
@@ -277,11 +282,13 @@ pub(crate) fn memory_section(doc: &mut String, objects: &[ObjectBench]) {
                 };
                 let _ = writeln!(
                     doc,
-                    "| {name} | {} | {} | {} | {} | {} | {} | {} | {} | {eh} | {sf} |",
+                    "| {name} | {} | {} | {} | {} | {} × {} B | {} | {} | {} | {} | {eh} | {sf} |",
                     source_name(n.source),
                     n.functions,
                     n.rows,
                     n.flat_rows,
+                    n.pages.0,
+                    1u64 << n.pages.1,
                     n.kernel_bytes,
                     fmt_opt(per_row(n.kernel_bytes as f64), 2),
                     fmt_opt(ratio(n.kernel_bytes as f64, n.functions as f64), 1),
@@ -291,7 +298,7 @@ pub(crate) fn memory_section(doc: &mut String, objects: &[ObjectBench]) {
             Err(err) => {
                 let _ = writeln!(
                     doc,
-                    "| {name} | not measured: {} ||||||||||",
+                    "| {name} | not measured: {} |||||||||||",
                     one_line(&format!("{err:#}"))
                 );
             }
