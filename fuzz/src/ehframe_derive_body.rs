@@ -51,6 +51,17 @@ pub fn run(data: &[u8]) {
                 flat.rows.iter().all(|r| usize::from(r.rule) < dict.len()),
                 "rows refer to interned rules"
             );
+            assert!(
+                (sframe_common::budget::MIN_PAGE_SHIFT..=sframe_common::budget::MAX_PAGE_SHIFT)
+                    .contains(&flat.page_shift),
+                "a page size the kernel takes"
+            );
+            assert!(
+                flat.rows
+                    .iter()
+                    .all(|r| u64::from(r.addr_low) < 1u64 << flat.page_shift),
+                "rows inside their page"
+            );
         }
     }
 }

@@ -14,10 +14,12 @@
 //!
 //! A page covers `1 << ObjectEntry::page_shift` bytes of an object's address space
 //! starting at `ObjectEntry::base` (256 bytes to 64 KiB, chosen per object: see
-//! `budget::MAX_PAGE_SHIFT`). Every page that exists starts with a row at
-//! `addr_low == 0`, so the search inside a page always finds a row, and a row costs 4
-//! bytes: the low `page_shift` (≤ 16) bits of its address and a 16-bit rule index. Function boundaries are rows too: where a
-//! function ends and the next does not start, a row with rule 0 ("no rule") begins.
+//! `budget::MAX_PAGE_SHIFT`). A row costs 4 bytes: the low `page_shift` (≤ 16) bits of
+//! its address in its page and a 16-bit rule index. A page need not start with a row
+//! (nor hold any): the last row before its rows, in an earlier page, runs on into it, so
+//! the search inside a page starts from that row. Function boundaries are rows too:
+//! where a function ends and the next does not start, a row with rule 0 ("no rule")
+//! begins.
 //!
 //! Array maps round elements up to 8 bytes, so rows and page entries are stored in
 //! blocks; `ROW_BLOCK` rows per element keeps the 4-byte cost.

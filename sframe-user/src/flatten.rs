@@ -149,7 +149,8 @@ pub struct FlatObject {
     pub page_shift: u32,
     /// `page_count + 1` entries; the last is `rows.len()`.
     pub pages: Vec<u32>,
-    /// The rows of all pages in order; each page's rows start with one at `addr_low` 0.
+    /// The rows of all pages in order (a page need not start with one: the row before
+    /// runs on).
     pub rows: Vec<RowEntry>,
     /// Rows of the input table the kernel cannot apply (became "no rule").
     pub unencodable_rows: u64,

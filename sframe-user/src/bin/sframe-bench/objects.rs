@@ -256,7 +256,7 @@ pub(crate) fn memory_section(doc: &mut String, objects: &[ObjectBench]) {
          `flatten::flatten` turns it into the kernel layout; *kernel bytes* is\n\
          `FlatObject::kernel_bytes()` (4-byte rows, 4-byte page entries, one object entry);\n\
          *pages*: the object's page entries and their size (the finest from 256 bytes that\n\
-         leaves 32 rows per page on average, else 64 KiB).\n\
+         leaves 64 rows per page on average, else 64 KiB).\n\
          Rules are deduplicated into one table shared by all objects ({rule_bytes} bytes per\n\
          distinct rule), counted apart. Beside: the object's `.eh_frame` section, and a\n\
          version 3 `.sframe` the project's writer generates from the same table\n\
