@@ -316,9 +316,9 @@ pub fn flatten(table: &UnwindTable, dict: &mut RuleDict) -> Result<FlatObject, F
         return Ok(out);
     };
     let shift = page_shift(first.0, last.0, events.len())?;
+    let (base, page_count) = page_span(first.0, last.0, shift);
     out.page_shift = shift;
-    out.base = first.0 & !((1u64 << shift) - 1);
-    let page_count = ((last.0 - out.base) >> shift) + 1;
+    out.base = base;
     out.rows.reserve(events.len());
     out.pages.reserve(page_count as usize + 1);
     // A page's rows are the events inside it; a page need not start with one (the last
@@ -348,13 +348,20 @@ pub fn flatten(table: &UnwindTable, dict: &mut RuleDict) -> Result<FlatObject, F
     Ok(out)
 }
 
+/// The page-aligned base and the number of pages of `1 << shift` bytes that rows from
+/// object address `first` to `last` (`first <= last`) span.
+fn page_span(first: u64, last: u64, shift: u32) -> (u64, u64) {
+    let base = first & !((1u64 << shift) - 1);
+    (base, ((last - base) >> shift) + 1)
+}
+
 /// The page shift of an object whose rows (`rows` of them) run from object address
 /// `first` to `last`: the smallest from [`MIN_PAGE_SHIFT`] up that leaves at least
-/// [`MIN_ROWS_PER_PAGE`] rows per page on average (each page costs a 4-byte entry and,
-/// unless a row starts it, a 4-byte first row), and [`MAX_PAGE_SHIFT`] when none does.
-/// The finer the pages, the fewer halvings each frame's row search takes.
+/// [`MIN_ROWS_PER_PAGE`] rows per page on average (each page costs a 4-byte entry), and
+/// [`MAX_PAGE_SHIFT`] when none does. The finer the pages, the fewer halvings each
+/// frame's row search takes.
 fn page_shift(first: u64, last: u64, rows: usize) -> Result<u32, FlattenError> {
-    let pages = |shift: u32| ((last - (first & !((1u64 << shift) - 1))) >> shift) + 1;
+    let pages = |shift: u32| page_span(first, last, shift).1;
     let rows = (rows as u64).max(MIN_ROWS_PER_PAGE);
     let shift = (MIN_PAGE_SHIFT..MAX_PAGE_SHIFT)
         .find(|&s| {
@@ -461,6 +468,18 @@ mod tests {
                 .map(|&(start_offset, rule)| Row { start_offset, rule })
                 .collect(),
         }
+    }
+
+    /// `count` functions of `size` bytes one after the other from `start`, each with rows
+    /// at the given offsets whose CFA is SP + the given value.
+    fn repeated(start: u64, count: u64, size: u32, rows: &[(u32, i32)]) -> Vec<FunctionRows> {
+        let rows: Vec<_> = rows
+            .iter()
+            .map(|&(at, cfa)| (at, Some(rule(cfa))))
+            .collect();
+        (0..count)
+            .map(|i| func(start + i * u64::from(size), size, &rows))
+            .collect()
     }
 
     fn table(functions: Vec<FunctionRows>) -> UnwindTable {
@@ -667,21 +686,12 @@ mod tests {
     fn dense_code_gets_finer_pages() {
         // 64 functions of 16 bytes with 4 rows each (64 rows per 256 bytes), starting off
         // a page boundary so that pages begin inside functions, between two rows.
-        let fns: Vec<_> = (0..64u64)
-            .map(|i| {
-                func(
-                    0x1_0008 + i * 16,
-                    16,
-                    &[
-                        (0, Some(rule(8))),
-                        (1, Some(rule(16))),
-                        (4, Some(rule(24))),
-                        (12, Some(rule(40))),
-                    ],
-                )
-            })
-            .collect();
-        let t = table(fns);
+        let t = table(repeated(
+            0x1_0008,
+            64,
+            16,
+            &[(0, 8), (1, 16), (4, 24), (12, 40)],
+        ));
         let (_, flat) = host(&t, 0);
         assert!(flat.page_shift <= MIN_PAGE_SHIFT + 1, "{}", flat.page_shift);
         let pages = u64::from(flat.page_count());
@@ -707,11 +717,11 @@ mod tests {
         ] {
             let shift = page_shift(first, last, rows).unwrap();
             assert!((MIN_PAGE_SHIFT..=MAX_PAGE_SHIFT).contains(&shift));
-            let pages = ((last - (first & !((1u64 << shift) - 1))) >> shift) + 1;
+            let (_, pages) = page_span(first, last, shift);
             assert!(pages <= MAX_PAGES_PER_OBJECT, "{first:#x}..{last:#x}");
             if shift > MIN_PAGE_SHIFT {
                 // Finer pages would have had too few rows each, or too many pages.
-                let finer = ((last - (first & !((1u64 << (shift - 1)) - 1))) >> (shift - 1)) + 1;
+                let (_, finer) = page_span(first, last, shift - 1);
                 assert!(
                     finer * MIN_ROWS_PER_PAGE > (rows as u64).max(MIN_ROWS_PER_PAGE)
                         || finer > MAX_PAGES_PER_OBJECT,
@@ -798,20 +808,7 @@ mod tests {
 
     #[test]
     fn bytes_per_row_stay_near_four() {
-        let functions = (0..1000u64)
-            .map(|i| {
-                func(
-                    0x1000 + i * 0x40,
-                    0x40,
-                    &[
-                        (0, Some(rule(8))),
-                        (1, Some(rule(16))),
-                        (8, Some(rule(24))),
-                        (0x3f, Some(rule(8))),
-                    ],
-                )
-            })
-            .collect();
+        let functions = repeated(0x1000, 1000, 0x40, &[(0, 8), (1, 16), (8, 24), (0x3f, 8)]);
         let (_, flat) = host(&table(functions), 0);
         let per_row = flat.kernel_bytes() as f64 / flat.rows.len() as f64;
         assert!(per_row < 4.1, "{per_row} bytes per row");

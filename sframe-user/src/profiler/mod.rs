@@ -200,7 +200,8 @@ impl ProfilerConfig {
 pub const MIN_TABLE_MEMORY: u64 = 64 * 1024;
 
 /// Rows and page entries for a table memory budget: 7/8 rows, 1/8 page entries (an
-/// object has at least `MIN_ROWS_PER_PAGE` = 32 rows per page, or pages of 64 KiB).
+/// object has `budget::MIN_ROWS_PER_PAGE` rows per page on average, or pages of the
+/// largest size).
 pub fn table_capacity(bytes: u64) -> (u32, u32) {
     let rows = (bytes / 8 * 7) / size_of::<RowBlock>() as u64 * 8;
     let pages = (bytes / 8) / size_of::<PageBlock>() as u64 * 8;

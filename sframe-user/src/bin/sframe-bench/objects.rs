@@ -248,6 +248,9 @@ fn is_elf_program(path: &Path) -> bool {
 
 pub(crate) fn memory_section(doc: &mut String, objects: &[ObjectBench]) {
     let rule_bytes = size_of::<RuleEntry>();
+    let min_page = 1u64 << sframe_common::budget::MIN_PAGE_SHIFT;
+    let max_page = (1u64 << sframe_common::budget::MAX_PAGE_SHIFT) >> 10;
+    let min_rows = sframe_common::budget::MIN_ROWS_PER_PAGE;
     let _ = writeln!(
         doc,
         "\n## 2. Kernel memory per row\n\n\
@@ -255,8 +258,8 @@ pub(crate) fn memory_section(doc: &mut String, objects: &[ObjectBench]) {
          valid, else rows derived from `.eh_frame`/`.debug_frame`, plus PLT rows);\n\
          `flatten::flatten` turns it into the kernel layout; *kernel bytes* is\n\
          `FlatObject::kernel_bytes()` (4-byte rows, 4-byte page entries, one object entry);\n\
-         *pages*: the object's page entries and their size (the finest from 256 bytes that\n\
-         leaves 64 rows per page on average, else 64 KiB).\n\
+         *pages*: the object's page entries and their size (the finest from {min_page} bytes\n\
+         that leaves {min_rows} rows per page on average, else {max_page} KiB).\n\
          Rules are deduplicated into one table shared by all objects ({rule_bytes} bytes per\n\
          distinct rule), counted apart. Beside: the object's `.eh_frame` section, and a\n\
          version 3 `.sframe` the project's writer generates from the same table\n\
