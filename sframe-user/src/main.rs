@@ -30,6 +30,9 @@ enum Command {
     /// Load every BPF program into the running kernel (without attaching it) and print
     /// the verifier's instruction count for each; exit 1 if any is rejected.
     CheckKernel,
+    /// Rebuild a flame graph of a window from the stack series a Prometheus server
+    /// holds (queried over its HTTP API), as SVG or folded stacks.
+    PromqlFlamegraph(cli::promql_flamegraph::PromqlFlamegraphArgs),
 }
 
 /// Heap bytes counted per thread: the symbolizers' state is bounded in bytes with it
@@ -65,6 +68,7 @@ fn main() {
             None => cli::profile::run(cli.profile).await,
             Some(Command::Tables(cmd)) => std::process::exit(cli::tables::run(cmd)),
             Some(Command::CheckKernel) => std::process::exit(cli::check_kernel::run()),
+            Some(Command::PromqlFlamegraph(args)) => cli::promql_flamegraph::run(args).await,
         }
     });
     if let Err(err) = result {

@@ -133,19 +133,62 @@ pub struct ProfileArgs {
     /// 127.0.0.1:9464. Nothing listens unless this is given.
     #[arg(long, value_name = "ADDR")]
     pub prometheus: Option<SocketAddr>,
-    /// Stack series per process exported to Prometheus (the others are summed into
-    /// `stack="[other]"`).
-    #[arg(long, value_name = "K", default_value_t = 100)]
-    pub prometheus_top_k: usize,
+    /// Stack series on the host at most (on CPU and off CPU together): the host's flame
+    /// graph per program over the last 5 minutes, pruned to its most significant frame
+    /// paths; the rest of each kept path is summed in its `;[other]` series.
+    #[arg(long, value_name = "N", default_value_t = prometheus::tree::DEFAULT_MAX_SERIES as u64,
+          value_parser = clap::value_parser!(u64).range(2..=1_000_000))]
+    pub prometheus_max_series: u64,
+    /// Bytes of a label value at most (Mimir and Cortex refuse series with longer ones
+    /// by default); longer stacks keep their outermost and innermost frames.
+    #[arg(long, value_name = "BYTES", default_value_t = prometheus::tree::DEFAULT_MAX_LABEL_BYTES as u64,
+          value_parser = clap::value_parser!(u64).range(prometheus::tree::MIN_LABEL_BYTES as u64..=1 << 20))]
+    pub prometheus_max_label_bytes: u64,
+    /// Share of the host's samples (percent) a frame path needs to get series of its own.
+    #[arg(long, value_name = "PERCENT", default_value_t = 0.01)]
+    pub prometheus_min_share: f64,
+    /// Label stack series with the process id: every process its own series (only for
+    /// hosts with few, long-lived processes).
+    #[arg(long)]
+    pub prometheus_pid_label: bool,
     /// Label every stack series with its process's cgroup (`cgroup`) or container
-    /// (`container_id`, absent for processes in no recognized container).
-    #[arg(long, value_enum, value_name = "LABEL", requires = "prometheus")]
+    /// (`container_id`, absent for processes in no recognized container): each value
+    /// is a program of its own within the series budget.
+    #[arg(long, value_enum, value_name = "LABEL")]
     pub prometheus_group: Option<prometheus::GroupLabel>,
-    /// Distinct values of the --prometheus-group label with series at a time; the
-    /// processes of further values are labelled `[other]` and counted in
-    /// sframe_group_label_overflow_total.
-    #[arg(long, value_name = "N", default_value_t = prometheus::DEFAULT_GROUP_LIMIT)]
-    pub prometheus_group_limit: usize,
+    /// Send the metrics to this Prometheus remote-write endpoint (remote write 1.0:
+    /// snappy-compressed protobuf over http://, e.g. a central Prometheus's
+    /// http://HOST:9090/api/v1/write, Mimir's /api/v1/push), every
+    /// --prometheus-remote-write-interval; retried with backoff from a bounded queue,
+    /// never delaying sampling. Works with or without --prometheus.
+    #[arg(long, value_name = "URL")]
+    pub prometheus_remote_write: Option<String>,
+    /// Seconds between two remote-write requests.
+    #[arg(long, value_name = "SECS", default_value_t = 15,
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub prometheus_remote_write_interval: u64,
+    /// A header for every remote-write request, `Name: value` (repeatable), e.g.
+    /// `X-Scope-OrgID: tenant` or `Authorization: Bearer TOKEN`.
+    #[arg(
+        long = "prometheus-remote-write-header",
+        value_name = "HEADER",
+        requires = "prometheus_remote_write"
+    )]
+    pub prometheus_remote_write_headers: Vec<String>,
+    /// A label added to every remote-written series, `name=value` (repeatable); the
+    /// defaults are job=sframe and instance=HOSTNAME (a scraper adds its own instead).
+    #[arg(
+        long = "prometheus-external-label",
+        value_name = "NAME=VALUE",
+        requires = "prometheus_remote_write"
+    )]
+    pub prometheus_external_labels: Vec<String>,
+    /// Replaced by --prometheus-max-series (refused with a note).
+    #[arg(long, hide = true, value_name = "K")]
+    pub prometheus_top_k: Option<String>,
+    /// Replaced by --prometheus-max-series (refused with a note).
+    #[arg(long, hide = true, value_name = "N")]
+    pub prometheus_group_limit: Option<String>,
     /// With a command: run it as this user (name or uid), with its groups. Default: the
     /// user who ran sudo (SUDO_UID, SUDO_GID), else the profiler's own user.
     #[arg(long, value_name = "USER", requires = "command")]
@@ -158,12 +201,62 @@ pub struct ProfileArgs {
     pub command: Vec<String>,
 }
 
-/// The Prometheus side of a run.
+/// The Prometheus side of a run: the metrics, served (`--prometheus`), remote-written
+/// (`--prometheus-remote-write`) or both.
 struct Exporter {
     metrics: Metrics,
     feed: Feed,
     exposition: server::Exposition,
-    server: tokio::task::JoinHandle<()>,
+    server: Option<tokio::task::JoinHandle<()>>,
+    remote: Option<Remote>,
+}
+
+/// `--prometheus-remote-write`: the sender and when it was last given an exposition.
+struct Remote {
+    writer: prometheus::remote_write::RemoteWriter,
+    every: Duration,
+    last: Option<Instant>,
+}
+
+/// The remote-write configuration of `args`, if any.
+fn remote_write_config(args: &ProfileArgs) -> Result<Option<prometheus::remote_write::Config>> {
+    let Some(url) = &args.prometheus_remote_write else {
+        return Ok(None);
+    };
+    let mut config = prometheus::remote_write::Config::new(url.clone());
+    for h in &args.prometheus_remote_write_headers {
+        let Some((name, value)) = h.split_once(':') else {
+            bail!("--prometheus-remote-write-header {h:?} is not `Name: value`");
+        };
+        config
+            .headers
+            .push((name.trim().to_owned(), value.trim().to_owned()));
+    }
+    for l in &args.prometheus_external_labels {
+        let Some((name, value)) = l.split_once('=') else {
+            bail!("--prometheus-external-label {l:?} is not `name=value`");
+        };
+        config
+            .external_labels
+            .push((name.trim().to_owned(), value.to_owned()));
+    }
+    let has = |config: &prometheus::remote_write::Config, name: &str| {
+        config.external_labels.iter().any(|(n, _)| n == name)
+    };
+    if !has(&config, "job") {
+        config
+            .external_labels
+            .push(("job".to_owned(), "sframe".to_owned()));
+    }
+    if !has(&config, "instance") {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_owned())
+            .unwrap_or_default();
+        if !host.is_empty() {
+            config.external_labels.push(("instance".to_owned(), host));
+        }
+    }
+    Ok(Some(config))
 }
 
 /// The `--interval` state: the counts at the start of the current interval.
@@ -193,6 +286,18 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
     }
     if args.off_cpu && !args.no_on_cpu && args.off_cpu_output.is_none() {
         bail!("--off-cpu needs --off-cpu-output PATH for the off-CPU profile (or --no-on-cpu)");
+    }
+    if args.prometheus_top_k.is_some() || args.prometheus_group_limit.is_some() {
+        bail!(
+            "--prometheus-top-k and --prometheus-group-limit are gone: stack series are now \
+             bounded per host by --prometheus-max-series (default {}), processes of one \
+             program share them, and --prometheus-pid-label brings the pid label back \
+             (README, Prometheus)",
+            prometheus::tree::DEFAULT_MAX_SERIES
+        );
+    }
+    if !(args.prometheus_min_share >= 0.0 && args.prometheus_min_share <= 100.0) {
+        bail!("--prometheus-min-share must be a percentage between 0 and 100");
     }
     let interval = match args.interval {
         Some(s) if !(s >= 1.0 && s.is_finite()) => bail!("--interval must be at least 1 second"),
@@ -263,26 +368,56 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
     };
     let mut command_status: Option<std::process::ExitStatus> = None;
     let mut forwarded = false;
-    let mut exporter = match args.prometheus {
-        Some(addr) => {
-            let listener = server::bind(addr).await?;
-            let local = listener.local_addr().unwrap_or(addr);
-            eprintln!("sframe-user: serving metrics on http://{local}/metrics");
+    let remote_config = remote_write_config(&args)?;
+    let mut exporter = match (args.prometheus, remote_config) {
+        (None, None) => None,
+        (addr, remote_config) => {
             let exposition = server::Exposition::default();
-            let mut metrics =
-                Metrics::new(args.prometheus_top_k, prometheus::WINDOW, prometheus::GRACE);
-            if let Some(label) = args.prometheus_group {
-                metrics = metrics.with_group(label, args.prometheus_group_limit);
-            }
+            let server = match addr {
+                Some(addr) => {
+                    let listener = server::bind(addr).await?;
+                    let local = listener.local_addr().unwrap_or(addr);
+                    eprintln!("sframe-user: serving metrics on http://{local}/metrics");
+                    Some(tokio::spawn(server::serve(listener, exposition.clone())))
+                }
+                None => None,
+            };
+            let remote = match remote_config {
+                Some(config) => {
+                    let url = config.url.clone();
+                    let writer = prometheus::remote_write::RemoteWriter::spawn(config)
+                        .context("--prometheus-remote-write")?;
+                    eprintln!("sframe-user: remote-writing metrics to {url}");
+                    Some(Remote {
+                        writer,
+                        every: Duration::from_secs(args.prometheus_remote_write_interval),
+                        last: None,
+                    })
+                }
+                None => None,
+            };
+            let metrics = Metrics::new(prometheus::SeriesConfig {
+                tree: prometheus::tree::Config {
+                    max_series: usize::try_from(args.prometheus_max_series).unwrap_or(usize::MAX),
+                    max_label_bytes: usize::try_from(args.prometheus_max_label_bytes)
+                        .unwrap_or(usize::MAX),
+                    min_share: args.prometheus_min_share / 100.0,
+                    ..prometheus::tree::Config::default()
+                },
+                off_cpu: args.off_cpu,
+                pid_label: args.prometheus_pid_label,
+                group: args.prometheus_group,
+                remote_write: remote.is_some(),
+            });
             exposition.set(metrics.render());
             Some(Exporter {
-                server: tokio::spawn(server::serve(listener, exposition.clone())),
+                server,
                 metrics,
                 feed: Feed::new()?,
                 exposition,
+                remote,
             })
         }
-        None => None,
     };
     let events = match profiler.events_fd() {
         // SAFETY: a duplicate of the ring buffer's fd, owned by the AsyncFd; the ring
@@ -390,14 +525,20 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
                 eprintln!("sframe-user: {exited} target(s) exited; their samples are kept");
             }
         }
-        let exited = profiler.take_exited();
         if let Some(e) = &mut exporter {
-            for pid in exited {
-                e.metrics.exited(pid, Instant::now());
+            if let Some(r) = &e.remote {
+                e.metrics.set_remote_write(r.writer.stats());
             }
             e.feed
                 .update(&mut e.metrics, Instant::now(), &profiler, &snap);
-            e.exposition.set(e.metrics.render());
+            let text = e.metrics.render();
+            if let Some(r) = &mut e.remote
+                && r.last.is_none_or(|t| t.elapsed() >= r.every)
+            {
+                r.last = Some(Instant::now());
+                r.writer.push(text.clone(), unix_ms());
+            }
+            e.exposition.set(text);
         }
         if let Some(iv) = &mut intervals
             && iv.started.elapsed() >= iv.every
@@ -449,8 +590,10 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
             .collect();
         log::debug!("counters: {}", nonzero.join(" "));
     }
-    if let Some(e) = exporter.take() {
-        e.server.abort();
+    if let Some(e) = exporter.take()
+        && let Some(server) = e.server
+    {
+        server.abort();
     }
     if let Some(child) = &mut command
         && command_status.is_none()
@@ -493,6 +636,13 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
         })(),
     };
     exit_as_command(written, command_status)
+}
+
+/// Now, in milliseconds since the Unix epoch.
+fn unix_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 /// In command mode, once the profile is written, ends with the command's exit status.

@@ -414,7 +414,6 @@ impl Profiler {
             // Symbolization needs only the executable mappings.
             p.info.maps.retain(|m| m.executable);
             p.info.maps.shrink_to_fit();
-            self.newly_exited.push(pid);
             self.exited_order.push_back(pid);
         }
         // Past the limit by a tenth, forget the oldest exited processes with their

@@ -276,7 +276,6 @@ pub struct Profiler {
     /// Thread names (`/proc/PID/task/TID/comm`, raw) by tid, read when a thread's first
     /// samples are collected (a thread that is gone by then keeps no name).
     thread_names: StdHashMap<u32, String>,
-    newly_exited: Vec<u32>,
     /// Exited processes in the order they exited (a pid may be listed again after
     /// reuse; entries of pids running again are skipped when trimming).
     exited_order: std::collections::VecDeque<u32>,
@@ -399,7 +398,6 @@ impl Profiler {
             load_retries: StdHashMap::new(),
             failed_loads: StdHashMap::new(),
             thread_names: StdHashMap::new(),
-            newly_exited: Vec::new(),
             exited_order: std::collections::VecDeque::new(),
             own_exe: std::fs::read_link("/proc/self/exe").ok(),
             max_exited: config.max_exited,
@@ -749,11 +747,6 @@ impl Profiler {
                 self.store.cache().map_or(0, |c| c.stats.rejected),
             ),
         ]
-    }
-
-    /// Pids that exited since the last call.
-    pub fn take_exited(&mut self) -> Vec<u32> {
-        std::mem::take(&mut self.newly_exited)
     }
 
     /// Whether `pid` is profiled and has not exited (as far as the profiler has seen).

@@ -4,6 +4,7 @@
 
 pub mod hostile;
 pub mod profiling;
+pub mod prometheus;
 
 use std::{
     path::{Path, PathBuf},
@@ -39,6 +40,27 @@ pub fn compile_c(name: &str, source: &str, flags: &[&str]) -> PathBuf {
         .expect("run gcc");
     assert!(status.success(), "gcc {flags:?} {name}.c failed");
     out
+}
+
+/// `main → f0 → f1 → f2 → leaf`, spinning in `leaf`; -O2 without frame pointers, with
+/// line tables.
+pub fn chain_fixture() -> PathBuf {
+    let src = "volatile unsigned long sink;\n\
+        __attribute__((noinline)) void leaf(void) { for (;;) sink++; }\n\
+        __attribute__((noinline)) void f2(void) { leaf(); sink += 2; }\n\
+        __attribute__((noinline)) void f1(void) { f2(); sink += 1; }\n\
+        __attribute__((noinline)) void f0(void) { f1(); sink += 3; }\n\
+        int main(void) { f0(); return (int)sink; }\n";
+    compile_c("chain", src, &["-O2", "-fomit-frame-pointer", "-g"])
+}
+
+pub const CHAIN: &str = "main;f0;f1;f2;leaf";
+
+pub fn spawn_chain() -> KillOnDrop {
+    let chain = KillOnDrop::spawn(&mut Command::new(chain_fixture()));
+    // Let it reach `leaf`.
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    chain
 }
 
 /// A child process killed (and reaped) on drop.

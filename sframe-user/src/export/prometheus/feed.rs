@@ -227,10 +227,8 @@ impl Feed {
         if !self.namer.submit(pending.batches.into_values().collect()) {
             log::warn!("the stack naming thread is gone: new stacks stay unnamed");
         }
-        // Forget the stacks of processes that have no series any more, and the waiting
-        // samples of processes that are gone (their series would outlive their grace).
-        let live: std::collections::HashSet<u32> = metrics.pids().into_iter().collect();
-        let kept = |pid: &u32| live.contains(pid) || profiler.target(*pid).is_some();
+        // Forget the names and waiting samples of processes the profiler forgot.
+        let kept = |pid: &u32| profiler.target(*pid).is_some();
         self.names.retain(|(pid, _, _, _), _| kept(pid));
         self.waiting.retain(|(pid, _, _, _), _| kept(pid));
 

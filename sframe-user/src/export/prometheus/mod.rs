@@ -9,13 +9,15 @@
 mod feed;
 #[cfg(feature = "profiler")]
 mod namer;
+#[cfg(feature = "profiler")]
+pub mod remote_write;
 pub mod server;
 pub mod text_format;
-mod window;
+pub mod tree;
 
 use std::{
     sync::{Arc, Mutex, MutexGuard, PoisonError, atomic::AtomicU64},
-    time::{Duration, Instant},
+    time::Instant,
 };
 
 use prometheus_client::{
@@ -36,7 +38,7 @@ use sframe_common::{Counter as Event, WalkOutcome};
 
 #[cfg(feature = "profiler")]
 pub use self::feed::Feed;
-pub use self::window::{OTHER, Series, SeriesRef, StackWindow};
+pub use self::tree::{NO_FRAMES, OTHER, Program, SeriesRef, SeriesTree};
 
 /// Maps hashed for every sample or update (stack names, count keys): a seeded fast
 /// hash (foldhash; SipHash over stack labels was a tenth of the profiler's CPU on a
@@ -47,12 +49,7 @@ type FastSet<K> = std::collections::HashSet<K, foldhash::quality::RandomState>;
 
 /// Suggested `--prometheus` address.
 pub const DEFAULT_ADDR: &str = "127.0.0.1:9464";
-/// Length of the window over which the top-K stacks of a process are chosen.
-pub const WINDOW: Duration = Duration::from_secs(300);
-/// How long the series of an exited process stay.
-pub const GRACE: Duration = Duration::from_secs(300);
-
-/// The labels of one stack series, borrowed from its window.
+/// The labels of one stack series, borrowed from its tree.
 struct StackLabels<'a> {
     series: SeriesRef<'a>,
     /// `cgroup` or `container_id` with `--prometheus-group`.
@@ -63,7 +60,9 @@ impl EncodeLabelSet for StackLabels<'_> {
     fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
         let s = &self.series;
         ("comm", s.comm).encode(encoder.encode_label())?;
-        ("pid", s.pid).encode(encoder.encode_label())?;
+        if let Some(pid) = s.pid {
+            ("pid", pid).encode(encoder.encode_label())?;
+        }
         ("stack", s.stack).encode(encoder.encode_label())?;
         if let Some((label, value)) = self.group.zip(s.group) {
             (label.key(), value).encode(encoder.encode_label())?;
@@ -72,17 +71,43 @@ impl EncodeLabelSet for StackLabels<'_> {
     }
 }
 
-const STACKS_HELP: &str = "Samples per stack (folded, outermost first) of the top-K stacks of each process over a sliding window; the stack [other] sums the rest";
-const OFF_CPU_HELP: &str = "Time threads slept per stack (folded, outermost first, ending with [sleep S] or [sleep D]) of the top-K stacks of each process over a sliding window, with --off-cpu; the stack [other] sums the rest";
+const STACKS_HELP: &str = "Samples per stack (folded, outermost first) of the host's flame graph per program over a sliding window, pruned to its significant nodes within the series budget: a stack ending in [other] sums the samples that went on into frames not kept, comm [other] the programs not kept";
+const OFF_CPU_HELP: &str = "Time threads slept per stack (folded, outermost first, ending with [sleep S] or [sleep D]) of the host's off-CPU flame graph per program, with --off-cpu, pruned like sframe_stack_samples";
 
-/// The stack windows, on CPU and off CPU, and the group label they are exported with.
+/// The stack trees, on CPU and off CPU, and the group label they are exported with.
 #[derive(Debug)]
 struct Windows {
-    on_cpu: StackWindow,
+    on_cpu: SeriesTree,
     /// Off CPU (`--off-cpu`): nanoseconds asleep per stack.
-    off_cpu: StackWindow,
+    off_cpu: SeriesTree,
     group: Option<GroupLabel>,
 }
+
+/// How stack series are exported: the budget and the labels.
+#[derive(Clone, Debug, Default)]
+pub struct SeriesConfig {
+    /// The on-CPU tree's bounds; with `off_cpu`, the budget is split in half between
+    /// the two trees.
+    pub tree: tree::Config,
+    /// Whether the off-CPU tree has series.
+    pub off_cpu: bool,
+    /// The opt-in `pid` label: every process its own program (its own series).
+    pub pid_label: bool,
+    /// The opt-in `cgroup` or `container_id` label.
+    pub group: Option<GroupLabel>,
+    /// Whether the remote-write sender's own metrics are registered.
+    pub remote_write: bool,
+}
+
+const PROFILES: [&str; 2] = ["cpu", "off_cpu"];
+
+/// A metric of the stack trees' own: name, help, type, and its value in a tree's figures.
+type TreeMetric = (
+    &'static str,
+    &'static str,
+    MetricType,
+    fn(&tree::Figures) -> u64,
+);
 
 /// The stack series, encoded straight from the windows when the exposition is
 /// rendered: no per-series label copies or hashing per update (a registered
@@ -101,7 +126,7 @@ impl Collector for StackSeries {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let w = self.lock();
         let group = w.group;
-        if !w.on_cpu.is_empty() {
+        {
             let mut metric = encoder.encode_descriptor(
                 "sframe_stack_samples",
                 STACKS_HELP,
@@ -114,7 +139,7 @@ impl Collector for StackSeries {
                     .encode_counter::<NoLabelSet, _, u64>(&series.value, None)
             })?;
         }
-        if !w.off_cpu.is_empty() {
+        if w.off_cpu.config().max_series > 0 {
             let mut metric = encoder.encode_descriptor(
                 "sframe_off_cpu",
                 OFF_CPU_HELP,
@@ -127,6 +152,66 @@ impl Collector for StackSeries {
                     .encode_family(&StackLabels { series, group })?
                     .encode_counter::<NoLabelSet, _, u64>(&seconds, None)
             })?;
+        }
+        let trees = [&w.on_cpu, &w.off_cpu];
+        let figures = trees.map(SeriesTree::figures);
+        let on = trees.map(|t| t.config().max_series > 0);
+        let family = |f: fn(&tree::Figures) -> u64| {
+            PROFILES
+                .iter()
+                .zip(&figures)
+                .zip(on)
+                .filter(|(_, on)| *on)
+                .map(move |((profile, fig), _)| (*profile, f(fig)))
+        };
+        let metrics: [TreeMetric; 6] = [
+            (
+                "sframe_stack_series",
+                "Stack series exported now (at most --prometheus-max-series on the host)",
+                MetricType::Gauge,
+                |f| f.series as u64,
+            ),
+            (
+                "sframe_stack_series_created",
+                "Stack series created since the start (one that leaves the kept set and returns is created again)",
+                MetricType::Counter,
+                |f| f.created,
+            ),
+            (
+                "sframe_stack_tree_nodes",
+                "Frame-path nodes of the stack tree in memory (the samples of the window)",
+                MetricType::Gauge,
+                |f| f.nodes as u64,
+            ),
+            (
+                "sframe_stack_tree_kept_nodes",
+                "Frame-path nodes with series: their totals are exact",
+                MetricType::Gauge,
+                |f| f.kept as u64,
+            ),
+            (
+                "sframe_stack_paths_cut",
+                "Samples (off CPU: nanoseconds) whose frame path was cut because the stack tree was full, counted in the remainder of the node where it was cut",
+                MetricType::Counter,
+                |f| f.cut,
+            ),
+            (
+                "sframe_stack_series_over_budget",
+                "Samples (off CPU: nanoseconds) counted in an ancestor's remainder because their series did not exist and the budget left no room to create it",
+                MetricType::Counter,
+                |f| f.over_budget,
+            ),
+        ];
+        for (name, help, kind, value) in metrics {
+            let mut metric = encoder.encode_descriptor(name, help, None, kind)?;
+            for (profile, v) in family(value) {
+                let labels = [("profile", profile)];
+                let mut m = metric.encode_family(&labels)?;
+                match kind {
+                    MetricType::Counter => m.encode_counter::<NoLabelSet, _, u64>(&v, None)?,
+                    _ => m.encode_gauge(&v)?,
+                }
+            }
         }
         Ok(())
     }
@@ -152,12 +237,14 @@ impl GroupLabel {
     }
 }
 
-/// Default bound on the distinct values of the `--prometheus-group` label.
-pub const DEFAULT_GROUP_LIMIT: usize = 100;
-
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabels {
     outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -245,8 +332,12 @@ pub struct Metrics {
     naming_evictions: Counter,
     processes: Gauge,
     frequency: Gauge,
-    group: Option<GroupLabel>,
-    group_overflow: Counter,
+    config: SeriesConfig,
+    remote_write: Family<ResultLabels, Counter>,
+    remote_write_samples: Counter,
+    remote_write_queued: Gauge,
+    remote_write_last: Gauge,
+    last_remote: remote_write::Stats,
     /// Last absolute values, to turn them into counter increments.
     last: Health,
     last_cpu: f64,
@@ -257,12 +348,20 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    pub fn new(top_k: usize, window: Duration, grace: Duration) -> Self {
+    pub fn new(config: SeriesConfig) -> Self {
         let mut registry = Registry::default();
+        let mut on_cpu = config.tree.clone();
+        let mut off_cpu = config.tree.clone();
+        if config.off_cpu {
+            off_cpu.max_series = on_cpu.max_series / 2;
+            on_cpu.max_series -= off_cpu.max_series;
+        } else {
+            off_cpu.max_series = 0;
+        }
         let stacks = StackSeries(Arc::new(Mutex::new(Windows {
-            on_cpu: StackWindow::new(top_k, window, grace),
-            off_cpu: StackWindow::new(top_k, window, grace),
-            group: None,
+            on_cpu: SeriesTree::new(on_cpu),
+            off_cpu: SeriesTree::new(off_cpu),
+            group: config.group,
         })));
         registry.register_collector(Box::new(stacks.clone()));
         let outcomes = Family::<OutcomeLabels, Counter>::default();
@@ -421,12 +520,36 @@ impl Metrics {
             "sframe_sampling_frequency_hz",
             "Sampling frequency per CPU now (the overhead governor lowers it under load)",
         );
-        let group_overflow = Counter::default();
-        registry.register(
-            "sframe_group_label_overflow",
-            "Processes whose --prometheus-group label (cgroup or container_id) was replaced by [other] because --prometheus-group-limit distinct values already had series",
-            group_overflow.clone(),
-        );
+        let remote_write = Family::<ResultLabels, Counter>::default();
+        let remote_write_samples = Counter::default();
+        let remote_write_queued = Gauge::default();
+        let remote_write_last = Gauge::default();
+        if config.remote_write {
+            registry.register(
+                "sframe_remote_write_requests",
+                "Remote-write requests by result: sent (taken), failed (attempts without a 2xx), retried, rejected (refused for good, 4xx), dropped (queue full, never sent)",
+                remote_write.clone(),
+            );
+            registry.register(
+                "sframe_remote_write_samples",
+                "Samples in the remote-write requests the endpoint took",
+                remote_write_samples.clone(),
+            );
+            registry.register(
+                "sframe_remote_write_queued",
+                "Expositions waiting to be remote-written",
+                remote_write_queued.clone(),
+            );
+            registry.register_with_unit(
+                "sframe_remote_write_last_success_timestamp",
+                "When the endpoint last took a request (Unix time; 0: never)",
+                Unit::Seconds,
+                remote_write_last.clone(),
+            );
+            for result in ["sent", "failed", "retried", "rejected", "dropped"] {
+                let _ = remote_write.get_or_create(&ResultLabels { result });
+            }
+        }
         for o in WalkOutcome::ALL {
             let _ = outcomes.get_or_create(&OutcomeLabels { outcome: o.name() });
         }
@@ -461,30 +584,73 @@ impl Metrics {
             naming_evictions,
             processes,
             frequency,
-            group: None,
-            group_overflow,
+            config,
+            remote_write,
+            remote_write_samples,
+            remote_write_queued,
+            remote_write_last,
+            last_remote: remote_write::Stats::default(),
             last: Health::default(),
             last_cpu: 0.0,
             last_render: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
-    /// Labels every stack series with its process's `label`, at most `limit` distinct
-    /// values at a time (the rest `[other]`, counted).
-    pub fn with_group(mut self, label: GroupLabel, limit: usize) -> Self {
-        self.group = Some(label);
-        {
-            let mut w = self.stacks.lock();
-            w.group = Some(label);
-            w.on_cpu.set_group_limit(limit);
-            w.off_cpu.set_group_limit(limit);
+    /// The remote-write sender's figures now (cumulative).
+    pub fn set_remote_write(&mut self, stats: remote_write::Stats) {
+        let last = self.last_remote;
+        for (result, now, before) in [
+            ("sent", stats.requests_sent, last.requests_sent),
+            ("failed", stats.requests_failed, last.requests_failed),
+            ("retried", stats.requests_retried, last.requests_retried),
+            ("rejected", stats.requests_rejected, last.requests_rejected),
+            (
+                "dropped",
+                stats.requests_dropped_queue_full,
+                last.requests_dropped_queue_full,
+            ),
+        ] {
+            self.remote_write
+                .get_or_create(&ResultLabels { result })
+                .inc_by(now.saturating_sub(before));
         }
-        self
+        self.remote_write_samples
+            .inc_by(stats.samples_sent.saturating_sub(last.samples_sent));
+        self.remote_write_queued
+            .set(i64::try_from(stats.queued).unwrap_or(i64::MAX));
+        self.remote_write_last
+            .set(i64::try_from(stats.last_success_unix_ms / 1000).unwrap_or(i64::MAX));
+        self.last_remote = stats;
     }
 
     /// The group label, if any.
     pub fn group(&self) -> Option<GroupLabel> {
-        self.group
+        self.config.group
+    }
+
+    /// The tree key of process `pid`'s samples: its program.
+    fn program(&self, pid: u32, comm: &str, group: Option<&str>) -> Program {
+        let max = self.config.tree.max_label_bytes;
+        Program {
+            comm: Arc::from(tree::bounded_value(comm, max)),
+            pid: self.config.pid_label.then_some(pid),
+            group: self
+                .config
+                .group
+                .and(group)
+                .map(|g| Arc::from(tree::bounded_value(g, max))),
+        }
+    }
+
+    /// Figures of the on-CPU and off-CPU stack trees.
+    pub fn tree_figures(&self) -> [tree::Figures; 2] {
+        let w = self.stacks.lock();
+        [w.on_cpu.figures(), w.off_cpu.figures()]
+    }
+
+    /// The kept and all nodes of the on-CPU tree at or above `share` of its window.
+    pub fn exact_nodes(&self, share: f64) -> (usize, usize) {
+        self.stacks.lock().on_cpu.exact_nodes(share)
     }
 
     /// Records `delta` new samples of `stack` (folded, outermost first) with
@@ -499,11 +665,8 @@ impl Metrics {
         frames: usize,
         delta: u64,
     ) {
-        let group = self.group.and(group);
-        self.stacks
-            .lock()
-            .on_cpu
-            .record(pid, comm, group, stack, delta);
+        let program = self.program(pid, comm, group);
+        self.stacks.lock().on_cpu.record(program, stack, delta);
         // Bounded: the samples of one update interval.
         for _ in 0..delta.min(100_000) {
             self.frames.observe(frames as f64);
@@ -520,39 +683,20 @@ impl Metrics {
         stack: impl Into<Arc<str>>,
         ns: u64,
     ) {
-        let group = self.group.and(group);
-        self.stacks
-            .lock()
-            .off_cpu
-            .record(pid, comm, group, stack, ns);
-    }
-
-    /// Process `pid` exited at `now`.
-    pub fn exited(&mut self, pid: u32, now: Instant) {
-        let mut w = self.stacks.lock();
-        w.on_cpu.exited(pid, now);
-        w.off_cpu.exited(pid, now);
-    }
-
-    /// Pids that still have series.
-    pub fn pids(&self) -> Vec<u32> {
-        let w = self.stacks.lock();
-        let mut pids: Vec<u32> = w.on_cpu.pids().chain(w.off_cpu.pids()).collect();
-        pids.sort_unstable();
-        pids.dedup();
-        pids
+        if !self.config.off_cpu {
+            return;
+        }
+        let program = self.program(pid, comm, group);
+        self.stacks.lock().off_cpu.record(program, stack, ns);
     }
 
     /// Applies what was recorded and the new health values.
     pub fn update(&mut self, now: Instant, health: &Health) {
-        let overflow = {
+        {
             let mut w = self.stacks.lock();
             w.on_cpu.update(now);
             w.off_cpu.update(now);
-            w.on_cpu.group_overflow() + w.off_cpu.group_overflow()
-        };
-        self.group_overflow
-            .inc_by(overflow.saturating_sub(self.group_overflow.get()));
+        }
         let at = |values: &[u64], i: usize| values.get(i).copied().unwrap_or(0);
         for o in WalkOutcome::ALL {
             let i = o as usize;
@@ -668,7 +812,10 @@ mod tests {
 
     #[test]
     fn exposition_has_stacks_outcomes_and_health() {
-        let mut m = Metrics::new(1, WINDOW, GRACE);
+        let mut m = Metrics::new(SeriesConfig {
+            off_cpu: true,
+            ..SeriesConfig::default()
+        });
         m.record(7, "prog", None, "main;work", 2, 5);
         m.record(7, "prog", None, "main;idle", 2, 1);
         m.record_off_cpu(7, "prog", None, "main;wait;[sleep S]", 1_500_000_000);
@@ -691,12 +838,20 @@ mod tests {
         health.counters[Event::Samples as usize] = 6;
         let now = Instant::now();
         m.update(now, &health);
+        // The first update's samples come before any plan: in the host remainder.
+        m.record(7, "prog", None, "main;work", 2, 5);
+        m.record(7, "prog", None, "main;idle", 2, 1);
+        m.record_off_cpu(7, "prog", None, "main;wait;[sleep S]", 1_500_000_000);
+        m.update(now + std::time::Duration::from_secs(1), &health);
         let text = m.render();
         for line in [
-            "sframe_stack_samples_total{comm=\"prog\",pid=\"7\",stack=\"main;work\"} 5",
-            "sframe_stack_samples_total{comm=\"prog\",pid=\"7\",stack=\"[other]\"} 1",
-            "sframe_off_cpu_seconds_total{comm=\"prog\",pid=\"7\",stack=\"main;wait;[sleep S]\"} 1.5",
-            "sframe_off_cpu_seconds_total{comm=\"prog\",pid=\"7\",stack=\"[other]\"} 0.0",
+            "sframe_stack_samples_total{comm=\"[other]\",stack=\"[other]\"} 6",
+            "sframe_stack_samples_total{comm=\"prog\",stack=\"main;work\"} 5",
+            "sframe_stack_samples_total{comm=\"prog\",stack=\"main;idle\"} 1",
+            "sframe_off_cpu_seconds_total{comm=\"[other]\",stack=\"[other]\"} 1.5",
+            "sframe_off_cpu_seconds_total{comm=\"prog\",stack=\"main;wait;[sleep S]\"} 1.5",
+            "sframe_stack_series{profile=\"cpu\"} 3",
+            "sframe_stack_series{profile=\"off_cpu\"} 2",
             "# TYPE sframe_stack_samples counter",
             "# TYPE sframe_off_cpu_seconds counter",
             "# UNIT sframe_off_cpu_seconds seconds",
@@ -707,7 +862,7 @@ mod tests {
             "sframe_sampling_frequency_hz 49",
             "sframe_walk_outcomes_total{outcome=\"no_rule\"} 0",
             "sframe_events_total{event=\"samples\"} 6",
-            "sframe_stack_frames_count 6",
+            "sframe_stack_frames_count 12",
             "sframe_objects_loaded 3",
             "sframe_objects_by_source{source=\"sframe\"} 1",
             "sframe_objects_by_source{source=\"eh_frame\"} 2",
@@ -732,21 +887,23 @@ mod tests {
             "{text}"
         );
         assert!(text.ends_with("# EOF\n"), "{text}");
-        // Counters follow absolute values.
+        // Counters follow absolute values; stacks leave with the window.
         health.outcomes[WalkOutcome::Complete as usize] = 9;
-        m.exited(7, now);
-        m.update(now + GRACE, &health);
+        m.update(now + std::time::Duration::from_secs(400), &health);
         let text = m.render();
         assert!(text.contains("sframe_walk_outcomes_total{outcome=\"complete\"} 9"));
-        assert!(!text.contains("sframe_stack_samples_total{"), "{text}");
-        assert!(!text.contains("sframe_off_cpu_seconds_total{"), "{text}");
+        assert!(!text.contains("comm=\"prog\""), "{text}");
+        assert!(
+            text.contains("sframe_stack_series{profile=\"cpu\"} 1"),
+            "{text}"
+        );
     }
 
     /// prometheus-client writes HELP verbatim; OpenMetrics allows no `"`, `\\` or newline
     /// there unescaped.
     #[test]
     fn help_texts_need_no_escaping() {
-        let mut m = Metrics::new(5, WINDOW, GRACE);
+        let mut m = Metrics::new(SeriesConfig::default());
         m.record(1, "p", None, "main", 1, 1);
         m.update(Instant::now(), &Health::default());
         let text = m.render();
@@ -760,7 +917,7 @@ mod tests {
     /// The text format keeps every sample of the OpenMetrics exposition.
     #[test]
     fn text_format_keeps_every_sample() {
-        let mut m = Metrics::new(5, WINDOW, GRACE);
+        let mut m = Metrics::new(SeriesConfig::default());
         m.record(1, "p", None, "main;work", 3, 7);
         m.update(Instant::now(), &Health::default());
         let om = m.render();
@@ -784,9 +941,16 @@ mod tests {
 
     #[test]
     fn label_values_are_escaped() {
-        let mut m = Metrics::new(5, WINDOW, GRACE);
+        let mut m = Metrics::new(SeriesConfig {
+            pid_label: true,
+            ..SeriesConfig::default()
+        });
+        let now = Instant::now();
+        m.update(now, &Health::default());
         m.record(1, "a\"b", None, "x\\y;\"z\"", 1, 1);
-        m.update(Instant::now(), &Health::default());
+        m.update(now + std::time::Duration::from_secs(1), &Health::default());
+        m.record(1, "a\"b", None, "x\\y;\"z\"", 1, 1);
+        m.update(now + std::time::Duration::from_secs(2), &Health::default());
         let text = m.render();
         assert!(
             text.contains(
@@ -797,23 +961,31 @@ mod tests {
     }
 
     #[test]
-    fn group_label_is_added_and_bounded() {
-        let mut m = Metrics::new(5, WINDOW, GRACE).with_group(GroupLabel::Container, 1);
+    fn group_label_makes_programs_of_their_own() {
+        let mut m = Metrics::new(SeriesConfig {
+            group: Some(GroupLabel::Container),
+            ..SeriesConfig::default()
+        });
+        let now = Instant::now();
+        m.update(now, &Health::default());
         m.record(1, "p", Some("ab12"), "main", 1, 2);
-        m.record(2, "q", Some("cd34"), "main", 1, 3);
-        m.record(3, "r", None, "main", 1, 4);
-        m.update(Instant::now(), &Health::default());
+        m.record(2, "p", Some("cd34"), "main", 1, 3);
+        m.record(3, "p", None, "main", 1, 4);
+        m.update(now + std::time::Duration::from_secs(1), &Health::default());
+        m.record(1, "p", Some("ab12"), "main", 1, 2);
+        m.record(2, "p", Some("cd34"), "main", 1, 3);
+        m.record(3, "p", None, "main", 1, 4);
+        m.update(now + std::time::Duration::from_secs(2), &Health::default());
         let text = m.render();
         for line in [
-            r#"sframe_stack_samples_total{comm="p",pid="1",stack="main",container_id="ab12"} 2"#,
-            r#"sframe_stack_samples_total{comm="q",pid="2",stack="main",container_id="[other]"} 3"#,
-            r#"sframe_stack_samples_total{comm="r",pid="3",stack="main"} 4"#,
-            "sframe_group_label_overflow_total 1",
+            r#"sframe_stack_samples_total{comm="p",stack="main",container_id="ab12"} 2"#,
+            r#"sframe_stack_samples_total{comm="p",stack="main",container_id="cd34"} 3"#,
+            r#"sframe_stack_samples_total{comm="p",stack="main"} 4"#,
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
         }
         // Without --prometheus-group, a group passed in is not exported.
-        let mut m = Metrics::new(5, WINDOW, GRACE);
+        let mut m = Metrics::new(SeriesConfig::default());
         m.record(1, "p", Some("ab12"), "main", 1, 2);
         m.update(Instant::now(), &Health::default());
         assert!(!m.render().contains("container_id="));
