@@ -139,6 +139,10 @@ pub struct ProfileArgs {
     #[arg(long, value_name = "N", default_value_t = prometheus::tree::DEFAULT_MAX_SERIES as u64,
           value_parser = clap::value_parser!(u64).range(2..=1_000_000))]
     pub prometheus_max_series: u64,
+    /// Bytes of the stack series' lines in a scrape at most (on and off CPU together):
+    /// the series budget in bytes, which long stacks reach before --prometheus-max-series.
+    #[arg(long, value_name = "BYTES", default_value = "480000", value_parser = parse_bytes)]
+    pub prometheus_max_bytes: u64,
     /// Bytes of a label value at most (Mimir and Cortex refuse series with longer ones
     /// by default); longer stacks keep their outermost and innermost frames.
     #[arg(long, value_name = "BYTES", default_value_t = prometheus::tree::DEFAULT_MAX_LABEL_BYTES as u64,
@@ -399,6 +403,7 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
             let metrics = Metrics::new(prometheus::SeriesConfig {
                 tree: prometheus::tree::Config {
                     max_series: usize::try_from(args.prometheus_max_series).unwrap_or(usize::MAX),
+                    max_bytes: usize::try_from(args.prometheus_max_bytes).unwrap_or(usize::MAX),
                     max_label_bytes: usize::try_from(args.prometheus_max_label_bytes)
                         .unwrap_or(usize::MAX),
                     min_share: args.prometheus_min_share / 100.0,

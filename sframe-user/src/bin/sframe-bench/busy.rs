@@ -310,7 +310,7 @@ fn labelled(text: &str, prefix: &str) -> BTreeMap<String, f64> {
         .collect()
 }
 
-fn wait_cpu(child: &mut Child) -> Result<f64> {
+pub(crate) fn wait_cpu(child: &mut Child) -> Result<f64> {
     let mut status = 0;
     // SAFETY: zeroed rusage is a valid out-parameter.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };

@@ -22,11 +22,15 @@
 //! 6. `busy`: whole-system profiling on a busy host (compile churn, long-lived spinners,
 //!    python3), beside `perf record -a -g` and `--call-graph dwarf`. `--stress SECONDS`
 //!    runs only that load (what `cargo xtask stress` is).
+//! 7. `offcpu`: off-CPU profiling against the programs' own measurements.
+//! 8. `fleet`: Prometheus at fleet scale: the busy host plus build churn, scraped by a
+//!    real Prometheus as 20 hosts; series, bytes, exactness, the server's cost per host.
 
 mod accuracy;
 mod busy;
 mod cost;
 mod fixtures;
+mod fleet;
 mod heap;
 mod kmem;
 mod objects;
@@ -90,6 +94,8 @@ enum Section {
     Busy,
     /// Section 7: off-CPU profiling.
     OffCpu,
+    /// Section 8: Prometheus at fleet scale.
+    Fleet,
 }
 
 impl Args {
@@ -164,11 +170,7 @@ fn main() -> Result<()> {
     if args.runs(Section::Busy) && args.bpf() {
         progress("6/6 busy host");
         let seconds = if args.quick { 8.0 } else { 60.0 };
-        let profiler = std::env::current_exe()
-            .ok()
-            .map(|e| e.with_file_name("sframe-user"))
-            .filter(|p| p.exists());
-        match profiler {
+        match profiler_beside() {
             Some(exe) => {
                 if let Err(err) = busy::section(&mut doc, seconds, &exe) {
                     let _ = writeln!(doc, "\n## 6. Busy host\n\nNot measured: {err:#}");
@@ -183,8 +185,23 @@ fn main() -> Result<()> {
         }
     }
     if args.runs(Section::OffCpu) && args.bpf() {
-        progress("7/7 off CPU");
+        progress("7/8 off CPU");
         offcpu::section(&mut doc, &args);
+    }
+    if args.runs(Section::Fleet) && args.bpf() {
+        progress("8/8 Prometheus at fleet scale");
+        let seconds = if args.quick { 25.0 } else { 600.0 };
+        match profiler_beside() {
+            Some(exe) => {
+                let _ = fleet::section(&mut doc, seconds, &exe);
+            }
+            None => {
+                let _ = writeln!(
+                    doc,
+                    "\n## 8. Prometheus at fleet scale\n\nNot measured: no sframe-user beside sframe-bench (cargo xtask bench builds both)"
+                );
+            }
+        }
     }
     let _ = writeln!(
         doc,
@@ -206,6 +223,14 @@ fn main() -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The `sframe-user` binary built beside this one.
+fn profiler_beside() -> Option<std::path::PathBuf> {
+    std::env::current_exe()
+        .ok()
+        .map(|e| e.with_file_name("sframe-user"))
+        .filter(|p| p.exists())
 }
 
 fn progress(what: &str) {

@@ -355,8 +355,11 @@ impl Metrics {
         if config.off_cpu {
             off_cpu.max_series = on_cpu.max_series / 2;
             on_cpu.max_series -= off_cpu.max_series;
+            off_cpu.max_bytes = on_cpu.max_bytes / 2;
+            on_cpu.max_bytes -= off_cpu.max_bytes;
         } else {
             off_cpu.max_series = 0;
+            off_cpu.max_bytes = 0;
         }
         let stacks = StackSeries(Arc::new(Mutex::new(Windows {
             on_cpu: SeriesTree::new(on_cpu),

@@ -114,11 +114,14 @@ pub enum ServerError {
 #[derive(Clone, Debug, Default)]
 pub struct Exposition(Arc<Mutex<Arc<Rendered>>>);
 
-/// One exposition in both formats; the text format is made on first request.
+/// One exposition in both formats, each plain or gzip-compressed (as Prometheus asks
+/// for it: `Accept-Encoding: gzip`); each form is made on its first request.
 #[derive(Debug, Default)]
 struct Rendered {
     openmetrics: Bytes,
     text: OnceLock<Bytes>,
+    openmetrics_gzip: OnceLock<Bytes>,
+    text_gzip: OnceLock<Bytes>,
 }
 
 impl Rendered {
@@ -130,6 +133,54 @@ impl Rendered {
             })
             .clone()
     }
+
+    fn body(&self, text: bool, gzip: bool) -> Bytes {
+        let plain = if text {
+            self.text()
+        } else {
+            self.openmetrics.clone()
+        };
+        if !gzip {
+            return plain;
+        }
+        let cell = if text {
+            &self.text_gzip
+        } else {
+            &self.openmetrics_gzip
+        };
+        cell.get_or_init(|| {
+            use std::io::Write as _;
+            // The fastest level: an exposition is mostly repeated frame names.
+            let mut enc = flate2::write::GzEncoder::new(
+                Vec::with_capacity(plain.len() / 8),
+                flate2::Compression::fast(),
+            );
+            // Writing into a Vec cannot fail.
+            let _ = enc.write_all(&plain);
+            Bytes::from(enc.finish().unwrap_or_default())
+        })
+        .clone()
+    }
+}
+
+/// Whether the `Accept-Encoding` headers take gzip (not refused with `q=0`).
+fn accepts_gzip(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(hyper::header::ACCEPT_ENCODING)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|coding| {
+            let mut parts = coding.split(';');
+            let name = parts.next().unwrap_or("").trim();
+            let refused = parts.any(|p| {
+                p.trim()
+                    .strip_prefix("q=")
+                    .and_then(|q| q.trim().parse::<f32>().ok())
+                    == Some(0.0)
+            });
+            name.eq_ignore_ascii_case("gzip") && !refused
+        })
 }
 
 impl Exposition {
@@ -137,7 +188,7 @@ impl Exposition {
     pub fn set(&self, openmetrics: String) {
         let rendered = Arc::new(Rendered {
             openmetrics: Bytes::from(openmetrics),
-            text: OnceLock::new(),
+            ..Rendered::default()
         });
         // The old one is dropped outside the lock (after the guard).
         let _old = match self.0.lock() {
@@ -535,15 +586,27 @@ fn route(
         );
     }
     let rendered = exposition.current();
-    let (body, content_type) = if prefers_text_format(headers) {
-        (rendered.text(), CONTENT_TYPE_TEXT)
+    let text = prefers_text_format(headers);
+    let gzip = accepts_gzip(headers);
+    let content_type = if text {
+        CONTENT_TYPE_TEXT
     } else {
-        (rendered.openmetrics.clone(), CONTENT_TYPE_OPENMETRICS)
+        CONTENT_TYPE_OPENMETRICS
     };
     // hyper sends the length and no body for HEAD.
-    let mut r = Response::new(Full::new(body));
+    let mut r = Response::new(Full::new(rendered.body(text, gzip)));
     r.headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    if gzip {
+        r.headers_mut().insert(
+            hyper::header::CONTENT_ENCODING,
+            HeaderValue::from_static("gzip"),
+        );
+    }
+    r.headers_mut().insert(
+        hyper::header::VARY,
+        HeaderValue::from_static("Accept, Accept-Encoding"),
+    );
     r
 }
 
@@ -600,6 +663,33 @@ mod tests {
             h.append(ACCEPT, v.parse().unwrap());
         }
         h
+    }
+
+    /// What Prometheus sends (`Accept-Encoding: gzip`) gets the exposition gzipped,
+    /// and it decompresses to the same bytes; `identity` or `gzip;q=0` get it plain.
+    #[test]
+    fn gzip_when_asked_for() {
+        use std::io::Read as _;
+        let mut h = HeaderMap::new();
+        h.append(hyper::header::ACCEPT_ENCODING, "gzip".parse().unwrap());
+        assert!(accepts_gzip(&h));
+        for refused in ["identity", "gzip;q=0", "br, deflate"] {
+            let mut h = HeaderMap::new();
+            h.append(hyper::header::ACCEPT_ENCODING, refused.parse().unwrap());
+            assert!(!accepts_gzip(&h), "{refused}");
+        }
+        let om = "# TYPE a counter\na_total{stack=\"x;y\"} 1\n".repeat(100) + "# EOF\n";
+        let exposition = Exposition::default();
+        exposition.set(om.clone());
+        let rendered = exposition.current();
+        let gz = rendered.body(false, true);
+        assert!(gz.len() < om.len() / 4, "{} of {}", gz.len(), om.len());
+        let mut back = String::new();
+        flate2::read::GzDecoder::new(&gz[..])
+            .read_to_string(&mut back)
+            .unwrap();
+        assert_eq!(back, om);
+        assert_eq!(rendered.body(false, false), om.as_bytes());
     }
 
     #[test]

@@ -27,7 +27,8 @@
 //! that node), label values are at most [`Config::max_label_bytes`] (a longer stack
 //! keeps its outermost and innermost frames and names what it left out with a digest
 //! of the whole path, so distinct stacks stay distinct; a label that would still equal
-//! another's is not kept), and series never exceed [`Config::max_series`].
+//! another's is not kept), and series never exceed [`Config::max_series`] nor their
+//! lines in the exposition [`Config::max_bytes`].
 
 use std::{
     cmp::Ordering,
@@ -48,6 +49,8 @@ pub const NO_FRAMES: &str = "[no frames]";
 pub struct Config {
     /// Series at most (all of this tree's series, the host remainder included).
     pub max_series: usize,
+    /// Bytes of these series' lines in the exposition at most (the scrape's size).
+    pub max_bytes: usize,
     /// Bytes of a label value at most (Mimir's and Cortex's default is 2,048).
     pub max_label_bytes: usize,
     /// Window over which node shares are measured.
@@ -64,6 +67,9 @@ pub struct Config {
 
 /// Default `--prometheus-max-series`.
 pub const DEFAULT_MAX_SERIES: usize = 1000;
+/// Default `--prometheus-max-bytes`: with the exporter's other metrics (about 25 KB),
+/// a scrape stays under 512 KB.
+pub const DEFAULT_MAX_BYTES: usize = 480_000;
 /// Default `--prometheus-max-label-bytes`.
 pub const DEFAULT_MAX_LABEL_BYTES: usize = 2048;
 /// The smallest label bound accepted (room for a few frames and the digest marker).
@@ -73,6 +79,7 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             max_series: DEFAULT_MAX_SERIES,
+            max_bytes: DEFAULT_MAX_BYTES,
             max_label_bytes: DEFAULT_MAX_LABEL_BYTES,
             window: Duration::from_secs(300),
             replan: Duration::from_secs(60),
@@ -108,6 +115,8 @@ pub struct SeriesRef<'a> {
 pub struct Figures {
     /// Series now.
     pub series: usize,
+    /// Bytes of their lines in the exposition (an estimate: values counted as 12 bytes).
+    pub bytes: usize,
     /// Series created since the start (a series that returns is created again).
     pub created: u64,
     /// Nodes in the tree now, and kept.
@@ -145,6 +154,9 @@ struct Node {
     /// The `stack` labels of the two series (kept nodes; programs have fixed ones).
     own_label: Option<Box<str>>,
     other_label: Option<Box<str>>,
+    /// Bytes of the two series' lines (kept nodes).
+    own_cost: u32,
+    other_cost: u32,
     free: bool,
     /// While planning: whether it is chosen, and its remainder's samples.
     plan_keep: bool,
@@ -163,6 +175,8 @@ impl Node {
         other_series: None,
         own_label: None,
         other_label: None,
+        own_cost: 0,
+        other_cost: 0,
         free: false,
         plan_keep: false,
         plan_other: 0,
@@ -229,6 +243,7 @@ impl SeriesTree {
             ..Node::default()
         });
         tree.figures.series = 1;
+        tree.figures.bytes = line_cost(OTHER, None, None, OTHER);
         tree.figures.created = 1;
         tree
     }
@@ -443,15 +458,17 @@ impl SeriesTree {
     /// Adds `delta` to the own (or remainder) series of kept node `node`, creating the
     /// series if the budget has room, else to the closest remainder that exists.
     fn count(&mut self, node: u32, own: bool, delta: u64) {
-        let room = self.figures.series < self.config.max_series.max(1);
+        let (series, bytes) = (self.figures.series, self.figures.bytes);
+        let (max_series, max_bytes) = (self.config.max_series.max(1), self.config.max_bytes);
         let Some(n) = self.nodes.get_mut(node as usize) else {
             return;
         };
-        let slot = if own {
-            &mut n.own_series
+        let (slot, cost) = if own {
+            (&mut n.own_series, n.own_cost as usize)
         } else {
-            &mut n.other_series
+            (&mut n.other_series, n.other_cost as usize)
         };
+        let room = series < max_series && bytes.saturating_add(cost) <= max_bytes && cost > 0;
         match slot {
             Some(v) => {
                 *v = v.saturating_add(delta);
@@ -460,6 +477,7 @@ impl SeriesTree {
             None if room => {
                 *slot = Some(delta);
                 self.figures.series += 1;
+                self.figures.bytes += cost;
                 self.figures.created += 1;
                 return;
             }
@@ -517,6 +535,12 @@ impl SeriesTree {
         let floor_kept = ((floor_in as f64 / self.config.hysteresis.max(1.0)).ceil() as u64).max(1);
         let max = self.config.max_series.max(1);
         let budget = max - (max / 20).min(max - 1);
+        let byte_budget = self.config.max_bytes - self.config.max_bytes / 20;
+        let programs: FastMap<u32, (&str, Option<u32>, Option<&str>)> = self
+            .program_of
+            .iter()
+            .map(|(&id, p)| (id, (&*p.comm, p.pid, p.group.as_deref())))
+            .collect();
         let mut children: Vec<Vec<u32>> = vec![Vec::new(); self.nodes.len()];
         for (id, n) in self.nodes.iter_mut().enumerate() {
             n.plan_keep = id as u32 == ROOT;
@@ -530,6 +554,7 @@ impl SeriesTree {
         }
         // The host remainder always exists.
         let mut series = 1usize;
+        let mut bytes = line_cost(OTHER, None, None, OTHER);
         let mut labels: FastSet<(u32, Box<str>)> = FastSet::default();
         let mut heap = BinaryHeap::new();
         let hysteresis = self.config.hysteresis.max(1.0);
@@ -553,15 +578,21 @@ impl SeriesTree {
             let (parent, node_total) = (n.parent, n.total);
             let rest = n.total - n.own.min(n.total);
             let delta = usize::from(n.own > 0) + usize::from(rest > 0);
-            let parent_other = self.nodes.get(parent as usize).map_or(0, |p| p.plan_other);
+            let (parent_other, parent_other_cost) = self
+                .nodes
+                .get(parent as usize)
+                .map_or((0, 0), |p| (p.plan_other, p.other_cost as usize));
             let parent_loses_other = parent != ROOT && parent_other == node_total;
             if series + delta - usize::from(parent_loses_other) > budget {
                 continue;
             }
+            let prog = self.program_node(id);
+            let Some(&(comm, pid, group)) = programs.get(&prog) else {
+                continue;
+            };
             // Labels: programs' are fixed; deeper nodes' are unique within the program.
             let mut new_labels = None;
-            if n.depth >= 2 {
-                let prog = self.program_node(id);
+            let (own_cost, other_cost) = if n.depth >= 2 {
                 let (own, other) = match (&n.own_label, &n.other_label) {
                     (Some(a), Some(b)) => (a.clone(), b.clone()),
                     _ => {
@@ -579,8 +610,29 @@ impl SeriesTree {
                 }
                 labels.insert((prog, own.clone()));
                 labels.insert((prog, other.clone()));
+                let line = (
+                    line_cost(comm, pid, group, &own),
+                    line_cost(comm, pid, group, &other),
+                );
                 new_labels = Some((own, other));
+                line
+            } else {
+                (
+                    line_cost(comm, pid, group, NO_FRAMES),
+                    line_cost(comm, pid, group, OTHER),
+                )
+            };
+            let added =
+                if n.own > 0 { own_cost } else { 0 } + if rest > 0 { other_cost } else { 0 };
+            let freed = if parent_loses_other {
+                parent_other_cost
+            } else {
+                0
+            };
+            if (bytes + added).saturating_sub(freed) > byte_budget {
+                continue;
             }
+            bytes = (bytes + added).saturating_sub(freed);
             series = series + delta - usize::from(parent_loses_other);
             if let Some(p) = self.nodes.get_mut(parent as usize) {
                 p.plan_other = p.plan_other.saturating_sub(node_total);
@@ -588,6 +640,8 @@ impl SeriesTree {
             if let Some(n) = self.nodes.get_mut(id as usize) {
                 n.plan_keep = true;
                 n.plan_other = rest;
+                n.own_cost = own_cost as u32;
+                n.other_cost = other_cost as u32;
                 if let Some((own, other)) = new_labels {
                     n.own_label = Some(own);
                     n.other_label = Some(other);
@@ -597,6 +651,7 @@ impl SeriesTree {
         }
         // Apply: series of kept nodes exist where they have samples in the window.
         let mut count = 0usize;
+        let mut count_bytes = line_cost(OTHER, None, None, OTHER);
         let mut kept_nodes = 0usize;
         for (id, n) in self.nodes.iter_mut().enumerate() {
             if n.free {
@@ -610,9 +665,9 @@ impl SeriesTree {
             kept_nodes += usize::from(n.kept);
             let want_own = n.kept && n.own > 0;
             let want_other = n.kept && n.plan_other > 0;
-            for (slot, want) in [
-                (&mut n.own_series, want_own),
-                (&mut n.other_series, want_other),
+            for (slot, want, cost) in [
+                (&mut n.own_series, want_own, n.own_cost),
+                (&mut n.other_series, want_other, n.other_cost),
             ] {
                 match (slot.is_some(), want) {
                     (false, true) => {
@@ -623,6 +678,9 @@ impl SeriesTree {
                     _ => {}
                 }
                 count += usize::from(want);
+                if want {
+                    count_bytes += cost as usize;
+                }
             }
             if !n.kept {
                 n.own_label = None;
@@ -630,6 +688,7 @@ impl SeriesTree {
             }
         }
         self.figures.series = count;
+        self.figures.bytes = count_bytes;
         self.figures.kept = kept_nodes;
         self.collect_garbage();
         self.figures.nodes = self.nodes.len() - self.free.len();
@@ -747,6 +806,22 @@ impl SeriesTree {
         }
         (kept, all)
     }
+}
+
+/// The bytes of a series' line in the exposition: the metric's name (the longer of
+/// the two), its labels escaped, and 12 bytes of value.
+fn line_cost(comm: &str, pid: Option<u32>, group: Option<&str>, stack: &str) -> usize {
+    let escaped = |s: &str| {
+        s.len()
+            + s.bytes()
+                .filter(|b| matches!(b, b'"' | b'\\' | b'\n'))
+                .count()
+    };
+    let base = "sframe_off_cpu_seconds_total{comm=\"\",stack=\"\"} \n".len() + 12;
+    base + escaped(comm)
+        + escaped(stack)
+        + pid.map_or(0, |_| ",pid=\"\"".len() + 10)
+        + group.map_or(0, |g| ",container_id=\"\"".len() + escaped(g))
 }
 
 /// Orders candidates by score, then by id (older nodes, usually shallower, first).
@@ -1044,6 +1119,47 @@ mod tests {
         }
         assert!(has(&t, "b") && !has(&t, "a"), "{:?}", series(&t));
         let _ = at;
+    }
+
+    /// Long stacks reach the byte budget before the series budget: the exposition's
+    /// lines stay within it, and every sample is still counted.
+    #[test]
+    fn the_byte_budget_holds() {
+        let mut t = SeriesTree::new(Config {
+            max_bytes: 20_000,
+            ..config(1000)
+        });
+        let t0 = Instant::now();
+        let stack = |i: u64| {
+            let mut f: Vec<String> = (0..40)
+                .map(|d| format!("namespace::frame_{d}(int, char**)"))
+                .collect();
+            f.push(format!("leaf_{i}"));
+            f.join(";")
+        };
+        for sec in 0..5 {
+            for i in 0..200u64 {
+                t.record(prog("p\"q"), stack(i), 1 + i % 7);
+            }
+            t.update(t0 + Duration::from_secs(sec));
+            let mut bytes = 0;
+            let _ = t.for_each_series(|s| {
+                let esc = |v: &str| v.replace('\\', "\\\\").replace('"', "\\\"");
+                bytes += format!(
+                    "sframe_stack_samples_total{{comm=\"{}\",stack=\"{}\"}} {}\n",
+                    esc(s.comm),
+                    esc(s.stack),
+                    s.value
+                )
+                .len();
+                Ok::<(), ()>(())
+            });
+            assert!(bytes <= 20_000, "{bytes}");
+            assert!(t.figures().bytes >= bytes, "{:?} {bytes}", t.figures());
+        }
+        assert!(t.figures().kept > 10, "{:?}", t.figures());
+        let expected: u64 = (0..200u64).map(|i| 1 + i % 7).sum::<u64>() * 5;
+        assert_eq!(sum(&t), expected);
     }
 
     #[test]
