@@ -328,6 +328,103 @@ fn process_churn_does_not_grow_the_series() {
     drop(chain);
 }
 
+/// A hostile user (`nobody`) forks processes without end, each with a new command name
+/// (the exporter's markers, quotes, backslashes, newlines, `;`) and 60 frames deep,
+/// beside a victim spinning in its own chain. The series stay within their budgets, the
+/// exposition stays valid (promtool), no label passes its bound, the hostile names are
+/// escaped and cannot pass for the host remainder, and the victim's stack keeps its
+/// own series.
+#[test]
+fn hostile_names_and_churn_stay_within_the_budget() {
+    const TEST: &str = "hostile_names_and_churn_stay_within_the_budget";
+    if !bpf_or_skip(TEST) {
+        return;
+    }
+    let Some((_, promtool)) = prom::tools(TEST) else {
+        return;
+    };
+    const BUDGET: usize = 60;
+    const LABEL_BYTES: usize = 256;
+    let exe = compile_c(
+        "name_churn",
+        include_str!("support/c/name_churn.c"),
+        &["-O1", "-fomit-frame-pointer", "-g"],
+    );
+    let dir = support::hostile::nobody_dir("name-churn");
+    let attacker_exe = dir.join("name_churn");
+    std::fs::copy(&exe, &attacker_exe).unwrap();
+    let victim = spawn_chain();
+    let (profiler, addr) = prom::start_exporter(
+        BIN,
+        &[
+            "--all",
+            "--duration",
+            "60",
+            "--frequency",
+            "499",
+            "--prometheus-max-series",
+            &BUDGET.to_string(),
+            "--prometheus-max-label-bytes",
+            &LABEL_BYTES.to_string(),
+        ],
+    );
+    support::hostile::wait_attached(profiler.pid());
+    let attacker =
+        KillOnDrop::spawn(support::hostile::as_nobody(&attacker_exe).stdout(Stdio::null()));
+    // Budgeted in the attacker's CPU: 4 s of it (over a thousand processes).
+    let before = support::hostile::cpu_seconds(attacker.pid());
+    let mut max_series = 0;
+    let mut used = 0.0;
+    while used < 4.0 {
+        thread::sleep(Duration::from_millis(500));
+        let children: f64 = std::fs::read_to_string(format!("/proc/{}/stat", attacker.pid()))
+            .ok()
+            .and_then(|s| {
+                let rest = s.rsplit_once(") ")?.1.to_owned();
+                let f: Vec<&str> = rest.split_whitespace().collect();
+                // cutime + cstime: the children's CPU.
+                Some((f.get(13)?.parse::<f64>().ok()? + f.get(14)?.parse::<f64>().ok()?) / 100.0)
+            })
+            .unwrap_or(0.0);
+        used = support::hostile::cpu_seconds(attacker.pid()) - before + children;
+        let text = prom::scrape(addr);
+        max_series = max_series.max(prom::stack_series(&text).len());
+        assert!(!prom::exited(&profiler), "the profiler ended first");
+    }
+    let text = prom::scrape(addr);
+    drop(attacker);
+    let series = prom::stack_series(&text);
+    max_series = max_series.max(series.len());
+    assert!(max_series <= BUDGET, "{max_series} series:\n{text}");
+    let bytes: usize = series.iter().map(|l| l.len() + 1).sum();
+    assert!(bytes <= 480_000, "{bytes}");
+    for l in &series {
+        assert!(prom::longest_label(l) <= LABEL_BYTES, "{l}");
+    }
+    let (status, plain) =
+        prom::http10_get(addr, "/metrics", "text/plain").expect("the exporter answers");
+    assert_eq!(status, 200);
+    let lint = prom::promtool_check(&promtool, &plain);
+    assert!(lint.trim().is_empty(), "promtool: {lint}");
+    // A process named `[other]…` is a program of its own: only the real host remainder
+    // has comm="[other]" with stack="[other]", once.
+    let remainders = series
+        .iter()
+        .filter(|l| l.starts_with("sframe_stack_samples_total{comm=\"[other]\",stack=\"[other]\"}"))
+        .count();
+    assert_eq!(remainders, 1, "{text}");
+    // The victim's leaf keeps its own series (its share of the host is far above the
+    // attacker's names, each a few samples).
+    let chain = series
+        .iter()
+        .find(|l| prom::label(l, "comm") == Some("chain") && l.contains(&format!(";{CHAIN}\"}}")))
+        .unwrap_or_else(|| panic!("the victim lost its series:\n{text}"));
+    let value: f64 = chain.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(value >= 499.0, "{value}: {chain}");
+    drop(profiler);
+    drop(victim);
+}
+
 /// A real Prometheus server scrapes the exporter (OpenMetrics, as Prometheus asks for)
 /// while the profiler samples the chain fixture; its query API then has the fixture's
 /// stack with plausible counts, and `promtool` lints the exposition clean.

@@ -201,6 +201,8 @@ fn start_profiler(ctx: &Ctx, args: &[&str]) -> Result<Profiler> {
     let mut cmd = Command::new(&ctx.profiler);
     cmd.args(args)
         .args(["--prometheus", "127.0.0.1:0", "--no-cache", "--top", "400"])
+        // The checks find the workload's series by its pid (opt-in label).
+        .arg("--prometheus-pid-label")
         .args(["--max-overhead", "0"])
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())

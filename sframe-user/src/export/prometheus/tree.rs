@@ -577,12 +577,21 @@ impl SeriesTree {
             }
             let (parent, node_total) = (n.parent, n.total);
             let rest = n.total - n.own.min(n.total);
-            let delta = usize::from(n.own > 0) + usize::from(rest > 0);
-            let (parent_other, parent_other_cost) = self
-                .nodes
-                .get(parent as usize)
-                .map_or((0, 0), |p| (p.plan_other, p.other_cost as usize));
-            let parent_loses_other = parent != ROOT && parent_other == node_total;
+            // A node that stays kept keeps the series it has, with or without samples
+            // in the window: a series that went and came back would be created again.
+            let own_need = n.own > 0 || (n.kept && n.own_series.is_some());
+            let other_need = rest > 0 || (n.kept && n.other_series.is_some());
+            let delta = usize::from(own_need) + usize::from(other_need);
+            let (parent_other, parent_other_cost, parent_keeps_other) =
+                self.nodes.get(parent as usize).map_or((0, 0, true), |p| {
+                    (
+                        p.plan_other,
+                        p.other_cost as usize,
+                        p.kept && p.other_series.is_some(),
+                    )
+                });
+            let parent_loses_other =
+                parent != ROOT && parent_other == node_total && !parent_keeps_other;
             if series + delta - usize::from(parent_loses_other) > budget {
                 continue;
             }
@@ -623,7 +632,7 @@ impl SeriesTree {
                 )
             };
             let added =
-                if n.own > 0 { own_cost } else { 0 } + if rest > 0 { other_cost } else { 0 };
+                if own_need { own_cost } else { 0 } + if other_need { other_cost } else { 0 };
             let freed = if parent_loses_other {
                 parent_other_cost
             } else {
@@ -657,14 +666,15 @@ impl SeriesTree {
             if n.free {
                 continue;
             }
+            let stays = n.kept && n.plan_keep;
             n.kept = n.plan_keep;
             if id as u32 == ROOT {
                 count += 1;
                 continue;
             }
             kept_nodes += usize::from(n.kept);
-            let want_own = n.kept && n.own > 0;
-            let want_other = n.kept && n.plan_other > 0;
+            let want_own = n.kept && (n.own > 0 || (stays && n.own_series.is_some()));
+            let want_other = n.kept && (n.plan_other > 0 || (stays && n.other_series.is_some()));
             for (slot, want, cost) in [
                 (&mut n.own_series, want_own, n.own_cost),
                 (&mut n.other_series, want_other, n.other_cost),
