@@ -293,23 +293,38 @@ fn samples_carry_their_thread() {
     );
 }
 
-/// `main → later_work` for 1 s of CPU: longer than the profiler's first-sight table
-/// builds for the shell and libc (debug build, cold cache), which its events wait for.
+/// `main → later_work → work_N` (N from the first argument, 0 to 3) for 1 s of CPU:
+/// longer than the profiler's first-sight table builds for the shell and libc (debug
+/// build, cold cache), which its events wait for.
 const CONTAINED: &str = r#"
+#include <stdlib.h>
 #include <time.h>
 volatile unsigned long sink;
-__attribute__((noinline)) void later_work(void) {
+#define WORK(n) __attribute__((noinline)) void work_##n(clock_t end) { \
+    while (clock() < end) for (int i = 0; i < 1000; i++) sink += i * (n + 1); }
+WORK(0)
+WORK(1)
+WORK(2)
+WORK(3)
+__attribute__((noinline)) void later_work(int which) {
     clock_t end = clock() + CLOCKS_PER_SEC;
-    while (clock() < end) for (int i = 0; i < 1000; i++) sink += i;
+    switch (which) {
+    case 0: work_0(end); break;
+    case 1: work_1(end); break;
+    case 2: work_2(end); break;
+    default: work_3(end); break;
+    }
+    sink++;
 }
-int main(void) { later_work(); return 0; }
+int main(int argc, char **argv) { later_work(argc > 1 ? atoi(argv[1]) : 0); return 0; }
 "#;
 
 /// Three processes of one command, each moved before it runs into a cgroup named as
 /// one runtime names its containers' (Docker's systemd driver, containerd under
-/// Kubernetes with a pod UID, Podman): each one's samples are grouped under its
-/// container's short id (`--group-by container`) and its cgroup path (`--group-by
-/// cgroup`), and nothing else is.
+/// Kubernetes with a pod UID, Podman), each working in its own function (`work_0` …
+/// `work_2`), and a fourth left outside any container (`work_3`): each one's samples
+/// are grouped under its own container's short id (`--group-by container`; the fourth
+/// under `[host]`) and its own cgroup path (`--group-by cgroup`), and under no other.
 #[test]
 fn samples_carry_their_cgroup_and_container() {
     if !bpf_or_skip("samples_carry_their_cgroup_and_container") {
@@ -342,14 +357,15 @@ fn samples_carry_their_cgroup_and_container() {
     // Each `sh` moves itself into its cgroup, then execs the fixture.
     let script: String = cgroups
         .iter()
-        .map(|c| {
+        .enumerate()
+        .map(|(i, c)| {
             format!(
-                "sh -c 'echo $$ > {} && exec {}' & ",
+                "sh -c 'echo $$ > {} && exec {} {i}' & ",
                 root.join(c).join("cgroup.procs").display(),
                 exe.display()
             )
         })
-        .chain(["wait".to_owned()])
+        .chain([format!("{} 3 & wait", exe.display())])
         .collect();
     let run = |group: &str| {
         let folded = exe.with_file_name(format!("{group}.folded"));
@@ -368,25 +384,33 @@ fn samples_carry_their_cgroup_and_container() {
     let by_container = run("container");
     let by_cgroup = run("cgroup");
     drop(made);
-    // Every `later_work` line is under one of the expected groups, and each group has
-    // some.
+    // Each group's function is under that group and under no other: a swapped id or
+    // path fails.
     let check = |text: &str, groups: &[String]| {
-        for l in text.lines().filter(|l| l.contains(";later_work")) {
+        for (n, g) in groups.iter().enumerate() {
+            let work = format!(";later_work;work_{n}");
+            let mine = |l: &&str| l.contains(&work);
             assert!(
-                groups.iter().any(|g| l.starts_with(&format!("{g};"))),
-                "{l} is in none of {groups:?}:\n{text}"
+                text.lines().filter(mine).count() > 0,
+                "no work_{n} in:\n{text}"
             );
-        }
-        for g in groups {
-            assert!(
-                text.lines()
-                    .any(|l| l.starts_with(&format!("{g};")) && l.contains(";later_work")),
-                "no later_work under {g}:\n{text}"
-            );
+            for l in text.lines().filter(mine) {
+                assert!(
+                    l.starts_with(&format!("{g};")),
+                    "work_{n} is not under {g}: {l}\n{text}"
+                );
+            }
         }
     };
-    let short: Vec<String> = ids.iter().map(|id| id[..12].to_owned()).collect();
+    let mut short: Vec<String> = ids.iter().map(|id| id[..12].to_owned()).collect();
+    short.push("[host]".to_owned());
     check(&by_container, &short);
     let paths: Vec<String> = cgroups.iter().map(|c| format!("/{c}")).collect();
     check(&by_cgroup, &paths);
+    // The fourth is in the test's own cgroup, which is no container's.
+    assert!(
+        !by_cgroup.lines().any(|l| l.contains(";later_work;work_3")
+            && paths.iter().any(|p| l.starts_with(&format!("{p};")))),
+        "{by_cgroup}"
+    );
 }

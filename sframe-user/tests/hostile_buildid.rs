@@ -76,18 +76,15 @@ fn a_forged_build_id_cannot_poison_another_programs_stacks() {
     .chain(cache_args.clone())
     .collect();
     let first = hostile::profile(&both, victim.pid(), 2.0, out);
-    let (complete, all) = hostile::complete(&first.folded, "victim_spin", VICTIM_CHAIN);
+    let (complete, all) = hostile::complete(&first.folded, "victim-bid", VICTIM_CHAIN);
     assert!(all > 0, "no victim samples:\n{}", first.folded);
     assert!(
         complete * 100 >= all * 95,
         "victim: {complete} of {all} samples complete beside the impostor:\n{}",
         first.folded
     );
-    let (complete, all) = hostile::complete(
-        &first.folded,
-        "impostor_spin",
-        ";main;big_a;big_b;impostor_spin",
-    );
+    let (complete, all) =
+        hostile::complete(&first.folded, "impostor", ";main;big_a;big_b;impostor_spin");
     assert!(
         all > 0 && complete * 100 >= all * 95,
         "impostor: {complete} of {all} complete:\n{}",
@@ -101,7 +98,7 @@ fn a_forged_build_id_cannot_poison_another_programs_stacks() {
         .chain(cache_args)
         .collect();
     let second = hostile::profile(&alone, victim.pid(), 2.0, out);
-    let (complete, all) = hostile::complete(&second.folded, "victim_spin", VICTIM_CHAIN);
+    let (complete, all) = hostile::complete(&second.folded, "victim-bid", VICTIM_CHAIN);
     assert!(
         all > 0 && complete * 100 >= all * 95,
         "victim: {complete} of {all} samples complete from the cache:\n{}",

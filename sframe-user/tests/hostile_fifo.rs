@@ -82,7 +82,7 @@ fn a_symlink_to_a_root_only_fifo_never_blocks_the_profiler() {
         std::path::Path::new(&format!("/proc/{}", swapper.pid())).exists(),
         "the swapper stopped (it must have kept racing throughout)"
     );
-    let (complete, all) = hostile::complete(&run.folded, "victim_spin", VICTIM_CHAIN);
+    let (complete, all) = hostile::complete(&run.folded, "victim-fifo", VICTIM_CHAIN);
     assert!(
         all > 0 && complete * 100 >= all * 95,
         "{complete} of {all} victim samples complete:\n{}",

@@ -99,7 +99,7 @@ fn huge_sparse_and_device_mappings_cost_no_memory() {
         baseline.cpu
     );
     for run in [&baseline, &attacked] {
-        let (complete, all) = hostile::complete(&run.folded, "victim_spin", VICTIM_CHAIN);
+        let (complete, all) = hostile::complete(&run.folded, "victim-mem", VICTIM_CHAIN);
         assert!(all > 0, "no samples of the victim:\n{}", run.folded);
         assert!(
             complete * 100 >= all * 95,

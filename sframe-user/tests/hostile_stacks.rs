@@ -58,7 +58,7 @@ fn a_process_making_new_stacks_is_folded_at_its_share_and_the_victim_keeps_its_o
     // distinct stacks, eight times its share.
     let run = hostile::profile(&args, maker.pid(), 2.0, out);
 
-    let (complete, all) = hostile::complete(&run.folded, "victim_spin", VICTIM_CHAIN);
+    let (complete, all) = hostile::complete(&run.folded, "victim-stacks", VICTIM_CHAIN);
     assert!(all > 0, "no samples of the victim:\n{}", run.folded);
     assert!(
         complete * 100 >= all * 95,

@@ -79,8 +79,8 @@ fn an_exec_mmap_storm_does_not_take_the_profilers_cpu() {
     let storm_cpu = hostile::cpu_seconds(storm.pid()) - storm_cpu_before;
 
     let (complete_before, before) =
-        hostile::complete(&baseline.folded, "victim_spin", VICTIM_CHAIN);
-    let (complete, after) = hostile::complete(&attacked.folded, "victim_spin", VICTIM_CHAIN);
+        hostile::complete(&baseline.folded, "victim-storm", VICTIM_CHAIN);
+    let (complete, after) = hostile::complete(&attacked.folded, "victim-storm", VICTIM_CHAIN);
     eprintln!(
         "profiler CPU: {:.2} s alone ({:.1} s), {:.2} s beside the storm ({:.1} s); victim \
          samples {before} ({complete_before} complete) alone, {after} ({complete} complete) \

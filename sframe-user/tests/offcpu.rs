@@ -452,18 +452,36 @@ fn a_switch_storm_keeps_the_off_cpu_programs_within_their_budget() {
 }
 
 /// `main → nap_loop → nap → nanosleep(10 ms)`, forever.
+/// Naps 10 ms at a time for ever; with a file argument, writes there (8 bytes at offset
+/// 0) the nanoseconds it measured asleep so far (CLOCK_MONOTONIC around each nap).
 const FOREVER: &str = r#"
+#include <fcntl.h>
 #include <time.h>
+#include <unistd.h>
+static int fd = -1;
+static unsigned long long slept;
+static unsigned long long now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1000000000ULL + t.tv_nsec;
+}
 __attribute__((noinline)) void nap(void) {
     struct timespec t = {0, 10 * 1000 * 1000};
+    unsigned long long start = now_ns();
     nanosleep(&t, 0);
+    slept += now_ns() - start;
+    if (fd >= 0) pwrite(fd, &slept, sizeof slept, 0);
     __asm__ volatile("");
 }
 __attribute__((noinline)) void nap_loop(void) {
     for (;;) nap();
     __asm__ volatile("");
 }
-int main(void) { nap_loop(); return 0; }
+int main(int argc, char **argv) {
+    if (argc > 1) fd = open(argv[1], O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    nap_loop();
+    return 0;
+}
 "#;
 
 /// The metrics page of the profiler listening at `addr`.
@@ -491,6 +509,15 @@ fn off_cpu_time_is_exported_to_prometheus_in_seconds() {
     let _serial = serial();
     use std::io::BufRead as _;
     let exe = compile_c("offcpu-forever", FOREVER, &["-O2", "-fomit-frame-pointer"]);
+    let measured_file = exe.with_file_name("slept.ns");
+    let measured = || -> f64 {
+        use std::os::unix::fs::FileExt as _;
+        let mut b = [0u8; 8];
+        std::fs::File::open(&measured_file)
+            .and_then(|f| f.read_exact_at(&mut b, 0))
+            .map_or(0.0, |()| u64::from_ne_bytes(b) as f64 / 1e9)
+    };
+    let started = std::time::Instant::now();
     let mut profiler = Command::new(env!("CARGO_BIN_EXE_sframe-user"))
         .args([
             "--off-cpu",
@@ -509,6 +536,7 @@ fn off_cpu_time_is_exported_to_prometheus_in_seconds() {
         .arg(exe.with_file_name("forever.folded"))
         .arg("--")
         .arg(&exe)
+        .arg(&measured_file)
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("run sframe-user");
@@ -525,22 +553,35 @@ fn off_cpu_time_is_exported_to_prometheus_in_seconds() {
     std::thread::spawn(move || for _ in lines {});
     // The page is rebuilt about once a second; the fixture sleeps 100 times a second.
     // A safety net only: the series shows up within a few rebuilds.
+    // Waits for 4 s of the program's own measured sleep, so that the bounds below
+    // (made of the program's measure and the elapsed time) are meaningful.
     let wanted = "main;nap_loop;nap;";
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     let mut page = String::new();
     let mut seconds = 0.0;
+    let (mut before, mut after, mut elapsed) = (0.0, 0.0, 0.0);
     while std::time::Instant::now() < deadline {
+        before = measured();
         page = scrape(&addr);
+        after = measured();
+        elapsed = started.elapsed().as_secs_f64();
         seconds = page
             .lines()
             .filter(|l| l.starts_with("sframe_off_cpu_seconds_total{") && l.contains(wanted))
             .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
             .sum();
-        if seconds > 0.0 {
+        if seconds > 0.0 && before >= 4.0 {
             break;
         }
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
+    // Every off-CPU second of the page (the program is the only target: the host's
+    // remainder holds its sleeps of before the first plan).
+    let total: f64 = page
+        .lines()
+        .filter(|l| l.starts_with("sframe_off_cpu_seconds_total{"))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum();
     // The fixture's end ends the profile.
     let pid = profiler.id();
     let children =
@@ -554,6 +595,18 @@ fn off_cpu_time_is_exported_to_prometheus_in_seconds() {
     }
     let _ = profiler.wait();
     assert!(seconds > 0.0, "no off-CPU seconds of {wanted}:\n{page}");
+    // In seconds: no more than the program measured asleep (5 % for the clock reads
+    // around its naps) nor than the time elapsed; no less than it had measured 2 s
+    // before the scrape (the page is rebuilt about once a second), less 10 %. A unit
+    // error of 1e3 breaks either bound.
+    assert!(
+        total <= after * 1.05 + 0.05 && total <= elapsed,
+        "{total} s exported, {after} s measured, {elapsed} s elapsed:\n{page}"
+    );
+    assert!(
+        total >= (before - 2.0) * 0.9,
+        "{total} s exported, {before} s measured before the scrape:\n{page}"
+    );
     assert!(
         page.contains("# UNIT sframe_off_cpu_seconds seconds"),
         "{page}"

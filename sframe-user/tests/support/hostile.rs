@@ -188,14 +188,16 @@ pub fn profile(args: &[String], budget_pid: u32, budget: f64, out_dir: &Path) ->
     }
 }
 
-/// Samples of folded stacks ending in `leaf`, and those of them that contain `chain`
-/// (e.g. `;main;level1;level2;victim_spin`).
-pub fn complete(folded: &str, leaf: &str, chain: &str) -> (u64, u64) {
+/// All samples of the process named `comm` in folded stacks (its first frame), and those
+/// of them that go through `chain` (e.g. `;main;level1;level2;victim_spin`, kernel frames
+/// after it allowed). A sample counted without frames, or whose walk stopped short, is
+/// in the first count only: incomplete.
+pub fn complete(folded: &str, comm: &str, chain: &str) -> (u64, u64) {
     let (mut all, mut complete) = (0u64, 0u64);
     for line in folded.lines() {
         let (stack, count) = line.rsplit_once(' ').expect("a count");
         let count: u64 = count.parse().expect("a count");
-        if stack.ends_with(&format!(";{leaf}")) {
+        if stack.split(';').next() == Some(comm) {
             all += count;
             if stack.contains(chain) {
                 complete += count;

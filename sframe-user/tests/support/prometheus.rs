@@ -267,12 +267,15 @@ pub fn sample_value(result: &serde_json::Value) -> f64 {
         .unwrap_or_else(|| panic!("no value in {result}"))
 }
 
-/// The profiler with `--prometheus 127.0.0.1:0` and `args`, and the address it
-/// announced. Its stderr is echoed.
+/// The profiler with `--prometheus 127.0.0.1:0`, no overhead governor, and `args`, and
+/// the address it announced. Its stderr is echoed.
 pub fn start_exporter(bin: &str, args: &[&str]) -> (KillOnDrop, SocketAddr) {
     let mut profiler = KillOnDrop::spawn(
         Command::new(bin)
             .args(["--prometheus", "127.0.0.1:0", "--format", "folded"])
+            // The tests judge sample counts against CPU time at the asked frequency:
+            // the overhead governor must not lower it on a loaded machine.
+            .args(["--max-overhead", "0"])
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())

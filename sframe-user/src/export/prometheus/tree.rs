@@ -555,6 +555,7 @@ impl SeriesTree {
         // The host remainder always exists.
         let mut series = 1usize;
         let mut bytes = line_cost(OTHER, None, None, OTHER);
+        let mut closed = false;
         let mut labels: FastSet<(u32, Box<str>)> = FastSet::default();
         let mut heap = BinaryHeap::new();
         let hysteresis = self.config.hysteresis.max(1.0);
@@ -592,7 +593,14 @@ impl SeriesTree {
                 });
             let parent_loses_other =
                 parent != ROOT && parent_other == node_total && !parent_keeps_other;
+            // Once a new node found no room, no later (lower-scoring) new node takes
+            // what room is left: which small nodes would fill it changes from plan to
+            // plan, and each change creates series. Kept nodes still keep their place.
+            if closed && !n.kept {
+                continue;
+            }
             if series + delta - usize::from(parent_loses_other) > budget {
+                closed |= !n.kept;
                 continue;
             }
             let prog = self.program_node(id);
@@ -639,6 +647,7 @@ impl SeriesTree {
                 0
             };
             if (bytes + added).saturating_sub(freed) > byte_budget {
+                closed |= !n.kept;
                 continue;
             }
             bytes = (bytes + added).saturating_sub(freed);
