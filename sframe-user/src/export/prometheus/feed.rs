@@ -219,6 +219,9 @@ impl Feed {
         let mut pending = Pending::default();
         for (t, k, delta, sleep) in found {
             let Some((target, group)) = t else {
+                // A process the profiler no longer knows (forgotten after it exited):
+                // its samples have no name to be exported under.
+                self.dropped = self.dropped.saturating_add(delta);
                 continue;
             };
             let key = (k.pid, k.user_stack, k.kernel_stack, sleep);
@@ -230,7 +233,15 @@ impl Feed {
         // Forget the names and waiting samples of processes the profiler forgot.
         let kept = |pid: &u32| profiler.target(*pid).is_some();
         self.names.retain(|(pid, _, _, _), _| kept(pid));
-        self.waiting.retain(|(pid, _, _, _), _| kept(pid));
+        let mut forgotten = 0u64;
+        self.waiting.retain(|(pid, _, _, _), w| {
+            let keep = kept(pid);
+            if !keep {
+                forgotten = forgotten.saturating_add(w.delta);
+            }
+            keep
+        });
+        self.dropped = self.dropped.saturating_add(forgotten);
 
         let store = profiler.store().figures();
         let health = Health {

@@ -497,7 +497,7 @@ impl Metrics {
         let naming_dropped = Counter::default();
         registry.register(
             "sframe_unnamed_samples_dropped",
-            "Samples (off CPU: nanoseconds asleep) of new stacks dropped because too many stacks (or processes' batches) were waiting for names",
+            "Samples (off CPU: nanoseconds asleep) of new stacks not exported: too many stacks (or processes' batches) were waiting for names, or the profiler had forgotten their process (exited) before they were named",
             naming_dropped.clone(),
         );
         let naming_state = Gauge::default();
