@@ -595,9 +595,16 @@ fn scrape_until(ctx: &Ctx, p: &Profiler, also: &[(&str, &str)]) -> Result<String
     let deadline = Instant::now() + ctx.limit;
     loop {
         let metrics = p.scrape()?;
+        // The workload's own stack series: the samples of the first second are in the
+        // host's remainder (`comm="[other]"`) until the series are first planned.
+        let planned = metrics.lines().any(|l| {
+            l.starts_with("sframe_stack_samples_total{")
+                && !l.starts_with("sframe_stack_samples_total{comm=\"[other]\"")
+                && l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) > Some(0.0)
+        });
         let published = metric(&metrics, "sframe_events_total", &["event=\"samples\""]) > 0.0
             && metrics.contains("sframe_objects_by_source{")
-            && metrics.contains("sframe_stack_samples_total{")
+            && planned
             && also.iter().all(|(m, l)| metric(&metrics, m, &[l]) > 0.0);
         if published || Instant::now() > deadline {
             return Ok(metrics);
