@@ -96,28 +96,7 @@ pub fn label<'a>(line: &'a str, name: &str) -> Option<&'a str> {
 
 /// The longest label value of an exposition line, unescaped (what a backend checks).
 pub fn longest_label(line: &str) -> usize {
-    let Some((_, labels)) = line.split_once('{') else {
-        return 0;
-    };
-    let (mut longest, mut len, mut inside) = (0, 0, false);
-    let mut chars = labels.chars();
-    while let Some(c) = chars.next() {
-        match (inside, c) {
-            (false, '"') => (inside, len) = (true, 0),
-            (false, '}') => break,
-            (true, '\\') => {
-                let _ = chars.next();
-                len += 1;
-            }
-            (true, '"') => {
-                inside = false;
-                longest = longest.max(len);
-            }
-            (true, c) => len += c.len_utf8(),
-            _ => {}
-        }
-    }
-    longest
+    sframe_user::export::prometheus::text_format::longest_label_value(line)
 }
 
 /// `promtool check metrics` on `exposition`: its combined output, empty when it has

@@ -28,6 +28,8 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
+use sframe_user::export::prometheus::text_format::longest_label_value;
+
 use crate::busy::Load;
 
 /// Hosts the one exporter stands for.
@@ -144,37 +146,6 @@ fn gzip_len(text: &str) -> usize {
     let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
     let _ = enc.write_all(text.as_bytes());
     enc.finish().map_or(0, |v| v.len())
-}
-
-/// The longest label value of an exposition line, unescaped (what a backend checks).
-fn longest_label(line: &str) -> usize {
-    let Some((_, labels)) = line.split_once('{') else {
-        return 0;
-    };
-    let mut longest = 0;
-    let mut chars = labels.chars();
-    let mut len = 0;
-    let mut inside = false;
-    while let Some(c) = chars.next() {
-        match (inside, c) {
-            (false, '"') => {
-                inside = true;
-                len = 0;
-            }
-            (false, '}') => break,
-            (true, '\\') => {
-                let _ = chars.next();
-                len += 1;
-            }
-            (true, '"') => {
-                inside = false;
-                longest = longest.max(len);
-            }
-            (true, c) => len += c.len_utf8(),
-            _ => {}
-        }
-    }
-    longest
 }
 
 /// Now, in seconds since the Unix epoch.
@@ -472,7 +443,7 @@ fn measure(seconds: f64, profiler: &Path) -> Result<Figures> {
         bytes.push(text.len());
         gzip_bytes.push(gzip_len(&text));
         for l in &lines {
-            f.max_label = f.max_label.max(longest_label(l));
+            f.max_label = f.max_label.max(longest_label_value(l));
         }
         let t = started.elapsed().as_secs_f64();
         if at_minute.is_none() && t >= warmup {
@@ -732,12 +703,6 @@ fn report(doc: &mut String, f: &Figures) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn labels_are_measured_unescaped() {
-        assert_eq!(longest_label(r#"m{comm="a\"b",stack="xyz;w"} 3"#), 5);
-        assert_eq!(longest_label("m 3"), 0);
-    }
 
     #[test]
     fn nodes_from_series_and_folded_agree() {

@@ -109,9 +109,43 @@ fn split_sample(line: &str) -> Option<(&str, &str)> {
     Some((&line[..end], value))
 }
 
+/// The length in bytes of the longest label value of one exposition line, unescaped (the
+/// length a backend such as Mimir checks against its limit); 0 without labels.
+pub fn longest_label_value(line: &str) -> usize {
+    let Some((_, labels)) = line.split_once('{') else {
+        return 0;
+    };
+    let (mut longest, mut len, mut inside) = (0, 0, false);
+    let mut chars = labels.chars();
+    while let Some(c) = chars.next() {
+        match (inside, c) {
+            (false, '"') => (inside, len) = (true, 0),
+            (false, '}') => break,
+            (true, '\\') => {
+                let _ = chars.next();
+                len += 1;
+            }
+            (true, '"') => {
+                inside = false;
+                longest = longest.max(len);
+            }
+            (true, c) => len += c.len_utf8(),
+            _ => {}
+        }
+    }
+    longest
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn label_values_are_measured_unescaped() {
+        assert_eq!(longest_label_value(r#"m{comm="a\"b",stack="xyz;w"} 3"#), 5);
+        assert_eq!(longest_label_value(r#"m{a="\\\\"} 1"#), 2);
+        assert_eq!(longest_label_value("m 3"), 0);
+    }
 
     #[test]
     fn counters_are_renamed_and_openmetrics_only_lines_dropped() {
