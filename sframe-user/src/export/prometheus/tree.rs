@@ -397,13 +397,23 @@ impl SeriesTree {
         let mut whole = true;
         if !stack.is_empty() {
             for frame in stack.split(';') {
-                let id = self.frame_id(frame);
+                // A name is interned only when a node can be made for it: a full tree
+                // does not grow its names either.
+                let known = self.frame_ids.get(frame).copied();
+                let full = self.nodes.len() - self.free.len() >= self.config.max_nodes.max(1);
+                let id = match known {
+                    Some(id) => id,
+                    None if !full => self.frame_id(frame),
+                    None => {
+                        whole = false;
+                        break;
+                    }
+                };
                 at = match self.edges.get(&(at, id)) {
                     Some(&child) => child,
                     None => match self.new_node(at, id) {
                         Some(child) => child,
                         None => {
-                            // An interned name no node uses is released at the next plan.
                             whole = false;
                             break;
                         }
@@ -1198,6 +1208,8 @@ mod tests {
         let f = t.figures();
         assert!(f.nodes <= 10, "{f:?}");
         assert!(f.cut > 0, "{f:?}");
+        // Names are interned for nodes only: 100 distinct frames, at most 10 names.
+        assert!(t.frame_ids.len() <= 10, "{}", t.frame_ids.len());
     }
 
     #[test]
