@@ -63,6 +63,9 @@ pub struct Config {
     pub hysteresis: f64,
     /// Nodes the tree holds at most.
     pub max_nodes: usize,
+    /// Whether labels keep C++ parameter lists (`f(int, char**) const`); without, the
+    /// name alone (`f`), and an overload whose label equals another's is not kept.
+    pub full_names: bool,
 }
 
 /// Default `--prometheus-max-series`.
@@ -86,6 +89,7 @@ impl Default for Config {
             min_share: 1e-4,
             hysteresis: 2.0,
             max_nodes: 65_536,
+            full_names: false,
         }
     }
 }
@@ -623,7 +627,12 @@ impl SeriesTree {
                 let (own, other) = match (&n.own_label, &n.other_label) {
                     (Some(a), Some(b)) => (a.clone(), b.clone()),
                     _ => {
-                        let frames = self.frames(id);
+                        let mut frames = self.frames(id);
+                        if !self.config.full_names {
+                            for f in &mut frames {
+                                *f = without_parameters(f);
+                            }
+                        }
                         let max = self.config.max_label_bytes;
                         (
                             stack_label(&frames, None, max).into(),
@@ -883,6 +892,44 @@ fn reserved_safe(name: &str) -> std::borrow::Cow<'_, str> {
     } else {
         std::borrow::Cow::Borrowed(name)
     }
+}
+
+/// A demangled C++ name without its parameter list and the qualifiers after it:
+/// `ns::f<int>(char const*, int) const` → `ns::f<int>`, `operator()(int)` →
+/// `operator()`, `(anonymous namespace)::g(int)` → `(anonymous namespace)::g`. Other
+/// names (C, Rust, `[object+0x…]`, kernel frames) are returned as they are.
+pub fn without_parameters(name: &str) -> &str {
+    let bytes = name.as_bytes();
+    if !name.ends_with(')') && !name.ends_with(" const") && !name.ends_with('&') {
+        return name;
+    }
+    // The last top-level `(`: depth counted over (), <> and {} from the end.
+    let (mut depth, mut end) = (0i32, bytes.len());
+    // Qualifiers after the list.
+    for q in [" const", " volatile", " &&", " &"] {
+        if let Some(rest) = name.get(..end).and_then(|n| n.strip_suffix(q)) {
+            end = rest.len();
+        }
+    }
+    if !name.get(..end).is_some_and(|n| n.ends_with(')')) {
+        return name;
+    }
+    let mut i = end;
+    while i > 0 {
+        i -= 1;
+        match bytes.get(i) {
+            Some(b')' | b'>' | b'}') => depth += 1,
+            Some(b'(' | b'<' | b'{') => {
+                depth -= 1;
+                if depth == 0 {
+                    // `operator()(…)`: the list is the last group, `operator()` stays.
+                    return name.get(..i).filter(|n| !n.is_empty()).unwrap_or(name);
+                }
+            }
+            _ => {}
+        }
+    }
+    name
 }
 
 /// A short digest of `text` (SHA-256, 12 hex digits): the same on every host, so
@@ -1242,6 +1289,38 @@ mod tests {
         let long = "/a".repeat(2000);
         let v = bounded_value(&long, 2048);
         assert!(v.len() <= 2048 && v.ends_with(']'), "{v}");
+    }
+
+    #[test]
+    fn parameter_lists_are_left_out() {
+        for (full, short) in [
+            ("ns::f<int>(char const*, int) const", "ns::f<int>"),
+            ("operator()(int)", "operator()"),
+            ("(anonymous namespace)::g(int)", "(anonymous namespace)::g"),
+            ("A::B::run(std::function<void (int)>) &&", "A::B::run"),
+            ("toplev::main(int, char**)", "toplev::main"),
+            ("main", "main"),
+            ("<T as core::ops::Fn>::call", "<T as core::ops::Fn>::call"),
+            ("[cc1+0x7edb8f]", "[cc1+0x7edb8f]"),
+            ("do_syscall_64_[k]", "do_syscall_64_[k]"),
+            ("(", "("),
+            (")", ")"),
+            ("x)", "x)"),
+        ] {
+            assert_eq!(without_parameters(full), short, "{full}");
+        }
+        // Two overloads: one label, so only one of them has series; every sample is
+        // still counted.
+        let mut t = SeriesTree::new(config(100));
+        let t0 = Instant::now();
+        for sec in 0..3 {
+            t.record(prog("p"), "main;f(int)", 10);
+            t.record(prog("p"), "main;f(double)", 5);
+            t.update(t0 + Duration::from_secs(sec));
+        }
+        let s = series(&t);
+        assert_eq!(s.iter().filter(|x| x.1 == "main;f").count(), 1, "{s:?}");
+        assert_eq!(sum(&t), 45);
     }
 
     #[test]
