@@ -63,9 +63,10 @@ pub struct Config {
     pub hysteresis: f64,
     /// Nodes the tree holds at most.
     pub max_nodes: usize,
-    /// Whether labels keep C++ parameter lists (`f(int, char**) const`); without, the
-    /// name alone (`f`), and an overload whose label equals another's is not kept.
-    pub full_names: bool,
+    /// Whether labels leave out C++ parameter lists (`f` for `f(int, char**) const`):
+    /// more paths fit the byte budget, and an overload whose label equals another's is
+    /// not kept.
+    pub short_names: bool,
 }
 
 /// Default `--prometheus-max-series`.
@@ -89,7 +90,7 @@ impl Default for Config {
             min_share: 1e-4,
             hysteresis: 2.0,
             max_nodes: 65_536,
-            full_names: false,
+            short_names: false,
         }
     }
 }
@@ -628,7 +629,7 @@ impl SeriesTree {
                     (Some(a), Some(b)) => (a.clone(), b.clone()),
                     _ => {
                         let mut frames = self.frames(id);
-                        if !self.config.full_names {
+                        if self.config.short_names {
                             for f in &mut frames {
                                 *f = without_parameters(f);
                             }
@@ -1311,7 +1312,10 @@ mod tests {
         }
         // Two overloads: one label, so only one of them has series; every sample is
         // still counted.
-        let mut t = SeriesTree::new(config(100));
+        let mut t = SeriesTree::new(Config {
+            short_names: true,
+            ..config(100)
+        });
         let t0 = Instant::now();
         for sec in 0..3 {
             t.record(prog("p"), "main;f(int)", 10);
