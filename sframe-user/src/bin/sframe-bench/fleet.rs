@@ -28,7 +28,7 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use sframe_user::export::prometheus::text_format::longest_label_value;
+use sframe_user::export::prometheus::{text_format::longest_label_value, tree::without_parameters};
 
 use crate::busy::Load;
 
@@ -247,7 +247,9 @@ fn nodes_from_series(series: &HashMap<(String, String), f64>) -> HashMap<String,
 }
 
 /// Node totals from folded lines.
-fn nodes_from_folded(text: &str) -> (HashMap<String, f64>, f64) {
+/// Node totals from folded lines; with `short`, frames named as short-name labels name
+/// them (overloads merged).
+fn nodes_from_folded(text: &str, short: bool) -> (HashMap<String, f64>, f64) {
     let mut nodes = HashMap::new();
     let mut total = 0.0;
     for line in text.lines() {
@@ -258,11 +260,18 @@ fn nodes_from_folded(text: &str) -> (HashMap<String, f64>, f64) {
             continue;
         };
         total += count;
-        let mut end = 0;
-        for frame in stack.split(';') {
-            end += frame.len();
-            *nodes.entry(stack[..end].to_owned()).or_default() += count;
-            end += 1;
+        let mut path = String::new();
+        for (i, frame) in stack.split(';').enumerate() {
+            if i > 0 {
+                path.push(';');
+            }
+            // The first frame is the program.
+            path.push_str(if short && i > 0 {
+                without_parameters(frame)
+            } else {
+                frame
+            });
+            *nodes.entry(path.clone()).or_default() += count;
         }
     }
     (nodes, total)
@@ -305,9 +314,12 @@ struct Figures {
 }
 
 /// The section; the profile lasts `seconds`.
-pub fn section(doc: &mut String, seconds: f64, profiler: &Path) -> Result<()> {
+pub fn section(doc: &mut String, seconds: f64, profiler: &Path, short: bool) -> Result<()> {
     let _ = writeln!(doc, "\n## 8. Prometheus at fleet scale\n");
-    match measure(seconds, profiler) {
+    if short {
+        let _ = writeln!(doc, "With `--prometheus-short-names`.\n");
+    }
+    match measure(seconds, profiler, short) {
         Ok(f) => report(doc, &f),
         Err(err) => {
             let _ = writeln!(doc, "Not measured: {err:#}");
@@ -316,7 +328,7 @@ pub fn section(doc: &mut String, seconds: f64, profiler: &Path) -> Result<()> {
     Ok(())
 }
 
-fn measure(seconds: f64, profiler: &Path) -> Result<Figures> {
+fn measure(seconds: f64, profiler: &Path, short: bool) -> Result<Figures> {
     let works = Command::new("prometheus")
         .arg("--version")
         .output()
@@ -386,6 +398,7 @@ fn measure(seconds: f64, profiler: &Path) -> Result<Figures> {
     let mut child = Command::new(profiler)
         .args(["--all", "--frequency", "99", "--prometheus"])
         .arg(exporter.to_string())
+        .args(short.then_some("--prometheus-short-names"))
         .args([
             "--format",
             "folded",
@@ -508,7 +521,7 @@ fn measure(seconds: f64, profiler: &Path) -> Result<Figures> {
             for (file, _, _) in &marks[skip + 1..] {
                 text += &fs::read_to_string(file).unwrap_or_default();
             }
-            let (truth, total) = nodes_from_folded(&text);
+            let (truth, total) = nodes_from_folded(&text, short);
             f.samples = total;
             // Samples that cannot be in the series: dropped for want of names, and the
             // change in those waiting for them.
@@ -715,7 +728,7 @@ mod tests {
         assert_eq!(nodes["p_q"], 6.0);
         assert_eq!(nodes["p_q;main"], 5.0);
         assert_eq!(nodes["p_q;main;a"], 3.0);
-        let (truth, total) = nodes_from_folded("p_q;main;a 3\np_q;main;b 2\np_q 1\nr;x 4\n");
+        let (truth, total) = nodes_from_folded("p_q;main;a 3\np_q;main;b 2\np_q 1\nr;x 4\n", false);
         assert_eq!(total, 10.0);
         for k in ["p_q", "p_q;main", "p_q;main;a"] {
             assert_eq!(truth[k], nodes[k], "{k}");

@@ -73,6 +73,9 @@ struct Args {
     /// With --stress: CPU hogs beside the load (default: one per CPU).
     #[arg(long)]
     hogs: Option<usize>,
+    /// Section 8 with the profiler's `--prometheus-short-names`.
+    #[arg(long)]
+    short_names: bool,
 }
 
 /// A part of the report `--only` can select.
@@ -193,7 +196,7 @@ fn main() -> Result<()> {
         let seconds = if args.quick { 25.0 } else { 600.0 };
         match profiler_beside() {
             Some(exe) => {
-                let _ = fleet::section(&mut doc, seconds, &exe);
+                let _ = fleet::section(&mut doc, seconds, &exe, args.short_names);
             }
             None => {
                 let _ = writeln!(
