@@ -15,7 +15,7 @@ use http_body_util::{BodyExt as _, Empty, Limited};
 use hyper::{Request, body::Bytes};
 use hyper_util::rt::TokioIo;
 
-use sframe_user::export::prometheus::{NO_FRAMES, OTHER};
+use sframe_user::export::prometheus::{NO_FRAMES, OTHER, url_encode};
 
 /// Largest answer read from the server.
 const MAX_ANSWER_BYTES: usize = 256 << 20;
@@ -204,20 +204,6 @@ async fn get(base: &str, path: &str) -> Result<Vec<u8>> {
         );
     }
     Ok(body.to_vec())
-}
-
-/// Percent-encodes a query parameter.
-fn url_encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() * 2);
-    for b in s.bytes() {
-        match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                out.push(b as char);
-            }
-            _ => out.push_str(&format!("%{b:02X}")),
-        }
-    }
-    out
 }
 
 #[cfg(test)]

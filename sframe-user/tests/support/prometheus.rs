@@ -33,17 +33,7 @@ pub fn tools(test: &str) -> Option<(PathBuf, PathBuf)> {
     None
 }
 
-/// Percent-encodes a URL query value.
-pub fn url_encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
+pub use sframe_user::export::prometheus::url_encode;
 
 /// `GET path` over HTTP/1.0 (no chunked bodies to decode): (status, body). `None` when
 /// nothing listens yet.

@@ -228,7 +228,7 @@ pub fn stress(seconds: u64, hogs: usize) -> Result<()> {
 }
 
 /// One metric sample from an OpenMetrics text: `name{labels} value`.
-fn metric(text: &str, series: &str) -> Option<f64> {
+pub(crate) fn metric(text: &str, series: &str) -> Option<f64> {
     text.lines()
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
@@ -244,7 +244,7 @@ fn scrape(addr: &str) -> Option<String> {
     Some(out.split_once("\r\n\r\n")?.1.to_owned())
 }
 
-fn kb(pid: u32, field: &str) -> Option<u64> {
+pub(crate) fn kb(pid: u32, field: &str) -> Option<u64> {
     fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()?
         .lines()

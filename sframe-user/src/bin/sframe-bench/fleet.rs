@@ -17,7 +17,7 @@ use std::{
     io::{Read as _, Write as _},
     net::{SocketAddr, TcpStream},
     path::Path,
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     sync::{
         Arc,
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -28,9 +28,14 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use sframe_user::export::prometheus::{text_format::longest_label_value, tree::without_parameters};
+use sframe_user::export::prometheus::{
+    text_format::longest_label_value, tree::without_parameters, url_encode,
+};
 
-use crate::busy::Load;
+use crate::{
+    busy::{Load, kb, metric},
+    util::Fixture,
+};
 
 /// Hosts the one exporter stands for.
 const HOSTS: usize = 20;
@@ -101,16 +106,6 @@ impl Drop for Build {
     }
 }
 
-/// A child killed on drop.
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn get(addr: SocketAddr, path: &str) -> Option<String> {
     let mut s = TcpStream::connect(addr).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
@@ -118,17 +113,6 @@ fn get(addr: SocketAddr, path: &str) -> Option<String> {
     let mut out = String::new();
     s.read_to_string(&mut out).ok()?;
     Some(out.split_once("\r\n\r\n")?.1.to_owned())
-}
-
-fn url_encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }
 
 /// An instant query's first value.
@@ -180,17 +164,6 @@ fn query_vector(server: SocketAddr, promql: &str, time: f64) -> HashMap<(String,
     out
 }
 
-fn rss_kb(pid: u32) -> Option<u64> {
-    fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()?
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))?
-        .trim()
-        .trim_end_matches(" kB")
-        .parse()
-        .ok()
-}
-
 /// `(comm, stack) → value` of the stack series in an exposition (values without `"`
 /// or `\` in labels only: the others are skipped).
 fn stack_values(text: &str) -> HashMap<(String, String), f64> {
@@ -213,12 +186,6 @@ fn stack_values(text: &str) -> HashMap<(String, String), f64> {
         }
     }
     out
-}
-
-fn metric(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
 }
 
 /// Node totals (`comm;frame;…` → samples) from series: a remainder (`…;[other]`)
@@ -358,8 +325,8 @@ fn measure(seconds: f64, profiler: &Path, short: bool) -> Result<Figures> {
         "    relabel_configs:\n      - source_labels: [host]\n        target_label: instance\n      - regex: host\n        action: labeldrop\n",
     );
     fs::write(dir.join("prometheus.yml"), &config)?;
-    let server = Killed(
-        Command::new("prometheus")
+    let server = Fixture {
+        child: Command::new("prometheus")
             .arg(format!(
                 "--config.file={}",
                 dir.join("prometheus.yml").display()
@@ -373,7 +340,7 @@ fn measure(seconds: f64, profiler: &Path, short: bool) -> Result<Figures> {
             .stderr(fs::File::create(dir.join("prometheus.log"))?)
             .spawn()
             .context("starting prometheus")?,
-    );
+    };
     let ready = Instant::now();
     while get(server_addr, "/-/ready").is_none() {
         if ready.elapsed() > Duration::from_secs(30) {
@@ -386,7 +353,7 @@ fn measure(seconds: f64, profiler: &Path, short: bool) -> Result<Figures> {
     thread::sleep(Duration::from_secs(3));
     // The server's own RSS with its targets down, before any series.
     let mut f = Figures {
-        server_rss_idle_kb: rss_kb(server.0.id()).unwrap_or(0),
+        server_rss_idle_kb: kb(server.pid(), "VmRSS").unwrap_or(0),
         ..Figures::default()
     };
     // Ground truth: the profiler's own folded profile of each interval; the loop writes
@@ -488,7 +455,7 @@ fn measure(seconds: f64, profiler: &Path, short: bool) -> Result<Figures> {
         }
         _ => HashMap::new(),
     };
-    f.server_rss_kb = rss_kb(server.0.id()).unwrap_or(0);
+    f.server_rss_kb = kb(server.pid(), "VmRSS").unwrap_or(0);
     f.profiler_cpu = crate::busy::wait_cpu(&mut child)?;
     f.seconds = started.elapsed().as_secs_f64();
     f.builds = build.builds.load(Ordering::Relaxed);

@@ -645,17 +645,6 @@ impl Metrics {
         }
     }
 
-    /// Figures of the on-CPU and off-CPU stack trees.
-    pub fn tree_figures(&self) -> [tree::Figures; 2] {
-        let w = self.stacks.lock();
-        [w.on_cpu.figures(), w.off_cpu.figures()]
-    }
-
-    /// The kept and all nodes of the on-CPU tree at or above `share` of its window.
-    pub fn exact_nodes(&self, share: f64) -> (usize, usize) {
-        self.stacks.lock().on_cpu.exact_nodes(share)
-    }
-
     /// Records `delta` new samples of `stack` (folded, outermost first) with
     /// `frames` user frames, in process `pid` of group `group` (its value of the
     /// [`GroupLabel`], when grouping and known). Applied at the next [`Self::update`].
@@ -793,6 +782,20 @@ impl Metrics {
         self.last_render.store(out.len(), Relaxed);
         out
     }
+}
+
+/// Percent-encodes a URL query value (a PromQL expression for a query API).
+pub fn url_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() * 2);
+    for b in s.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                out.push(b as char);
+            }
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
 }
 
 /// `kernel.bpf_stats_enabled`, when readable.

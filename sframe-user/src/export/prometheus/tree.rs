@@ -132,10 +132,6 @@ pub struct Figures {
     /// Samples counted in an ancestor's remainder because their series did not exist
     /// and the budget had no room to create it.
     pub over_budget: u64,
-    /// Samples in the window.
-    pub window_total: u64,
-    /// Times the kept set was chosen.
-    pub plans: u64,
 }
 
 const ROOT: u32 = 0;
@@ -275,7 +271,7 @@ impl SeriesTree {
             self.last_plan = Some(now);
         }
         for (program, stack, delta) in std::mem::take(&mut self.pending) {
-            self.add(program, &stack, delta, now);
+            self.add(program, &stack, delta);
         }
     }
 
@@ -336,7 +332,7 @@ impl SeriesTree {
         if let Some(&id) = self.frame_ids.get(name) {
             return id;
         }
-        let name: Arc<str> = Arc::from(reserved_safe(name));
+        let name: Arc<str> = Arc::from(name);
         let reused = self.free_frames.pop().and_then(|id| {
             *self.frame_names.get_mut(id as usize)? = (name.clone(), 0);
             Some(id)
@@ -440,7 +436,7 @@ impl SeriesTree {
         (at, whole)
     }
 
-    fn add(&mut self, program: Program, stack: &Arc<str>, delta: u64, now: Instant) {
+    fn add(&mut self, program: Program, stack: &Arc<str>, delta: u64) {
         let (node, whole) = self.resolve(program, stack);
         if !whole {
             self.figures.cut = self.figures.cut.saturating_add(delta);
@@ -459,9 +455,7 @@ impl SeriesTree {
             }
             at = n.parent;
         }
-        if self.slots.is_empty() {
-            self.slide(now);
-        }
+        // `update` slid the window first: there is an open slot.
         if let Some(slot) = self.slots.back_mut() {
             *slot.adds.entry((node, whole)).or_default() += delta;
         }
@@ -543,9 +537,7 @@ impl SeriesTree {
     /// twentieth kept for series that appear between plans; then drops what left, and
     /// frees nodes that left the window.
     fn plan(&mut self) {
-        self.figures.plans += 1;
         let total = self.root().total;
-        self.figures.window_total = total;
         let floor_in = ((self.config.min_share * total as f64).ceil() as u64).max(1);
         let floor_kept = ((floor_in as f64 / self.config.hysteresis.max(1.0)).ceil() as u64).max(1);
         let max = self.config.max_series.max(1);
@@ -628,12 +620,13 @@ impl SeriesTree {
                 let (own, other) = match (&n.own_label, &n.other_label) {
                     (Some(a), Some(b)) => (a.clone(), b.clone()),
                     _ => {
-                        let mut frames = self.frames(id);
-                        if self.config.short_names {
-                            for f in &mut frames {
-                                *f = without_parameters(f);
-                            }
-                        }
+                        let short = self.config.short_names;
+                        let names: Vec<std::borrow::Cow<'_, str>> = self
+                            .frames(id)
+                            .into_iter()
+                            .map(|f| reserved_safe(if short { without_parameters(f) } else { f }))
+                            .collect();
+                        let frames: Vec<&str> = names.iter().map(|f| &**f).collect();
                         let max = self.config.max_label_bytes;
                         (
                             stack_label(&frames, None, max).into(),
@@ -641,12 +634,12 @@ impl SeriesTree {
                         )
                     }
                 };
-                if labels.contains(&(prog, own.clone())) || labels.contains(&(prog, other.clone()))
-                {
+                let keys = ((prog, own.clone()), (prog, other.clone()));
+                if labels.contains(&keys.0) || labels.contains(&keys.1) {
                     continue;
                 }
-                labels.insert((prog, own.clone()));
-                labels.insert((prog, other.clone()));
+                labels.insert(keys.0);
+                labels.insert(keys.1);
                 let line = (
                     line_cost(comm, pid, group, &own),
                     line_cost(comm, pid, group, &other),
@@ -829,22 +822,6 @@ impl SeriesTree {
     pub fn figures(&self) -> Figures {
         self.figures
     }
-
-    /// The window share of the nodes at or above `share` that are kept (exact), as
-    /// (kept, all): a measure of what the series describe.
-    pub fn exact_nodes(&self, share: f64) -> (usize, usize) {
-        let total = self.root().total;
-        let floor = (share * total as f64).ceil().max(1.0) as u64;
-        let mut all = 0;
-        let mut kept = 0;
-        for n in self.nodes.iter().skip(1) {
-            if !n.free && n.total >= floor {
-                all += 1;
-                kept += usize::from(n.kept);
-            }
-        }
-        (kept, all)
-    }
 }
 
 /// The bytes of a series' line in the exposition: the metric's name (the longer of
@@ -950,7 +927,7 @@ fn cut(text: &str, max: usize) -> String {
     while end > 0 && !text.is_char_boundary(end) {
         end -= 1;
     }
-    format!("{}…", &text[..end])
+    format!("{}…", text.get(..end).unwrap_or_default())
 }
 
 /// A label value for a value that may be too long (a cgroup path): as it is when it
@@ -1344,6 +1321,15 @@ mod tests {
         labels.dedup();
         assert_eq!(labels.len(), n, "{s:?}");
         assert!(s.iter().any(|x| x.1 == "main;[other]_"), "{s:?}");
+        // The frame stays one node through plans that free others (x leaves the window,
+        // which clears the resolved paths): root, p, main and [other]. A name interned
+        // under another key than it is looked up by made a new node each time.
+        for sec in 3..400 {
+            t.record(prog("p"), "main;[other]", 10);
+            t.update(t0 + Duration::from_secs(sec));
+        }
+        assert_eq!(t.figures().nodes, 4, "{:?}", t.figures());
+        assert_eq!(t.frame_ids.len(), 2, "{:?}", t.frame_ids);
     }
 
     #[test]
