@@ -22,9 +22,9 @@
 //! at every scrape. Between plans a new program's samples go to `comm="[other]"`, a new
 //! stack's to its closest kept ancestor's remainder.
 //!
-//! Bounded whatever the input: the tree holds at most [`Config::max_nodes`] nodes (a
-//! path that finds no room is cut where it is, its samples counted in the remainder of
-//! that node), label values are at most [`Config::max_label_bytes`] (a longer stack
+//! Bounded whatever the input: the tree holds at most [`Config::max_nodes`] nodes and
+//! [`Config::max_name_bytes`] of frame names (a path that finds no room is cut where it
+//! is, its samples counted in the remainder of that node), label values are at most [`Config::max_label_bytes`] (a longer stack
 //! keeps its outermost and innermost frames and names what it left out with a digest
 //! of the whole path, so distinct stacks stay distinct; a label that would still equal
 //! another's is not kept), and series never exceed [`Config::max_series`] nor their
@@ -63,6 +63,9 @@ pub struct Config {
     pub hysteresis: f64,
     /// Nodes the tree holds at most.
     pub max_nodes: usize,
+    /// Bytes of frame names the tree holds at most (names are up to 1,024 characters:
+    /// without it, 65,536 nodes of a user's long distinct symbols would hold 256 MB).
+    pub max_name_bytes: usize,
     /// Whether labels leave out C++ parameter lists (`f` for `f(int, char**) const`):
     /// more paths fit the byte budget, and an overload whose label equals another's is
     /// not kept.
@@ -90,6 +93,7 @@ impl Default for Config {
             min_share: 1e-4,
             hysteresis: 2.0,
             max_nodes: 65_536,
+            max_name_bytes: 8 << 20,
             short_names: false,
         }
     }
@@ -206,6 +210,8 @@ pub struct SeriesTree {
     frame_ids: FastMap<Arc<str>, u32>,
     frame_names: Vec<(Arc<str>, u32)>,
     free_frames: Vec<u32>,
+    /// Bytes of the interned names (bounded by [`Config::max_name_bytes`]).
+    name_bytes: usize,
     /// Stacks seen since the last plan, per program node → the node their path ends at.
     resolved: FastMap<u32, FastMap<Arc<str>, u32>>,
     resolved_len: usize,
@@ -228,6 +234,7 @@ impl SeriesTree {
             frame_ids: FastMap::default(),
             frame_names: Vec::new(),
             free_frames: Vec::new(),
+            name_bytes: 0,
             resolved: FastMap::default(),
             resolved_len: 0,
             slots: VecDeque::new(),
@@ -332,6 +339,7 @@ impl SeriesTree {
         if let Some(&id) = self.frame_ids.get(name) {
             return id;
         }
+        self.name_bytes = self.name_bytes.saturating_add(name.len());
         let name: Arc<str> = Arc::from(name);
         let reused = self.free_frames.pop().and_then(|id| {
             *self.frame_names.get_mut(id as usize)? = (name.clone(), 0);
@@ -401,7 +409,8 @@ impl SeriesTree {
                 // A name is interned only when a node can be made for it: a full tree
                 // does not grow its names either.
                 let known = self.frame_ids.get(frame).copied();
-                let full = self.nodes.len() - self.free.len() >= self.config.max_nodes.max(1);
+                let full = self.nodes.len() - self.free.len() >= self.config.max_nodes.max(1)
+                    || self.name_bytes.saturating_add(frame.len()) > self.config.max_name_bytes;
                 let id = match known {
                     Some(id) => id,
                     None if !full => self.frame_id(frame),
@@ -757,6 +766,7 @@ impl SeriesTree {
         // Names interned for paths that were cut, or whose nodes were freed.
         for (id, (name, users)) in self.frame_names.iter_mut().enumerate() {
             if *users == 0 && !name.is_empty() {
+                self.name_bytes = self.name_bytes.saturating_sub(name.len());
                 self.frame_ids.remove(&**name);
                 *name = Arc::from("");
                 self.free_frames.push(id as u32);
@@ -1235,6 +1245,20 @@ mod tests {
         assert!(f.cut > 0, "{f:?}");
         // Names are interned for nodes only: 100 distinct frames, at most 10 names.
         assert!(t.frame_ids.len() <= 10, "{}", t.frame_ids.len());
+        // And their bytes are bounded: distinct 1,000-byte frames, room for 20 KB.
+        let mut t = SeriesTree::new(Config {
+            max_name_bytes: 20_000,
+            ..config(100)
+        });
+        for round in 0..3u64 {
+            for i in 0..200 {
+                t.record(prog("p"), format!("main;{}{i}", "x".repeat(1000)), 1);
+            }
+            t.update(t0 + Duration::from_secs(round));
+        }
+        assert_eq!(sum(&t), 600);
+        assert!(t.name_bytes <= 20_000, "{}", t.name_bytes);
+        assert!(t.figures().cut > 0);
     }
 
     #[test]
