@@ -309,6 +309,54 @@ pub fn namespace_pid(pid: u32) -> Option<u32> {
     (ns != pid).then_some(ns)
 }
 
+/// The effective and file-system user ids of `pid` (`Uid:` of `/proc/PID/status`, as
+/// the profiler's user namespace sees them).
+pub fn effective_uids(pid: u32) -> Option<[u32; 2]> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let mut ids = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))?
+        .split_whitespace()
+        .map(str::parse::<u32>);
+    let _real = ids.next()?.ok()?;
+    let effective = ids.next()?.ok()?;
+    let _saved = ids.next()?.ok()?;
+    let fs = ids.next()?.ok()?;
+    Some([effective, fs])
+}
+
+/// When `pid` started, as wall-clock time (its `starttime` in `/proc/PID/stat`, clock
+/// ticks since boot, placed on the real-time clock by the boot-time clock read now;
+/// within a tick, 10 ms).
+pub fn start_time(pid: u32) -> Option<std::time::SystemTime> {
+    let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+    let close = stat.iter().rposition(|&b| b == b')')?;
+    let rest = std::str::from_utf8(stat.get(close + 2..)?).ok()?;
+    // Fields after the command name: state is the 3rd of the line, starttime the 22nd.
+    let ticks: u64 = rest.split_ascii_whitespace().nth(19)?.parse().ok()?;
+    // SAFETY: sysconf(3) has no preconditions.
+    let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).ok()?;
+    if hz == 0 {
+        return None;
+    }
+    let since_boot = std::time::Duration::from_secs(ticks / hz)
+        + std::time::Duration::from_nanos((ticks % hz) * 1_000_000_000 / hz);
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime(2) writes the timespec passed.
+    if unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) } != 0 {
+        return None;
+    }
+    let boot_now = std::time::Duration::new(
+        u64::try_from(ts.tv_sec).ok()?,
+        u32::try_from(ts.tv_nsec).ok()?,
+    );
+    let ago = boot_now.checked_sub(since_boot)?;
+    std::time::SystemTime::now().checked_sub(ago)
+}
+
 /// Every process of the system now (thread-group ids under `/proc`).
 pub fn all_pids() -> Vec<u32> {
     let Ok(dir) = std::fs::read_dir("/proc") else {

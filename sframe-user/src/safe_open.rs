@@ -14,7 +14,7 @@
 use std::{
     ffi::CString,
     fs::{File, Metadata},
-    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+    os::fd::{AsFd as _, AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd},
     os::unix::fs::OpenOptionsExt as _,
     path::{Path, PathBuf},
 };
@@ -152,10 +152,22 @@ fn openat2_in_root(root: &Path, path: &[u8], flags: i32) -> Result<(File, PathBu
     }
     // SAFETY: `dir` is a descriptor we own.
     let dir = unsafe { OwnedFd::from_raw_fd(dir) };
+    let file = openat2(
+        dir.as_fd(),
+        &c_path,
+        flags,
+        libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS,
+    )
+    .map_err(io)?;
+    Ok((file, shown))
+}
+
+/// openat2(2) of `path` relative to `dir` with `flags` and `resolve`.
+fn openat2(dir: BorrowedFd<'_>, path: &CString, flags: i32, resolve: u64) -> std::io::Result<File> {
     let how = OpenHow {
         flags: flags as u64,
         mode: 0,
-        resolve: libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS,
+        resolve,
     };
     // SAFETY: openat2(2) with a valid directory descriptor, a NUL-terminated path and an
     // initialized open_how of the size passed.
@@ -163,16 +175,56 @@ fn openat2_in_root(root: &Path, path: &[u8], flags: i32) -> Result<(File, PathBu
         libc::syscall(
             libc::SYS_openat2,
             dir.as_raw_fd(),
-            c_path.as_ptr(),
+            path.as_ptr(),
             &how as *const OpenHow,
             std::mem::size_of::<OpenHow>(),
         )
     };
     if fd < 0 {
-        return Err(io(std::io::Error::last_os_error()));
+        return Err(std::io::Error::last_os_error());
     }
     // SAFETY: a new descriptor we own.
-    Ok((unsafe { File::from_raw_fd(fd as i32) }, shown))
+    Ok(unsafe { File::from_raw_fd(fd as i32) })
+}
+
+/// A process's root directory (`/proc/PID/root`), held open (`O_PATH`) so that files
+/// of that process's mount namespace can be opened after it exits.
+pub fn open_process_root(pid: u32) -> Result<OwnedFd, OpenError> {
+    let path = PathBuf::from(format!("/proc/{pid}/root"));
+    let dir = File::options()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(&path)
+        .map_err(|source| OpenError::Io {
+            path: path.clone(),
+            source,
+        })?;
+    Ok(OwnedFd::from(dir))
+}
+
+/// Opens `path` (absolute as a process with root directory `root` sees it) read-only,
+/// resolved entirely inside `root` and following no symlink at all (nor `/proc` magic
+/// link), without blocking on a FIFO; regular files only. `shown` names it in errors.
+pub fn open_in_root_no_links(
+    root: BorrowedFd<'_>,
+    path: &str,
+    shown: &Path,
+) -> Result<(File, Metadata), OpenError> {
+    let relative = path.trim_start_matches('/');
+    let c_path = CString::new(relative).map_err(|_| OpenError::BadPath {
+        path: shown.to_owned(),
+    })?;
+    let file = openat2(
+        root,
+        &c_path,
+        libc::O_RDONLY | libc::O_NOFOLLOW | FLAGS,
+        libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS | libc::RESOLVE_NO_SYMLINKS,
+    )
+    .map_err(|source| OpenError::Io {
+        path: shown.to_owned(),
+        source,
+    })?;
+    checked(file, shown)
 }
 
 #[cfg(test)]

@@ -261,6 +261,7 @@ fn follows_libraries_opened_with_dlopen_after_the_start() {
             comm: "dlmain".into(),
             ns_pid: None,
             maps,
+            perf_map: None,
             cgroup: None,
         }];
         let stacks = stacks_of(&profiler, &delta, &targets, &pids);

@@ -32,6 +32,9 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     // libbpf-tools' offcputime (the CO-RE build of bcc's tool, which needs no kernel
     // headers): the off-CPU bench section measures it beside the profiler.
     ("libbpf-tools", "/usr/sbin/offcputime"),
+    // Runtimes whose JIT frames the profiler names from perf maps (tests/jit.rs).
+    ("nodejs", "node"),
+    ("openjdk-17-jdk-headless", "jcmd"),
 ];
 
 pub fn setup() -> Result<()> {

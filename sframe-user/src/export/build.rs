@@ -187,7 +187,8 @@ pub(super) fn user_frames(
     id: u64,
 ) -> Vec<Frame> {
     let addrs = symbolization_addresses(profiler.stack(id).unwrap_or(&[]));
-    let mut frames = symbolizer.symbolize_user(target.pid, &target.maps, &addrs);
+    let mut frames =
+        symbolizer.symbolize_process(target.pid, &target.maps, target.perf_map.as_deref(), &addrs);
     frames.reverse();
     frames
 }

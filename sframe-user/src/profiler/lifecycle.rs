@@ -11,7 +11,7 @@ use std::{
 
 use sframe_common::event::{ProcEvent, ProcEventKind};
 
-use super::{Proc, Profiler, TargetInfo, target_info};
+use super::{Proc, Profiler, target_info};
 use crate::{objects::Build, procfs};
 
 /// How long after its last load a process's reload for new mappings waits: the first
@@ -334,13 +334,9 @@ impl Profiler {
                 self.load_retries.remove(&pid);
                 let (info, reloads) = match self.procs.remove(&pid) {
                     // A reload without exec: same command and namespace.
-                    Some(p) if !new && !renamed => (
-                        TargetInfo {
-                            maps: report.maps,
-                            ..p.info
-                        },
-                        p.reloads.saturating_add(1),
-                    ),
+                    Some(p) if !new && !renamed => {
+                        (p.info.with_maps(report.maps), p.reloads.saturating_add(1))
+                    }
                     _ => (target_info(pid, report.maps), 0),
                 };
                 self.procs.insert(

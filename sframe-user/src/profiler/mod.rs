@@ -80,12 +80,45 @@ pub struct Snapshot {
 
 /// What is known of process `pid` besides its mappings, read now.
 fn target_info(pid: u32, maps: Vec<crate::procfs::Mapping>) -> TargetInfo {
+    let ns_pid = procfs::namespace_pid(pid);
     TargetInfo {
         pid,
         comm: procfs::comm(pid).unwrap_or_else(|| format!("pid{pid}")),
-        ns_pid: procfs::namespace_pid(pid),
+        ns_pid,
+        perf_map: perf_map(pid, ns_pid, &maps),
         maps,
         cgroup: crate::cgroup::process_cgroup(pid),
+    }
+}
+
+/// The perf map of process `pid` if it maps JIT code (see
+/// [`crate::symbolize::perfmap`]).
+fn perf_map(
+    pid: u32,
+    ns_pid: Option<u32>,
+    maps: &[crate::procfs::Mapping],
+) -> Option<std::sync::Arc<crate::symbolize::PerfMap>> {
+    match crate::symbolize::PerfMap::for_process(pid, ns_pid, maps)? {
+        Ok(map) => Some(map),
+        Err(e) => {
+            log::debug!("no perf map: {e}");
+            None
+        }
+    }
+}
+
+impl TargetInfo {
+    /// The same process with the mappings read again (its perf map found if it maps JIT
+    /// code now).
+    fn with_maps(self, maps: Vec<crate::procfs::Mapping>) -> Self {
+        let perf_map = self
+            .perf_map
+            .or_else(|| perf_map(self.pid, self.ns_pid, &maps));
+        Self {
+            maps,
+            perf_map,
+            ..self
+        }
     }
 }
 
@@ -98,6 +131,8 @@ pub struct TargetInfo {
     pub ns_pid: Option<u32>,
     /// Its mappings, as last read.
     pub maps: Vec<crate::procfs::Mapping>,
+    /// Its perf map, when it maps JIT code: names of frames there.
+    pub perf_map: Option<std::sync::Arc<crate::symbolize::PerfMap>>,
     /// Its cgroup v2 path when it was loaded (raw; sanitized in the outputs).
     pub cgroup: Option<String>,
 }

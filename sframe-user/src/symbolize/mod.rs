@@ -30,6 +30,7 @@
 
 mod frame;
 mod object;
+pub mod perfmap;
 mod plt;
 
 use std::{
@@ -48,6 +49,7 @@ use blazesym::{
 
 pub use self::frame::{Frame, InlinedFrame, SourceLocation, object_basename};
 use self::object::{ObjectKey, OpenedObject};
+pub use self::perfmap::PerfMap;
 use crate::procfs::Mapping;
 
 /// Object name of kernel frames (perf's name for it).
@@ -329,6 +331,18 @@ impl Symbolizer {
     /// Symbolizes absolute user addresses of process `pid`, whose mappings are `maps`
     /// (from [`crate::procfs::read_maps`]). Returns one frame per address, in order.
     pub fn symbolize_user(&mut self, pid: u32, maps: &[Mapping], addrs: &[u64]) -> Vec<Frame> {
+        self.symbolize_process(pid, maps, None, addrs)
+    }
+
+    /// [`Symbolizer::symbolize_user`], naming addresses in anonymous executable memory, or
+    /// in no mapping, from the process's perf map when it has one (JIT code).
+    pub fn symbolize_process(
+        &mut self,
+        pid: u32,
+        maps: &[Mapping],
+        perf_map: Option<&PerfMap>,
+        addrs: &[u64],
+    ) -> Vec<Frame> {
         self.bound();
         self.tick += 1;
         let _mappings = blaze_mappings();
@@ -347,7 +361,14 @@ impl Symbolizer {
         let mut vdso_pending: Vec<(u64, u64)> = Vec::new();
 
         for &addr in addrs {
-            let Some((mi, m)) = find_mapping(maps, &order, addr) else {
+            let found = find_mapping(maps, &order, addr);
+            if found.is_none_or(|(_, m)| perfmap::is_jit_mapping(m))
+                && let Some(frame) = perf_map.and_then(|p| jit_frame(p, addr, found))
+            {
+                slots.push(Slot::Done(frame));
+                continue;
+            }
+            let Some((mi, m)) = found else {
                 slots.push(Slot::Done(Frame::unknown(
                     UNKNOWN_OBJECT,
                     addr,
@@ -632,6 +653,21 @@ impl Symbolizer {
             rel.get(&a).copied().unwrap_or(a)
         })
     }
+}
+
+/// The frame of `addr` in JIT code (in `mapping`, if in one) named by `perf_map`.
+fn jit_frame(perf_map: &PerfMap, addr: u64, mapping: Option<(usize, &Mapping)>) -> Option<Frame> {
+    let (name, _start) = perf_map.lookup(addr)?;
+    let file_offset = mapping.map_or(addr, |(_, m)| addr - m.start);
+    Some(Frame {
+        name: Some(name),
+        object: perfmap::JIT_OBJECT.to_owned(),
+        file_offset,
+        build_id: None,
+        location: None,
+        inlined: Vec::new(),
+        reason: None,
+    })
 }
 
 enum Slot {

@@ -155,6 +155,7 @@ impl Feed {
             .or_insert_with(|| Batch {
                 pid: target.pid,
                 maps: target.maps.clone(),
+                perf_map: target.perf_map.clone(),
                 jobs: Vec::new(),
             })
             .jobs

@@ -43,6 +43,8 @@ pub(super) struct Job {
 pub(super) struct Batch {
     pub pid: u32,
     pub maps: Vec<Mapping>,
+    /// Its perf map (names of JIT code), if it has one.
+    pub perf_map: Option<std::sync::Arc<crate::symbolize::PerfMap>>,
     pub jobs: Vec<Job>,
 }
 
@@ -162,7 +164,13 @@ fn run(
             while !rest.is_empty() {
                 let take = chunk_len(&rest, CHUNK_ADDRESSES);
                 let chunk: Vec<Job> = rest.drain(..take).collect();
-                let named = name_jobs(&mut symbolizer, batch.pid, &batch.maps, chunk);
+                let named = name_jobs(
+                    &mut symbolizer,
+                    batch.pid,
+                    &batch.maps,
+                    batch.perf_map.as_deref(),
+                    chunk,
+                );
                 let stats = symbolizer.stats();
                 figures
                     .state_bytes
@@ -201,6 +209,7 @@ fn name_jobs(
     s: &mut Symbolizer,
     pid: u32,
     maps: &[Mapping],
+    perf_map: Option<&crate::symbolize::PerfMap>,
     jobs: Vec<Job>,
 ) -> Vec<(NameKey, String)> {
     let user: Vec<u64> = jobs.iter().flat_map(|j| j.user.iter().copied()).collect();
@@ -209,7 +218,7 @@ fn name_jobs(
     let mut user = if user.is_empty() {
         Vec::new()
     } else {
-        s.symbolize_user(pid, maps, &user)
+        s.symbolize_process(pid, maps, perf_map, &user)
     }
     .into_iter();
     let mut kernel = if kernel.is_empty() {
@@ -257,6 +266,7 @@ mod tests {
         assert!(namer.submit(vec![Batch {
             pid: std::process::id(),
             maps,
+            perf_map: None,
             jobs: vec![Job {
                 key,
                 user: vec![addr],
@@ -298,6 +308,7 @@ mod tests {
         let batch = |n| Batch {
             pid: std::process::id(),
             maps: maps.clone(),
+            perf_map: None,
             jobs: vec![job(n, vec![addr])],
         };
         assert!(namer.submit(vec![batch(1), batch(2)]));
@@ -356,6 +367,7 @@ mod tests {
             &mut s,
             pid,
             &maps,
+            None,
             vec![
                 job(1, vec![a]),
                 job(2, Vec::new()),
