@@ -231,3 +231,64 @@ fn java_methods_are_named_from_a_map_asked_for_at_run_time() {
     asker.join().expect("jcmd asked");
     assert_chain(&folded, "java", &["javaOuter", "javaMiddle", "javaLeaf"]);
 }
+
+/// A JIT in its own PID and mount namespaces (a container's view): its map is its own
+/// `/tmp/perf-1.map` on its own `/tmp`, which the host's `/tmp` does not have.
+#[test]
+fn a_jit_in_its_own_namespaces_is_named_from_its_own_tmp() {
+    if !bpf_or_skip("a_jit_in_its_own_namespaces_is_named_from_its_own_tmp") {
+        return;
+    }
+    let exe = support::compile_c(
+        "jitns",
+        include_str!("support/c/jit.c"),
+        &["-O2", "-fno-omit-frame-pointer"],
+    );
+    let script = format!(
+        "mount -t tmpfs none /tmp && exec {} container_code >/dev/null 2>&1",
+        exe.display()
+    );
+    let _ns = support::KillOnDrop::spawn(
+        Command::new("unshare")
+            .args(["--pid", "--fork", "--mount", "--mount-proc", "sh", "-c"])
+            .arg(&script),
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
+    let pid = loop {
+        let found = support::hostile::all_pids_named("jitns");
+        if let Some(&pid) = found.first()
+            && support::hostile::cpu_seconds(pid) > 0.05
+        {
+            break pid;
+        }
+        assert!(std::time::Instant::now() < deadline, "the JIT never ran");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    // The namespace's init: only SIGKILL from outside ends it.
+    struct KillNsInit(u32);
+    impl Drop for KillNsInit {
+        fn drop(&mut self) {
+            // SAFETY: a signal to the test's own process.
+            unsafe { libc::kill(self.0 as i32, libc::SIGKILL) };
+        }
+    }
+    let _init = KillNsInit(pid);
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    assert!(
+        status
+            .lines()
+            .any(|l| l.starts_with("NSpid:") && l.ends_with("\t1")),
+        "{status}"
+    );
+    assert!(!Path::new(&format!("/tmp/perf-{pid}.map")).exists());
+    assert!(!Path::new("/tmp/perf-1.map").exists());
+    let out = exe.parent().expect("fixture dir");
+    let run = support::hostile::profile(&["--pid".to_owned(), pid.to_string()], pid, 1.0, out);
+    let (named, all) =
+        support::hostile::complete(&run.folded, "jitns", ";main;jit_caller;container_code");
+    assert!(
+        all > 0 && named * 100 >= all * 90,
+        "{named} of {all} samples named from the namespace's map:\n{}",
+        run.folded
+    );
+}

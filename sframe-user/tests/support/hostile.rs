@@ -75,6 +75,18 @@ pub fn wait_cpu(pid: u32, secs: f64, mut alive: impl FnMut()) -> f64 {
     }
 }
 
+/// The processes whose command name is `comm` now.
+pub fn all_pids_named(comm: &str) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim_end() == comm)
+        })
+        .collect()
+}
+
 /// A field of `/proc/PID/status` in kB (`VmHWM`, `VmRSS`).
 pub fn status_kb(pid: u32, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
