@@ -130,7 +130,10 @@ pub struct ProfileArgs {
     #[arg(long, default_value_t = 10)]
     pub top: usize,
     /// Serve Prometheus metrics (OpenMetrics text) on GET http://ADDR/metrics, e.g.
-    /// 127.0.0.1:9464. Nothing listens unless this is given.
+    /// 127.0.0.1:9464, and the gzip pprof of the next N seconds (1 to 300, default 30;
+    /// two at once) on GET http://ADDR/debug/pprof/profile?seconds=N, as Go's
+    /// net/http/pprof serves it (Parca, Grafana Alloy, `pprof` pull from it). Nothing
+    /// listens unless this is given.
     #[arg(long, value_name = "ADDR")]
     pub prometheus: Option<SocketAddr>,
     /// Stack series on the host at most (on CPU and off CPU together): the host's flame
@@ -268,6 +271,16 @@ fn remote_write_config(args: &ProfileArgs) -> Result<Option<prometheus::remote_w
     Ok(Some(config))
 }
 
+/// A profile asked for on the pull endpoint, answered once due.
+struct PendingProfile {
+    due: Instant,
+    started: Instant,
+    started_at: SystemTime,
+    /// The counts when it was asked for.
+    base: Snapshot,
+    reply: tokio::sync::oneshot::Sender<Result<Vec<u8>, String>>,
+}
+
 /// The `--interval` state: the counts at the start of the current interval.
 struct Intervals {
     every: Duration,
@@ -378,6 +391,8 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
     let mut command_status: Option<std::process::ExitStatus> = None;
     let mut forwarded = false;
     let remote_config = remote_write_config(&args)?;
+    // Profile requests of the pull endpoint (`/debug/pprof/profile`), answered below.
+    let mut profile_requests = None;
     let mut exporter = match (args.prometheus, remote_config) {
         (None, None) => None,
         (addr, remote_config) => {
@@ -387,7 +402,18 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
                     let listener = server::bind(addr).await?;
                     let local = listener.local_addr().unwrap_or(addr);
                     eprintln!("sframe-user: serving metrics on http://{local}/metrics");
-                    Some(tokio::spawn(server::serve(listener, exposition.clone())))
+                    eprintln!(
+                        "sframe-user: serving profiles on http://{local}{}?seconds=N",
+                        server::PPROF_PATH
+                    );
+                    let (tx, rx) = tokio::sync::mpsc::channel(server::MAX_PROFILES);
+                    profile_requests = Some(rx);
+                    Some(tokio::spawn(server::serve_all(
+                        listener,
+                        exposition.clone(),
+                        server::Limits::default(),
+                        Some(tx),
+                    )))
                 }
                 None => None,
             };
@@ -470,8 +496,24 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
     };
     tokio::pin!(until_deadline);
     let mut exited_reported = 0;
+    let mut profiles_due: Vec<PendingProfile> = Vec::new();
     loop {
         tokio::select! {
+            request = async { profile_requests.as_mut().expect("guarded").recv().await }, if profile_requests.is_some() => {
+                match request {
+                    // The counts so far are the profile's base; it is answered at the
+                    // first tick after it is due.
+                    Some(request) => profiles_due.push(PendingProfile {
+                        due: Instant::now() + Duration::from_secs(request.seconds),
+                        started: Instant::now(),
+                        started_at: SystemTime::now(),
+                        base: profiler.collect(),
+                        reply: request.reply,
+                    }),
+                    None => profile_requests = None,
+                }
+                continue;
+            }
             _ = sigint.recv() => {
                 if forward(&mut command, &mut forwarded, libc::SIGINT) {
                     continue;
@@ -550,6 +592,32 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
                 r.writer.push(text.clone(), unix_ms());
             }
             e.exposition.set(text);
+        }
+        if profiles_due.iter().any(|p| p.due <= Instant::now()) {
+            let targets = profiler.targets();
+            let now = Instant::now();
+            let (due, later): (Vec<_>, Vec<_>) =
+                profiles_due.into_iter().partition(|p| p.due <= now);
+            profiles_due = later;
+            for p in due {
+                let delta = snapshot_delta(&snap, &p.base);
+                let span = (p.started_at, p.started.elapsed());
+                let profile = profile_of(
+                    false,
+                    &profiler,
+                    &delta,
+                    &targets,
+                    &mut symbolizer,
+                    span,
+                    &args,
+                );
+                let mut pprof = Vec::new();
+                let made = export::write(&profile, export::Format::Pprof, args.top, &mut pprof)
+                    .map(|()| pprof)
+                    .map_err(|e| e.to_string());
+                // The client may have gone.
+                let _ = p.reply.send(made);
+            }
         }
         if let Some(iv) = &mut intervals
             && iv.started.elapsed() >= iv.every

@@ -202,3 +202,56 @@ pub fn section_file_range(path: &Path, name: &str) -> Option<(u64, u64)> {
     let (offset, size) = file.section_by_name(name)?.file_range()?;
     Some((offset, offset + size))
 }
+
+/// Builds Google's pprof from Debian's sources (once, into the target dir). `None`
+/// (after printing why) when Go or the sources are missing outside CI.
+pub fn pprof_tool() -> Option<PathBuf> {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("pprof-tool");
+    let bin = dir.join("pprof");
+    if bin.exists() {
+        return Some(bin);
+    }
+    let sources = Path::new("/usr/share/gocode/src/github.com/google/pprof");
+    let missing = if which_go().is_none() {
+        Some("go is not installed (apt-get install golang-go)")
+    } else if !sources.exists() {
+        Some("pprof sources missing (apt-get install golang-github-google-pprof-dev)")
+    } else {
+        None
+    };
+    if let Some(why) = missing {
+        if sframe_user::privileges::in_ci() {
+            panic!("{why}: cargo xtask setup installs it");
+        }
+        eprintln!("SKIPPED pprof tool check: {why}");
+        return None;
+    }
+    std::fs::create_dir_all(&dir).unwrap();
+    // Build into a temporary name: concurrent tests never see a half-written binary.
+    let tmp = dir.join(format!("pprof.{}", std::process::id()));
+    let out = Command::new("go")
+        .args(["build", "-o"])
+        .arg(&tmp)
+        .arg("github.com/google/pprof")
+        .env("GO111MODULE", "off")
+        .env("GOPATH", "/usr/share/gocode")
+        .env("GOCACHE", dir.join("gocache"))
+        .output()
+        .expect("run go build");
+    assert!(
+        out.status.success(),
+        "go build pprof: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::rename(&tmp, &bin).unwrap();
+    Some(bin)
+}
+
+fn which_go() -> Option<()> {
+    Command::new("go")
+        .arg("version")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|_| ())
+}

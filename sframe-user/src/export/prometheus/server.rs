@@ -1,5 +1,13 @@
-//! The HTTP side of the exporter: `GET /metrics` (and `HEAD`) only, on hyper's HTTP/1
-//! server.
+//! The HTTP side of the exporter: `GET /metrics` (and `HEAD`), and `GET
+//! /debug/pprof/profile?seconds=N` (the pull convention of Go's `net/http/pprof`, which
+//! Parca, Grafana Alloy's `pyroscope.scrape` and `pprof` itself fetch) when the profiler
+//! serves profiles, on hyper's HTTP/1 server.
+//!
+//! A profile request is handed to the profiler's loop ([`ProfileRequest`]), which
+//! answers with the gzip pprof of the samples counted in the next N seconds (at most
+//! [`MAX_PROFILE_SECONDS`]; [`MAX_PROFILES`] at once, further ones get 429). While it
+//! waits, its connection is in its own phase: never taken for a slow one, dropped only
+//! [`PROFILE_GRACE`] after the profile was due.
 //!
 //! The server never holds anything the profiler's loop needs: the loop swaps a new
 //! exposition into [`Exposition`] (a pointer swap under a mutex), and each request takes
@@ -43,13 +51,39 @@ use hyper::{
     service::service_fn,
 };
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::{net::TcpListener, sync::Notify};
+use tokio::{
+    net::TcpListener,
+    sync::{Notify, Semaphore, mpsc, oneshot},
+};
 
 pub use super::text_format::CONTENT_TYPE_TEXT;
 
 /// OpenMetrics text exposition media type.
 pub const CONTENT_TYPE_OPENMETRICS: &str =
     "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// The path of the pull endpoint of profiles.
+pub const PPROF_PATH: &str = "/debug/pprof/profile";
+/// The profile's length when the request gives none (Go's default).
+pub const DEFAULT_PROFILE_SECONDS: u64 = 30;
+/// The longest profile served.
+pub const MAX_PROFILE_SECONDS: u64 = 300;
+/// Profiles taken at once; further requests get 429.
+pub const MAX_PROFILES: usize = 2;
+/// How long after its due time a profile may take to be made (the loop's tick, then
+/// symbolization) before its connection is dropped.
+pub const PROFILE_GRACE: Duration = Duration::from_secs(60);
+
+/// A request for the gzip pprof profile of the samples counted in the next `seconds`,
+/// answered by the profiler's loop on `reply` (an error message if it could not be made).
+#[derive(Debug)]
+pub struct ProfileRequest {
+    pub seconds: u64,
+    pub reply: oneshot::Sender<Result<Vec<u8>, String>>,
+}
+
+/// Where the server sends profile requests; the profiler's loop holds the receiver.
+pub type ProfileRequests = mpsc::Sender<ProfileRequest>;
 
 /// What a client may hold. [`Limits::default`] is what the profiler uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -225,6 +259,18 @@ pub async fn serve(listener: TcpListener, exposition: Exposition) {
 
 /// Serves `exposition` on `listener` within `limits` until the task is dropped.
 pub async fn serve_with(listener: TcpListener, exposition: Exposition, limits: Limits) {
+    serve_all(listener, exposition, limits, None).await
+}
+
+/// Serves `exposition` and, when `profiles` is given, profiles on `listener` within
+/// `limits` until the task is dropped.
+pub async fn serve_all(
+    listener: TcpListener,
+    exposition: Exposition,
+    limits: Limits,
+    profiles: Option<ProfileRequests>,
+) {
+    let permits = Arc::new(Semaphore::new(MAX_PROFILES));
     let slots = Slots::default();
     let reaper = tokio::spawn(reap(slots.clone(), limits));
     let _stop_reaper = AbortOnDrop(reaper);
@@ -244,6 +290,8 @@ pub async fn serve_with(listener: TcpListener, exposition: Exposition, limits: L
         };
         let exposition = exposition.clone();
         let slots = slots.clone();
+        let profiles = profiles.clone();
+        let permits = permits.clone();
         tokio::spawn(async move {
             let slot = slots.admit(ticket, limits).await;
             let kill = slot.kill.clone();
@@ -253,9 +301,17 @@ pub async fn serve_with(listener: TcpListener, exposition: Exposition, limits: L
                 service_fn(move |req| {
                     let exposition = exposition.clone();
                     let slots = slots.clone();
+                    let profiles = profiles.clone();
+                    let permits = permits.clone();
                     async move {
-                        slots.set_phase(id, Phase::Responding);
-                        let response = respond(&req, &exposition);
+                        let response = if req.uri().path() == PPROF_PATH {
+                            let r = profile(&req, profiles.as_ref(), &permits, &slots, id).await;
+                            slots.set_phase(id, Phase::Responding);
+                            r
+                        } else {
+                            slots.set_phase(id, Phase::Responding);
+                            respond(&req, &exposition)
+                        };
                         Ok::<_, Infallible>(response.map(|body| Tracked {
                             body,
                             done: Some((slots, id)),
@@ -278,10 +334,12 @@ pub async fn serve_with(listener: TcpListener, exposition: Exposition, limits: L
                 }
                 () = tokio::time::sleep(limits.connection_lifetime) => {
                     conn.as_mut().graceful_shutdown();
+                    // A profile being taken is let finish.
+                    let grace = limits.shutdown_grace + slots.profiling_left(id);
                     tokio::select! {
                         result = conn.as_mut() => result,
                         () = kill.notified() => Ok(()),
-                        () = tokio::time::sleep(limits.shutdown_grace) => {
+                        () = tokio::time::sleep(grace) => {
                             log::debug!("metrics server: {peer}: dropped, response not read");
                             Ok(())
                         }
@@ -319,6 +377,7 @@ async fn reap(slots: Slots, limits: Limits) {
             let limit = match s.phase {
                 Phase::Head => head_limit,
                 Phase::Responding => limits.response_timeout,
+                Phase::Profiling(until) => return now >= until,
             };
             now.duration_since(s.since) >= limit
         });
@@ -332,6 +391,9 @@ enum Phase {
     Head,
     /// A request was received; its response is being made or written.
     Responding,
+    /// A profile is being taken, due to be answered before this (then dropped): never
+    /// taken for a slow connection.
+    Profiling(Instant),
 }
 
 #[derive(Debug)]
@@ -478,6 +540,16 @@ impl Slots {
         }
     }
 
+    /// How long until the profile connection `id` is taking is due to be answered (zero
+    /// if it takes none).
+    fn profiling_left(&self, id: u64) -> Duration {
+        let t = self.table();
+        match t.live.iter().find(|s| s.id == id).map(|s| s.phase) {
+            Some(Phase::Profiling(until)) => until.saturating_duration_since(Instant::now()),
+            _ => Duration::ZERO,
+        }
+    }
+
     fn release(&self, id: u64) {
         self.table().live.retain(|s| s.id != id);
         self.1.notify_waiters();
@@ -544,6 +616,117 @@ fn respond(req: &Request<Incoming>, exposition: &Exposition) -> Response<Full<By
     route(req.method(), req.uri().path(), req.headers(), exposition)
 }
 
+/// A plain-text response.
+fn plain(status: StatusCode, text: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(text.into()));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r
+}
+
+/// Whether the request announces a body (which is never read).
+fn has_body(headers: &HeaderMap) -> bool {
+    let body_len = headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    body_len.is_some_and(|n| n > 0) || headers.contains_key(hyper::header::TRANSFER_ENCODING)
+}
+
+/// The `seconds` of a profile request's query: [`DEFAULT_PROFILE_SECONDS`] when absent,
+/// else an integer from 1 to [`MAX_PROFILE_SECONDS`].
+fn profile_seconds(query: Option<&str>) -> Result<u64, String> {
+    let mut seconds = DEFAULT_PROFILE_SECONDS;
+    for pair in query.unwrap_or_default().split('&') {
+        if let Some(value) = pair.strip_prefix("seconds=") {
+            seconds = value
+                .parse::<u64>()
+                .ok()
+                .filter(|s| (1..=MAX_PROFILE_SECONDS).contains(s))
+                .ok_or_else(|| {
+                    format!("seconds must be an integer from 1 to {MAX_PROFILE_SECONDS}\n")
+                })?;
+        }
+    }
+    Ok(seconds)
+}
+
+/// `GET /debug/pprof/profile?seconds=N`: the gzip pprof of the next N seconds, from the
+/// profiler's loop.
+async fn profile(
+    req: &Request<Incoming>,
+    profiles: Option<&ProfileRequests>,
+    permits: &Arc<Semaphore>,
+    slots: &Slots,
+    id: u64,
+) -> Response<Full<Bytes>> {
+    let Some(profiles) = profiles else {
+        return plain(StatusCode::NOT_FOUND, "not found: no profiles are served\n");
+    };
+    if req.method() != Method::GET {
+        let mut r = plain(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method not allowed: use GET\n",
+        );
+        r.headers_mut()
+            .insert(ALLOW, HeaderValue::from_static("GET"));
+        return r;
+    }
+    if has_body(req.headers()) {
+        return plain(StatusCode::PAYLOAD_TOO_LARGE, "GET takes no body\n");
+    }
+    let seconds = match profile_seconds(req.uri().query()) {
+        Ok(s) => s,
+        Err(why) => return plain(StatusCode::BAD_REQUEST, why),
+    };
+    let Ok(_permit) = permits.clone().try_acquire_owned() else {
+        let mut r = plain(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!("{MAX_PROFILES} profiles are being taken; try again later\n"),
+        );
+        r.headers_mut()
+            .insert(hyper::header::RETRY_AFTER, HeaderValue::from(seconds));
+        return r;
+    };
+    slots.set_phase(
+        id,
+        Phase::Profiling(Instant::now() + Duration::from_secs(seconds) + PROFILE_GRACE),
+    );
+    let (reply, answer) = oneshot::channel();
+    let stopping = || {
+        plain(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the profiler is stopping\n",
+        )
+    };
+    if profiles
+        .send(ProfileRequest { seconds, reply })
+        .await
+        .is_err()
+    {
+        return stopping();
+    }
+    match answer.await {
+        Ok(Ok(pprof)) => {
+            let mut r = Response::new(Full::new(Bytes::from(pprof)));
+            r.headers_mut().insert(
+                CONTENT_TYPE,
+                HeaderValue::from_static("application/octet-stream"),
+            );
+            r.headers_mut().insert(
+                hyper::header::CONTENT_DISPOSITION,
+                HeaderValue::from_static("attachment; filename=\"profile\""),
+            );
+            r
+        }
+        Ok(Err(why)) => plain(StatusCode::INTERNAL_SERVER_ERROR, format!("{why}\n")),
+        Err(_) => stopping(),
+    }
+}
+
 /// The response for a request; the body of requests is never read.
 fn route(
     method: &Method,
@@ -551,19 +734,10 @@ fn route(
     headers: &HeaderMap,
     exposition: &Exposition,
 ) -> Response<Full<Bytes>> {
-    let plain = |status: StatusCode, text: &'static str| {
-        let mut r = Response::new(Full::new(Bytes::from_static(text.as_bytes())));
-        *r.status_mut() = status;
-        r.headers_mut().insert(
-            CONTENT_TYPE,
-            HeaderValue::from_static("text/plain; charset=utf-8"),
-        );
-        r
-    };
     if path != "/metrics" {
         return plain(
             StatusCode::NOT_FOUND,
-            "not found: only /metrics is served\n",
+            "not found: only /metrics and /debug/pprof/profile are served\n",
         );
     }
     if method != Method::GET && method != Method::HEAD {
@@ -575,11 +749,7 @@ fn route(
             .insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
         return r;
     }
-    let body_len = headers
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if body_len.is_some_and(|n| n > 0) || headers.contains_key(hyper::header::TRANSFER_ENCODING) {
+    if has_body(headers) {
         return plain(
             StatusCode::PAYLOAD_TOO_LARGE,
             "GET /metrics takes no body\n",
@@ -667,6 +837,23 @@ mod tests {
 
     /// What Prometheus sends (`Accept-Encoding: gzip`) gets the exposition gzipped,
     /// and it decompresses to the same bytes; `identity` or `gzip;q=0` get it plain.
+    #[test]
+    fn profile_seconds_are_bounded() {
+        assert_eq!(profile_seconds(None), Ok(DEFAULT_PROFILE_SECONDS));
+        assert_eq!(profile_seconds(Some("")), Ok(DEFAULT_PROFILE_SECONDS));
+        assert_eq!(profile_seconds(Some("seconds=5")), Ok(5));
+        assert_eq!(profile_seconds(Some("debug=1&seconds=300")), Ok(300));
+        for bad in [
+            "seconds=0",
+            "seconds=301",
+            "seconds=",
+            "seconds=1.5",
+            "seconds=-1",
+        ] {
+            assert!(profile_seconds(Some(bad)).is_err(), "{bad}");
+        }
+    }
+
     #[test]
     fn gzip_when_asked_for() {
         use std::io::Read as _;
