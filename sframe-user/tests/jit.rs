@@ -233,7 +233,8 @@ fn java_methods_are_named_from_a_map_asked_for_at_run_time() {
 }
 
 /// A JIT in its own PID and mount namespaces (a container's view): its map is its own
-/// `/tmp/perf-1.map` on its own `/tmp`, which the host's `/tmp` does not have.
+/// `/tmp/perf-1.map` on its own `/tmp` (a directory of the test's bound there), which
+/// the host's `/tmp` does not have.
 #[test]
 fn a_jit_in_its_own_namespaces_is_named_from_its_own_tmp() {
     if !bpf_or_skip("a_jit_in_its_own_namespaces_is_named_from_its_own_tmp") {
@@ -244,11 +245,15 @@ fn a_jit_in_its_own_namespaces_is_named_from_its_own_tmp() {
         include_str!("support/c/jit.c"),
         &["-O2", "-fno-omit-frame-pointer"],
     );
+    // The namespace's /tmp is a directory of the test's, bound over /tmp there, holding
+    // the program (the clone itself may be under the host's /tmp, hidden in there).
+    let ns_tmp = fixture_dir("jitns-tmp");
+    std::fs::copy(&exe, ns_tmp.join("jitns")).expect("copy the JIT");
     let script = format!(
-        "mount -t tmpfs none /tmp && exec {} container_code >/dev/null 2>&1",
-        exe.display()
+        "mount --bind {} /tmp && exec /tmp/jitns container_code >/dev/null 2>&1",
+        ns_tmp.display()
     );
-    let _ns = support::KillOnDrop::spawn(
+    let ns = support::KillOnDrop::spawn(
         Command::new("unshare")
             .args(["--pid", "--fork", "--mount", "--mount-proc", "sh", "-c"])
             .arg(&script),
@@ -261,7 +266,10 @@ fn a_jit_in_its_own_namespaces_is_named_from_its_own_tmp() {
         {
             break pid;
         }
-        assert!(std::time::Instant::now() < deadline, "the JIT never ran");
+        assert!(
+            std::time::Instant::now() < deadline && !support::prometheus::exited(&ns),
+            "the JIT never ran in its namespaces"
+        );
         std::thread::sleep(std::time::Duration::from_millis(20));
     };
     // The namespace's init: only SIGKILL from outside ends it.
@@ -282,6 +290,14 @@ fn a_jit_in_its_own_namespaces_is_named_from_its_own_tmp() {
     );
     assert!(!Path::new(&format!("/tmp/perf-{pid}.map")).exists());
     assert!(!Path::new("/tmp/perf-1.map").exists());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
+    while !ns_tmp.join("perf-1.map").exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no map in the namespace's /tmp"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     let out = exe.parent().expect("fixture dir");
     let run = support::hostile::profile(&["--pid".to_owned(), pid.to_string()], pid, 1.0, out);
     let (named, all) =
