@@ -239,6 +239,50 @@ pub fn foreign_busybox(deb_arch: &str, cache: &Path) -> Result<PathBuf> {
     Ok(bin)
 }
 
+/// Debian's python3.11 for `deb_arch` and what it links, unpacked under `cache`
+/// (`python-ARCH/usr/bin/python3.11`, its standard library, zlib and expat): the
+/// guests of that architecture run it. Returns the root it is unpacked in.
+pub fn foreign_python(deb_arch: &str, cache: &Path) -> Result<PathBuf> {
+    let dir = cache.join(format!("python-{deb_arch}"));
+    if dir.join("usr/bin/python3.11").is_file() {
+        return Ok(dir);
+    }
+    let debs = cache.join(format!("python-{deb_arch}-debs"));
+    let _ = std::fs::remove_dir_all(&debs);
+    std::fs::create_dir_all(&debs)?;
+    let packages = [
+        "python3.11-minimal",
+        "libpython3.11-minimal",
+        "zlib1g",
+        "libexpat1",
+    ];
+    let mut download = Command::new("apt-get");
+    download.current_dir(&debs).args(["download", "-q"]);
+    for p in packages {
+        download.arg(format!("{p}:{deb_arch}"));
+    }
+    cmd::run(
+        &mut download,
+        &format!("download python3.11 for {deb_arch}"),
+    )?;
+    // Unpacked beside, then renamed: a half-unpacked root is never taken for a whole one.
+    let partial = cache.join(format!("python-{deb_arch}.partial"));
+    let _ = std::fs::remove_dir_all(&partial);
+    std::fs::create_dir_all(&partial)?;
+    for deb in std::fs::read_dir(&debs)?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+    {
+        let mut extract = Command::new("dpkg-deb");
+        extract.arg("-x").arg(&deb).arg(&partial);
+        cmd::run(&mut extract, &format!("unpack {}", deb.display()))?;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::rename(&partial, &dir)?;
+    let _ = std::fs::remove_dir_all(&debs);
+    Ok(dir)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -53,6 +53,13 @@ impl Arch {
             Arch::Aarch64 => "aarch64-unknown-linux-gnu",
         }
     }
+    /// Debian's name of the architecture.
+    fn deb_arch(self) -> &'static str {
+        match self {
+            Arch::X86_64 => "amd64",
+            Arch::Aarch64 => "arm64",
+        }
+    }
     /// Debian's multiarch library directory name.
     fn multiarch(self) -> &'static str {
         match self {
@@ -163,10 +170,16 @@ struct KernelResult {
 }
 
 impl KernelResult {
+    /// Failed: not run, a test failed, or (under CI, which must run every check) a
+    /// test was skipped.
     fn failed(&self) -> bool {
+        let ci = std::env::var_os("CI").is_some_and(|v| v == "true");
         self.error.is_some()
             || self.tests.is_empty()
-            || self.tests.values().any(|(s, _, _)| s == "fail")
+            || self
+                .tests
+                .values()
+                .any(|(s, _, _)| s == "fail" || (ci && s == "skip"))
     }
 }
 
@@ -530,10 +543,19 @@ fn libraries(arch: Arch, elf: &Path) -> Result<Vec<PathBuf>> {
 }
 
 fn foreign_libraries(arch: Arch, elf: &Path) -> Result<Vec<PathBuf>> {
-    let dirs = [
-        PathBuf::from("/lib").join(arch.multiarch()),
-        PathBuf::from("/usr/lib").join(arch.multiarch()),
-    ];
+    foreign_libraries_in(arch, elf, None)
+}
+
+/// The libraries `elf` needs, found in the host's directories of `arch` (multiarch)
+/// and, first, under `root` (packages unpacked there).
+fn foreign_libraries_in(arch: Arch, elf: &Path, root: Option<&Path>) -> Result<Vec<PathBuf>> {
+    let mut dirs = Vec::new();
+    if let Some(root) = root {
+        dirs.push(root.join("lib").join(arch.multiarch()));
+        dirs.push(root.join("usr/lib").join(arch.multiarch()));
+    }
+    dirs.push(PathBuf::from("/lib").join(arch.multiarch()));
+    dirs.push(PathBuf::from("/usr/lib").join(arch.multiarch()));
     let mut out: Vec<PathBuf> = Vec::new();
     let mut todo = vec![elf.to_owned()];
     while let Some(f) = todo.pop() {
@@ -578,25 +600,44 @@ fn add_elf(c: &mut cpio::Cpio, arch: Arch, at: &str, src: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Python's standard library, without what the tests never import.
-fn add_python(c: &mut cpio::Cpio) -> Result<()> {
-    let Some(exe) = ["/usr/bin/python3.11", "/usr/bin/python3"]
-        .into_iter()
-        .map(Path::new)
-        .find(|p| p.is_file())
-    else {
-        return Ok(());
+/// python3 and its standard library, without what the tests never import: the host's
+/// own, or for another architecture Debian's packages of it, unpacked under the kernel
+/// cache (`kernels::foreign_python`).
+fn add_python(c: &mut cpio::Cpio, arch: Arch) -> Result<()> {
+    let lib = if arch == Arch::host() {
+        let Some(exe) = ["/usr/bin/python3.11", "/usr/bin/python3"]
+            .into_iter()
+            .map(Path::new)
+            .find(|p| p.is_file())
+        else {
+            return Ok(());
+        };
+        let real = std::fs::canonicalize(exe)?;
+        add_elf(c, arch, "/usr/bin/python3", &real)?;
+        let name = real
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("python3")
+            .to_owned();
+        Path::new("/usr/lib").join(name)
+    } else {
+        let root = kernels::foreign_python(
+            arch.deb_arch(),
+            &cmd::target_dir().join("vm").join("kernels"),
+        )?;
+        let exe = root.join("usr/bin/python3.11");
+        c.copy("/usr/bin/python3", &exe)?;
+        for lib in foreign_libraries_in(arch, &exe, Some(&root))? {
+            let at = Path::new("/").join(lib.strip_prefix(&root).unwrap_or(&lib));
+            c.copy(&at.to_string_lossy(), &lib)?;
+        }
+        root.join("usr/lib/python3.11")
     };
-    let real = std::fs::canonicalize(exe)?;
-    add_elf(c, Arch::host(), "/usr/bin/python3", &real)?;
-    let name = real
-        .file_name()
-        .and_then(|n| n.to_str())
-        .unwrap_or("python3");
-    let lib = Path::new("/usr/lib").join(name);
     if !lib.is_dir() {
         return Ok(());
     }
+    // Files go to their path in the guest (under /usr/lib).
+    let guest_lib = Path::new("/usr/lib").join(lib.file_name().context("stdlib dir")?);
     const SKIP: &[&str] = &[
         "test",
         "idlelib",
@@ -622,7 +663,8 @@ fn add_python(c: &mut cpio::Cpio) -> Result<()> {
                 }
                 stack.push(p);
             } else if ft.is_file() {
-                c.copy(&p.to_string_lossy(), &p)?;
+                let at = guest_lib.join(p.strip_prefix(&lib).unwrap_or(&p));
+                c.copy(&at.to_string_lossy(), &p)?;
             }
         }
     }
@@ -668,9 +710,7 @@ fn build_initramfs(
             .context("fixture name")?;
         add_elf(&mut c, arch, &format!("/fixtures/{name}"), &f)?;
     }
-    if arch == Arch::host() {
-        add_python(&mut c)?;
-    }
+    add_python(&mut c, arch)?;
     let init = format!(
         r#"#!/bin/busybox sh
 /bin/busybox --install -s
