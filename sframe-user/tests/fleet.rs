@@ -1272,10 +1272,17 @@ fn a_process_waiting_for_its_build_cannot_take_the_whole_deferred_backlog() {
     );
     drop(hog);
     let (good, total, bad) = release_builds_and_flush(&mut profiler, pid);
-    eprintln!("{waiting} waited; {good} of {total} complete");
+    eprintln!(
+        "{waiting} waited; {good} of {total} complete ({} expected from {cpu:.2} s of CPU)",
+        samples_floor(cpu, 499) * 2
+    );
+    // Enough of its samples waited for the backlog's sharing to be judged. Not the
+    // sampling rate: in one CI run on a loaded fresh host only 44 of the victim's samples
+    // (of about 140 due for its CPU time) reached the profiler at all, every one of them
+    // waited and walked complete; the loss was in neither the backlog nor the walk.
     assert!(
-        total >= samples_floor(cpu, 499),
-        "too few samples: {total} in {cpu:.2} s of CPU"
+        waiting >= 25 && total >= waiting as u64,
+        "too few samples to judge: {waiting} waited, {total} in {cpu:.2} s of CPU"
     );
     // Every sample it took waited for its table (none was walked without it).
     assert!(

@@ -21,8 +21,8 @@
 //!   the same pid and is not used.
 //! - Bounded: lines of at most [`MAX_LINE`] bytes, at most [`MAX_READ_PER_REFRESH`]
 //!   bytes read per refresh and [`MAX_READ_PER_USER_INTERVAL`] per user and
-//!   [`REFRESH_INTERVAL`], a refresh at most every [`REFRESH_INTERVAL`] per map (and only
-//!   when an address was not found), [`MAX_ENTRIES`] entries and
+//!   [`REFRESH_INTERVAL`], a refresh (an open and a `stat` when nothing was appended) at
+//!   most every [`REFRESH_INTERVAL`] per map, when it is used, [`MAX_ENTRIES`] entries and
 //!   [`MAX_KEPT_PER_MAP`] bytes kept per map, [`MAX_KEPT_PER_USER`] for the maps of one
 //!   user's processes and [`MAX_KEPT_TOTAL`] in all, and [`MAX_MAPS_PER_USER`] of
 //!   [`MAX_MAPS`] maps (each holds one descriptor): one user's processes cannot take the
@@ -276,20 +276,18 @@ impl PerfMap {
             .or_else(|| state.full.map(str::to_owned))
     }
 
-    /// The name of the code at `addr` and the start of its code object, reading what the
-    /// JIT appended if `addr` is not known yet and the map was not read within
-    /// [`REFRESH_INTERVAL`].
+    /// The name of the code at `addr` and the start of its code object, first reading
+    /// what the JIT appended if the map was not read within [`REFRESH_INTERVAL`].
     pub fn lookup(&self, addr: u64) -> Option<(String, u64)> {
         let mut state = self.state();
-        if let Some(found) = state.find(addr) {
-            return Some(found);
-        }
-        if state
+        let due = state
             .last_refresh
-            .is_some_and(|at| at.elapsed() < REFRESH_INTERVAL)
-        {
-            return None;
+            .is_none_or(|at| at.elapsed() >= REFRESH_INTERVAL);
+        if !due {
+            return state.find(addr);
         }
+        // Read again even when `addr` is known: the JIT may have put other code there
+        // since (its line comes later in the map and replaces the entry).
         state.last_refresh = Some(Instant::now());
         match self.refresh(&mut state) {
             Ok(()) => state.unread = None,
