@@ -376,7 +376,7 @@ fn read_bounded(path: &Path) -> Result<Option<Vec<u8>>, CacheError> {
 /// Checks that `dir` and every directory above it can be changed only by the
 /// profiler's user or root; repairs a directory of the profiler's user that others may
 /// write.
-fn check_owned(dir: &Path) -> Result<(), CacheError> {
+pub(crate) fn check_owned(dir: &Path) -> Result<(), CacheError> {
     use std::os::unix::fs::PermissionsExt as _;
     let unsafe_dir = |path: &Path, why: String| CacheError::Unsafe {
         path: path.to_owned(),

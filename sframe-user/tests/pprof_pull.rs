@@ -6,12 +6,12 @@
 
 mod support;
 
-use std::{path::Path, process::Command};
+use std::process::Command;
 
 use support::{
     CHAIN, bpf_or_skip, fixture_dir,
     hostile::{cpu_seconds, wait_attached},
-    pprof_tool,
+    pprof_tool, pprof_traces,
     prometheus::{http10_get, scrape, start_exporter},
     spawn_chain,
 };
@@ -30,39 +30,6 @@ fn get_status(addr: std::net::SocketAddr, path: &str) -> Option<u16> {
     head.split(' ').nth(1)?.parse().ok()
 }
 const FREQUENCY: f64 = 99.0;
-
-/// `pprof -traces` of `profile`: (samples, frames innermost first) per trace.
-fn traces(pprof: &Path, profile: &Path) -> Vec<(u64, Vec<String>)> {
-    let out = Command::new(pprof)
-        .args(["-traces", "-sample_index=samples"])
-        .arg(profile)
-        .env("HOME", env!("CARGO_TARGET_TMPDIR"))
-        .output()
-        .expect("run pprof");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}{text}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let mut traces: Vec<(u64, Vec<String>)> = Vec::new();
-    for line in text.lines() {
-        if line.starts_with("-----") {
-            continue;
-        }
-        let mut words = line.split_whitespace();
-        let Some(first) = words.next() else { continue };
-        // A trace: `   COUNT   innermost`, then a frame per line, indented.
-        if line.starts_with("             ") {
-            if let Some(t) = traces.last_mut() {
-                t.1.push(line.trim().to_owned());
-            }
-        } else if let Ok(n) = first.parse::<u64>() {
-            traces.push((n, vec![words.collect::<Vec<_>>().join(" ")]));
-        }
-    }
-    traces
-}
 
 #[test]
 fn a_profile_is_pulled_by_pprof_over_http_with_complete_stacks() {
@@ -90,7 +57,7 @@ fn a_profile_is_pulled_by_pprof_over_http_with_complete_stacks() {
         "{}",
         String::from_utf8_lossy(&fetched.stderr)
     );
-    let traces = traces(&pprof, &saved);
+    let traces = pprof_traces(&pprof, &saved, &[]);
     let total: u64 = traces.iter().map(|t| t.0).sum();
     // The chain, innermost first, as pprof lists a trace.
     let chain_frames: Vec<&str> = CHAIN.rsplit(';').collect();

@@ -35,6 +35,9 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     // Runtimes whose JIT frames the profiler names from perf maps (tests/jit.rs).
     ("nodejs", "node"),
     ("openjdk-17-jdk-headless", "jcmd"),
+    // elfutils' debuginfod server: the symbolizer's debuginfod client is tested against
+    // it (tests/debuginfod.rs).
+    ("debuginfod", "debuginfod"),
 ];
 
 pub fn setup() -> Result<()> {

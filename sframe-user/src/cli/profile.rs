@@ -57,6 +57,18 @@ pub struct ProfileArgs {
     /// Do not read or write the table cache.
     #[arg(long)]
     pub no_cache: bool,
+    /// A debuginfod server (repeatable; http:// or https://) for the debug files of
+    /// objects without line tables of their own, fetched by build-id in the background
+    /// into CACHE_DIR/debuginfod. Default: the servers of DEBUGINFOD_URLS.
+    #[arg(long = "debuginfod", value_name = "URL")]
+    pub debuginfod: Vec<String>,
+    /// Fetch no debug files (DEBUGINFOD_URLS is ignored).
+    #[arg(long, conflicts_with = "debuginfod")]
+    pub no_debuginfod: bool,
+    /// Bytes of debug files kept in CACHE_DIR/debuginfod at most (the least recently
+    /// fetched are removed beyond it).
+    #[arg(long, value_name = "BYTES", default_value = "2G", value_parser = parse_bytes)]
+    pub debuginfod_cache_bytes: u64,
     /// Once the BPF programs are loaded and attached, keep only the capabilities the
     /// profiler still needs (CAP_PERFMON, CAP_BPF, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH,
     /// CAP_CHECKPOINT_RESTORE, CAP_SYSLOG), drop the rest from the bounding set and set
@@ -271,6 +283,64 @@ fn remote_write_config(args: &ProfileArgs) -> Result<Option<prometheus::remote_w
     Ok(Some(config))
 }
 
+/// The debuginfod client of `args` (`--debuginfod`, else `DEBUGINFOD_URLS`), if any
+/// server is named and `--no-debuginfod` is not given.
+fn debuginfod_client(
+    args: &ProfileArgs,
+) -> Result<Option<std::sync::Arc<sframe_user::symbolize::debuginfod::Debuginfod>>> {
+    use sframe_user::symbolize::debuginfod::{Config, Debuginfod};
+    if args.no_debuginfod {
+        return Ok(None);
+    }
+    let urls = if args.debuginfod.is_empty() {
+        Config::urls_from_env()
+    } else {
+        args.debuginfod.clone()
+    };
+    if urls.is_empty() {
+        return Ok(None);
+    }
+    let client = Debuginfod::start(Config {
+        urls: urls.clone(),
+        dir: args.cache_dir.join("debuginfod"),
+        max_cache_bytes: args.debuginfod_cache_bytes,
+    })
+    .context("debuginfod")?;
+    eprintln!(
+        "sframe-user: debug files of objects without line tables from {}",
+        urls.join(" ")
+    );
+    Ok(Some(client))
+}
+
+/// One step of the profiler's loop ([`Profiler::step`]).
+fn step(profiler: &mut Profiler) {
+    for pid in profiler.step() {
+        log::debug!("profiling process {pid}");
+    }
+}
+
+/// Asks debuginfod for the debug files of the objects of processes loaded or reloaded
+/// since the last call (`seen`: the table generation of each process then): at every
+/// tick, so that a short process's frames are named in the report if the fetch is done
+/// by then. A set lookup per process, and per mapping of those that changed.
+fn prefetch_debug_files(
+    profiler: &Profiler,
+    client: &sframe_user::symbolize::debuginfod::Debuginfod,
+    seen: &mut std::collections::HashMap<u32, u64>,
+) {
+    let mut now = std::collections::HashMap::with_capacity(seen.len());
+    for (pid, generation) in profiler.target_generations() {
+        if seen.get(&pid) != Some(&generation)
+            && let Some(target) = profiler.target(pid)
+        {
+            client.prefetch(pid, &target.maps);
+        }
+        now.insert(pid, generation);
+    }
+    *seen = now;
+}
+
 /// A profile asked for on the pull endpoint, answered once due.
 struct PendingProfile {
     due: Instant,
@@ -369,6 +439,8 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
         sframe_user::privileges::drop_privileges().context("--drop-privileges")?;
         log::info!("capabilities dropped to what profiling still needs");
     }
+    // Its worker threads start after the drop: capabilities are per thread.
+    let debuginfod = debuginfod_client(&args)?;
     if whole_system {
         eprintln!(
             "sframe-user: profiling every process (name targets with --pid, --comm, --cgroup)"
@@ -450,7 +522,7 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
             Some(Exporter {
                 server,
                 metrics,
-                feed: Feed::new()?,
+                feed: Feed::with_debuginfod(debuginfod.clone())?,
                 exposition,
                 remote,
             })
@@ -474,6 +546,7 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
     // For the interval files and the final profile (the exporter names its stacks
     // on its own thread).
     let mut symbolizer = Symbolizer::new();
+    symbolizer.set_debuginfod(debuginfod.clone());
     let started = Instant::now();
     let started_at = SystemTime::now();
     let mut intervals = interval.map(|every| Intervals {
@@ -497,6 +570,7 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
     tokio::pin!(until_deadline);
     let mut exited_reported = 0;
     let mut profiles_due: Vec<PendingProfile> = Vec::new();
+    let mut debuginfod_seen = std::collections::HashMap::new();
     loop {
         tokio::select! {
             request = async { profile_requests.as_mut().expect("guarded").recv().await }, if profile_requests.is_some() => {
@@ -533,9 +607,7 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
                 if let Ok(mut guard) = ready {
                     guard.clear_ready();
                 }
-                for pid in profiler.step() {
-                    log::debug!("profiling process {pid}");
-                }
+                step(&mut profiler);
                 continue;
             }
             ready = async { deferred.as_ref().expect("guarded").readable().await }, if deferred.is_some() => {
@@ -543,23 +615,17 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
                 if let Ok(mut guard) = ready {
                     guard.clear_ready();
                 }
-                for pid in profiler.step() {
-                    log::debug!("profiling process {pid}");
-                }
+                step(&mut profiler);
                 continue;
             }
             () = tokio::time::sleep_until(profiler.wake_at().into()), if !profiler.has_pending() => {
                 // A throttled reload (new mappings of a process reloaded just before), or
                 // the periodic work.
-                for pid in profiler.step() {
-                    log::debug!("profiling process {pid}");
-                }
+                step(&mut profiler);
                 continue;
             }
             _ = tokio::task::yield_now(), if profiler.has_pending() => {
-                for pid in profiler.step() {
-                    log::debug!("profiling process {pid}");
-                }
+                step(&mut profiler);
                 continue;
             }
             _ = tick.tick() => {}
@@ -567,8 +633,9 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
         if let Some(g) = &mut governor {
             g.tick(&mut profiler);
         }
-        for pid in profiler.step() {
-            log::debug!("profiling process {pid}");
+        step(&mut profiler);
+        if let Some(client) = &debuginfod {
+            prefetch_debug_files(&profiler, client, &mut debuginfod_seen);
         }
         let snap = profiler.collect();
         if !profiler.open_ended() {

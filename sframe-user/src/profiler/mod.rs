@@ -712,10 +712,18 @@ impl Profiler {
         added
     }
 
-    /// Every process profiled so far (alive, and exited ones still kept).
     /// Process `pid` as profiled (alive, or exited and still kept for symbolization).
     pub fn target(&self, pid: u32) -> Option<&TargetInfo> {
         self.procs.get(&pid).map(|p| &p.info)
+    }
+
+    /// Every process profiled so far with the generation of its mapping table (it
+    /// changes at each load; 0 before the first and once the table is dropped), without
+    /// copying them: what changed since a caller last looked.
+    pub fn target_generations(&self) -> impl Iterator<Item = (u32, u64)> + '_ {
+        self.procs
+            .keys()
+            .map(|&pid| (pid, self.store.process_generation(pid).unwrap_or(0)))
     }
 
     /// How many processes [`Profiler::targets`] would list (without copying them).
@@ -723,6 +731,7 @@ impl Profiler {
         self.procs.len()
     }
 
+    /// Every process profiled so far (alive, and exited ones still kept).
     pub fn targets(&self) -> Vec<TargetInfo> {
         let mut v: Vec<TargetInfo> = self.procs.values().map(|p| p.info.clone()).collect();
         v.sort_by_key(|t| t.pid);

@@ -28,6 +28,7 @@
 //!
 //! A [`Symbolizer`] is not `Send` (blazesym's caches use `Rc`); keep it on one thread.
 
+pub mod debuginfod;
 mod frame;
 mod object;
 pub mod perfmap;
@@ -161,6 +162,30 @@ pub struct Symbolizer {
     limits: CacheLimits,
     /// When [`Symbolizer::end_round`] last released mapped pages.
     last_release: Option<std::time::Instant>,
+    /// Where debug files of objects without line tables are fetched, if anywhere.
+    debuginfod: Option<std::sync::Arc<debuginfod::Debuginfod>>,
+}
+
+/// How often an object's debug file, asked of debuginfod, is looked for on the disk.
+const DEBUG_FILE_POLL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// An object's separate debug file from debuginfod.
+enum DebugFile {
+    /// Not needed, not asked for, or no server has it.
+    None,
+    /// Asked for: looked for again from this time on.
+    Waiting(std::time::Instant),
+    /// On the disk, open: its frames are named from it.
+    Ready(DebugObject),
+}
+
+/// A debug file opened for symbolization.
+struct DebugObject {
+    /// Kept open so that `blaze_path` names this file.
+    _file: std::fs::File,
+    blaze_path: std::path::PathBuf,
+    /// Why its DWARF is not used, if so (as [`OpenedObject::symbols_only`]).
+    symbols_only: Option<String>,
 }
 
 /// An object kept, with its own blazesym state and its frames. Dropped only while
@@ -177,6 +202,8 @@ struct Resident {
     bytes: u64,
     /// [`Symbolizer::tick`] of its last use.
     last_used: u64,
+    /// Its debug file from debuginfod.
+    debug: DebugFile,
 }
 
 /// The id of the vDSO in a call's slots (objects' ids count up from 0).
@@ -227,7 +254,15 @@ impl Symbolizer {
             stats: SymbolizerStats::default(),
             limits: CacheLimits::default(),
             last_release: None,
+            debuginfod: None,
         }
+    }
+
+    /// Names the frames of objects without line tables of their own from the debug files
+    /// `client` fetches (from the next call on; what is not fetched yet stays
+    /// `[object+0xOFFSET]`, and is named once it is).
+    pub fn set_debuginfod(&mut self, client: Option<std::sync::Arc<debuginfod::Debuginfod>>) {
+        self.debuginfod = client;
     }
 
     /// A symbolizer with other cache bounds.
@@ -563,6 +598,7 @@ impl Symbolizer {
             && let Some(r) = self.objects.get_mut(&id)
         {
             r.last_used = self.tick;
+            self.poll_debug_file(id, pid);
             return Ok(id);
         }
         let since = crate::heap::thread_net();
@@ -571,6 +607,11 @@ impl Symbolizer {
                 self.stats.objects_opened += 1;
                 let id = self.next_id;
                 self.next_id += 1;
+                let debug = if object.needs_debuginfo && self.debuginfod.is_some() {
+                    DebugFile::Waiting(std::time::Instant::now())
+                } else {
+                    DebugFile::None
+                };
                 let mut resident = Resident {
                     blaze: new_blaze(),
                     object,
@@ -578,10 +619,12 @@ impl Symbolizer {
                     frames: HashMap::new(),
                     bytes: 0,
                     last_used: self.tick,
+                    debug,
                 };
                 Self::kept_since(&mut self.stats.state_bytes, &mut resident.bytes, since);
                 self.objects.insert(id, resident);
                 self.object_ids.insert(key, id);
+                self.poll_debug_file(id, pid);
                 Ok(id)
             }
             Err(e) => {
@@ -591,11 +634,49 @@ impl Symbolizer {
         }
     }
 
+    /// Object `id`'s debug file, if one was asked for and its time to look again has
+    /// come: opened once debuginfod has it (the frames cached so far, named without it,
+    /// are dropped), forgotten if no server has it.
+    fn poll_debug_file(&mut self, id: u64, pid: u32) {
+        let Some(client) = &self.debuginfod else {
+            return;
+        };
+        let Some(r) = self.objects.get_mut(&id) else {
+            return;
+        };
+        let now = std::time::Instant::now();
+        if !matches!(r.debug, DebugFile::Waiting(at) if at <= now) {
+            return;
+        }
+        let Some(build_id) = r.object.build_id.as_deref() else {
+            r.debug = DebugFile::None;
+            return;
+        };
+        r.debug = match client.lookup(build_id, pid) {
+            debuginfod::Lookup::Ready(path) => match DebugObject::open(&path) {
+                Ok(debug) => {
+                    self.user_frames = self.user_frames.saturating_sub(r.frames.len());
+                    r.frames.clear();
+                    DebugFile::Ready(debug)
+                }
+                Err(e) => {
+                    log::info!("debug file {}: {e}", path.display());
+                    DebugFile::None
+                }
+            },
+            debuginfod::Lookup::Waiting => DebugFile::Waiting(now + DEBUG_FILE_POLL),
+            debuginfod::Lookup::Unavailable => DebugFile::None,
+        };
+    }
+
     /// Frames of `offsets` in object `id`, and whether they may be cached.
     fn symbolize_object(&mut self, id: u64, offsets: &[u64]) -> (Vec<Frame>, bool) {
         self.stats.frames_symbolized += offsets.len() as u64;
         let Some(Resident {
-            blaze, object: obj, ..
+            blaze,
+            object: obj,
+            debug,
+            ..
         }) = self.objects.get(&id)
         else {
             let frames = offsets
@@ -604,6 +685,9 @@ impl Symbolizer {
                 .collect();
             return (frames, false);
         };
+        if let DebugFile::Ready(debug) = debug {
+            return symbolize_with_debug_file(blaze, obj, debug, offsets);
+        }
         // `Elf::new` consults DWARF and debug files (`debug_syms: true`), unless a
         // compressed section of the object was found unsafe to decompress.
         let mut elf = Elf::new(obj.blaze_path.clone());
@@ -653,6 +737,95 @@ impl Symbolizer {
             rel.get(&a).copied().unwrap_or(a)
         })
     }
+}
+
+impl DebugObject {
+    /// Opens a debug file of the cache (a regular file, no link followed), its compressed
+    /// sections checked as an object's are.
+    fn open(path: &std::path::Path) -> Result<Self, self::object::OpenError> {
+        use std::os::unix::io::AsRawFd as _;
+        let (file, meta) = crate::safe_open::open_regular(path)?;
+        let shown = path.display().to_string();
+        let bytes = file
+            .try_clone()
+            .and_then(|f| crate::mapped::ObjectBytes::map(f, &meta))
+            .map_err(|source| self::object::OpenError::Map {
+                path: shown.clone(),
+                source,
+            })?;
+        let symbols_only = match self::object::check_compression(&*bytes) {
+            self::object::Compression::Fine => None,
+            self::object::Compression::SymbolsOnly(reason) => Some(reason),
+            self::object::Compression::Refused(reason) => {
+                return Err(self::object::OpenError::Compressed {
+                    path: shown,
+                    reason,
+                });
+            }
+        };
+        drop(bytes);
+        let blaze_path = std::path::PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+        Ok(Self {
+            _file: file,
+            blaze_path,
+            symbols_only,
+        })
+    }
+}
+
+/// Frames of `offsets` in `obj` named from its debug file: each file offset becomes the
+/// virtual address its PT_LOAD segment gives it, which the debug file (same layout)
+/// describes.
+fn symbolize_with_debug_file(
+    blaze: &symbolize::Symbolizer,
+    obj: &OpenedObject,
+    debug: &DebugObject,
+    offsets: &[u64],
+) -> (Vec<Frame>, bool) {
+    let mut elf = Elf::new(debug.blaze_path.clone());
+    if debug.symbols_only.is_some() {
+        elf.debug_syms = false;
+    }
+    let src = Source::Elf(elf);
+    // Offsets outside every segment keep the object's own answer (none: unknown).
+    let mapped: Vec<(u64, u64)> = offsets
+        .iter()
+        .filter_map(|&o| Some((obj.virtual_address(o)?, o)))
+        .collect();
+    let addrs: Vec<u64> = mapped.iter().map(|&(a, _)| a).collect();
+    let results = guarded(|| {
+        blaze
+            .symbolize(&src, Input::VirtOffset(&addrs))
+            .context(obj.display_path.clone())
+    });
+    let offset_of: HashMap<u64, u64> = mapped.iter().copied().collect();
+    let (frames, cacheable) = batch_to_frames(
+        results,
+        &addrs,
+        &obj.basename,
+        obj.build_id.as_deref(),
+        |a| offset_of.get(&a).copied().unwrap_or(a),
+    );
+    let mut by_offset: HashMap<u64, Frame> = mapped.iter().map(|&(_, o)| o).zip(frames).collect();
+    let frames = offsets
+        .iter()
+        .map(|&o| {
+            let mut f = by_offset.remove(&o).unwrap_or_else(|| {
+                Frame::unknown(obj.basename.clone(), o, "outside the object's segments")
+            });
+            if f.build_id.is_none() {
+                f.build_id = obj.build_id.clone();
+            }
+            if let Some(name) = obj.plt.name_at(f.file_offset) {
+                f.name = Some(name.unwrap_or(PLT_NAME).to_owned());
+                f.location = None;
+                f.inlined.clear();
+                f.reason = None;
+            }
+            f
+        })
+        .collect();
+    (frames, cacheable)
 }
 
 /// The frame of `addr` in JIT code (in `mapping`, if in one) named by `perf_map`.

@@ -47,6 +47,71 @@ pub(super) struct OpenedObject {
     /// Why its debug information (and separate debug files) is not used, if so: a
     /// compressed section over the bound or not what its header claims.
     pub(super) symbols_only: Option<String>,
+    /// It has no line tables of its own (no `.debug_info`) nor a separate debug file
+    /// under `/usr/lib/debug` by its build-id: a debuginfod server may have one.
+    pub(super) needs_debuginfo: bool,
+    /// Its PT_LOAD segments (file offset, virtual address, bytes in the file): a file
+    /// offset's address in a separate debug file, which has the same layout.
+    pub(super) segments: Vec<(u64, u64, u64)>,
+}
+
+impl OpenedObject {
+    /// The virtual address of file offset `offset`, by the PT_LOAD segment holding it.
+    pub(super) fn virtual_address(&self, offset: u64) -> Option<u64> {
+        self.segments.iter().find_map(|&(file, vaddr, size)| {
+            let rel = offset.checked_sub(file)?;
+            (rel < size).then(|| vaddr.checked_add(rel)).flatten()
+        })
+    }
+}
+
+/// What an ELF file says of its own debug information: whether it has line tables
+/// (`.debug_info`), its build-id (lowercase hex), and its PT_LOAD segments.
+pub(super) struct ElfFacts {
+    pub(super) has_debug_info: bool,
+    pub(super) build_id: Option<String>,
+    pub(super) segments: Vec<(u64, u64, u64)>,
+}
+
+/// Reads [`ElfFacts`] of `data` (`None`: not an ELF file the `object` crate parses).
+pub(super) fn elf_facts<'d, R: object::ReadRef<'d>>(data: R) -> Option<ElfFacts> {
+    use object::{Object as _, ObjectSection as _, ObjectSegment as _};
+    let file = object::File::parse(data).ok()?;
+    let has_debug_info = file.sections().any(|s| {
+        matches!(s.name_bytes(), Ok(b".debug_info" | b".zdebug_info"))
+            && s.kind() != object::SectionKind::UninitializedData
+    });
+    let build_id = file.build_id().ok().flatten().map(hex);
+    let segments = file
+        .segments()
+        .map(|seg| {
+            let (offset, size) = seg.file_range();
+            (offset, seg.address(), size)
+        })
+        .collect();
+    Some(ElfFacts {
+        has_debug_info,
+        build_id,
+        segments,
+    })
+}
+
+/// Lowercase hex of `bytes`.
+pub(super) fn hex(bytes: &[u8]) -> String {
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+}
+
+/// Whether a separate debug file for `build_id` is where blazesym looks for one.
+pub(super) fn local_debug_file(build_id: &str) -> bool {
+    let (Some(dir), Some(rest)) = (build_id.get(..2), build_id.get(2..)) else {
+        return false;
+    };
+    std::fs::symlink_metadata(format!("/usr/lib/debug/.build-id/{dir}/{rest}.debug")).is_ok()
 }
 
 /// Why the file of a mapping could not be opened for symbolization.
@@ -84,7 +149,7 @@ pub const MAX_SYMBOLIZE_DECOMPRESSED: u64 = 64 << 20;
 
 /// What blazesym may read of an object, by its compressed sections.
 #[derive(Debug, PartialEq, Eq)]
-enum Compression {
+pub(super) enum Compression {
     /// None, or each holds what its header claims, within the bound.
     Fine,
     /// A debug section is over the bound or not what its header claims: symbol tables
@@ -99,7 +164,7 @@ enum Compression {
 /// of all of them together must stay within [`MAX_SYMBOLIZE_DECOMPRESSED`], so that
 /// checking an object decompresses that much at most (sections may share their bytes:
 /// thousands of them could each decompress the same honest stream).
-fn check_compression<'d, R: object::ReadRef<'d>>(data: R) -> Compression {
+pub(super) fn check_compression<'d, R: object::ReadRef<'d>>(data: R) -> Compression {
     use object::{Object as _, ObjectSection as _};
     let Ok(file) = object::File::parse(data) else {
         // blazesym refuses it as well, without decompressing anything.
@@ -173,50 +238,7 @@ impl OpenedObject {
     /// Opens the file of mapping `m` of `pid`: through `map_files` (the mapped file
     /// itself), else through the process's root directory unless the file was deleted.
     pub(super) fn open(pid: u32, m: &Mapping) -> Result<Self, OpenError> {
-        let map_files = PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end));
-        let first = match open_regular(&map_files) {
-            Ok((file, _)) => return Self::new(file, m),
-            Err(e) => e,
-        };
-        // A deleted file's path now names another file or none.
-        let Some(path) = m.live_path() else {
-            return Err(first);
-        };
-        let root_dir = PathBuf::from(format!("/proc/{pid}/root"));
-        let root = root_dir.join(std::ffi::OsStr::from_bytes(
-            path.get(1..).unwrap_or_default(),
-        ));
-        // Resolved inside the process's root: its symlinks cannot reach the host's files.
-        let second = match crate::safe_open::open_in_root(&root_dir, path).map_err(OpenError::from)
-        {
-            Ok((file, meta)) => {
-                let (major, minor) = dev_major_minor(meta.dev());
-                // Same file system and another inode: replaced on disk. Another device
-                // (overlayfs shows its own) cannot be checked.
-                if (major, minor) == (m.dev_major, m.dev_minor) && meta.ino() != m.inode {
-                    OpenError::Replaced {
-                        path: root,
-                        found: meta.ino(),
-                        mapped: m.inode,
-                    }
-                } else {
-                    return Self::new(file, m);
-                }
-            }
-            Err(e) => e,
-        };
-        // The process exited (short-lived processes of a whole-system profile): the
-        // path in this mount namespace, only if it is the very file that was mapped
-        // (checked before it is opened).
-        if let Ok((file, _)) =
-            crate::safe_open::open_if_inode(path, (m.dev_major, m.dev_minor), m.inode)
-        {
-            return Self::new(file, m);
-        }
-        Err(OpenError::Both {
-            first: Box::new(first),
-            second: Box::new(second),
-        })
+        Self::new(open_mapped_file(pid, m)?, m)
     }
 
     fn new(file: File, m: &Mapping) -> Result<Self, OpenError> {
@@ -243,16 +265,11 @@ impl OpenedObject {
             }
         };
         let blaze_path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
-        let build_id = blazesym::helper::read_elf_build_id(&blaze_path)
-            .ok()
-            .flatten()
-            .map(|id| {
-                id.iter()
-                    .fold(String::with_capacity(id.len() * 2), |mut s, b| {
-                        let _ = write!(s, "{b:02x}");
-                        s
-                    })
-            });
+        let facts = elf_facts(&*bytes);
+        let build_id = facts.as_ref().and_then(|f| f.build_id.clone());
+        let needs_debuginfo = facts.as_ref().is_some_and(|f| !f.has_debug_info)
+            && build_id.as_deref().is_some_and(|id| !local_debug_file(id));
+        let segments = facts.map(|f| f.segments).unwrap_or_default();
         let plt = PltStubs::read(&*bytes);
         drop(bytes);
         Ok(Self {
@@ -263,8 +280,59 @@ impl OpenedObject {
             build_id,
             plt,
             symbols_only,
+            needs_debuginfo,
+            segments,
         })
     }
+}
+
+/// Opens the file of mapping `m` of `pid`: through `map_files` (the mapped file itself),
+/// else through the process's root directory unless the file was deleted, else (the
+/// process exited) by its path if it is the very file that was mapped.
+pub(super) fn open_mapped_file(pid: u32, m: &Mapping) -> Result<File, OpenError> {
+    let map_files = PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end));
+    let first = match open_regular(&map_files) {
+        Ok((file, _)) => return Ok(file),
+        Err(e) => e,
+    };
+    // A deleted file's path now names another file or none.
+    let Some(path) = m.live_path() else {
+        return Err(first);
+    };
+    let root_dir = PathBuf::from(format!("/proc/{pid}/root"));
+    let root = root_dir.join(std::ffi::OsStr::from_bytes(
+        path.get(1..).unwrap_or_default(),
+    ));
+    // Resolved inside the process's root: its symlinks cannot reach the host's files.
+    let second = match crate::safe_open::open_in_root(&root_dir, path).map_err(OpenError::from) {
+        Ok((file, meta)) => {
+            let (major, minor) = dev_major_minor(meta.dev());
+            // Same file system and another inode: replaced on disk. Another device
+            // (overlayfs shows its own) cannot be checked.
+            if (major, minor) == (m.dev_major, m.dev_minor) && meta.ino() != m.inode {
+                OpenError::Replaced {
+                    path: root,
+                    found: meta.ino(),
+                    mapped: m.inode,
+                }
+            } else {
+                return Ok(file);
+            }
+        }
+        Err(e) => e,
+    };
+    // The process exited (short-lived processes of a whole-system profile): the
+    // path in this mount namespace, only if it is the very file that was mapped
+    // (checked before it is opened).
+    if let Ok((file, _)) =
+        crate::safe_open::open_if_inode(path, (m.dev_major, m.dev_minor), m.inode)
+    {
+        return Ok(file);
+    }
+    Err(OpenError::Both {
+        first: Box::new(first),
+        second: Box::new(second),
+    })
 }
 
 /// Opens `path` if it is a regular file, without blocking on a FIFO

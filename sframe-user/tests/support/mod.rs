@@ -203,6 +203,41 @@ pub fn section_file_range(path: &Path, name: &str) -> Option<(u64, u64)> {
     Some((offset, offset + size))
 }
 
+/// `pprof -traces` of `profile` (with `extra` arguments, e.g. `-lines`): (samples,
+/// frames innermost first) per trace.
+pub fn pprof_traces(pprof: &Path, profile: &Path, extra: &[&str]) -> Vec<(u64, Vec<String>)> {
+    let out = Command::new(pprof)
+        .args(["-traces", "-sample_index=samples"])
+        .args(extra)
+        .arg(profile)
+        .env("HOME", env!("CARGO_TARGET_TMPDIR"))
+        .output()
+        .expect("run pprof");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}{text}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut traces: Vec<(u64, Vec<String>)> = Vec::new();
+    for line in text.lines() {
+        if line.starts_with("-----") {
+            continue;
+        }
+        let mut words = line.split_whitespace();
+        let Some(first) = words.next() else { continue };
+        // A trace: `   COUNT   innermost`, then a frame per line, indented.
+        if line.starts_with("             ") {
+            if let Some(t) = traces.last_mut() {
+                t.1.push(line.trim().to_owned());
+            }
+        } else if let Ok(n) = first.parse::<u64>() {
+            traces.push((n, vec![words.collect::<Vec<_>>().join(" ")]));
+        }
+    }
+    traces
+}
+
 /// Builds Google's pprof from Debian's sources (once, into the target dir). `None`
 /// (after printing why) when Go or the sources are missing outside CI.
 pub fn pprof_tool() -> Option<PathBuf> {

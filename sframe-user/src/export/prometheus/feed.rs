@@ -86,13 +86,21 @@ fn group_value(label: GroupLabel, t: &TargetInfo) -> Option<String> {
 impl Feed {
     /// A feed whose stacks are named on their own thread.
     pub fn new() -> std::io::Result<Self> {
+        Self::with_debuginfod(None)
+    }
+
+    /// [`Feed::new`], naming objects without line tables from the debug files
+    /// `debuginfod` fetches.
+    pub fn with_debuginfod(
+        debuginfod: Option<std::sync::Arc<crate::symbolize::debuginfod::Debuginfod>>,
+    ) -> std::io::Result<Self> {
         Ok(Self {
             previous: FastMap::default(),
             previous_off_cpu: FastMap::default(),
             round: 0,
             names: FastMap::default(),
             waiting: FastMap::default(),
-            namer: Namer::spawn()?,
+            namer: Namer::spawn_with(debuginfod)?,
             dropped: 0,
         })
     }

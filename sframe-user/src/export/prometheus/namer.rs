@@ -78,7 +78,11 @@ struct Figures {
 }
 
 impl Namer {
-    pub fn spawn() -> std::io::Result<Self> {
+    /// Its symbolizer names objects without line tables from the debug files
+    /// `debuginfod` fetches, if given.
+    pub fn spawn_with(
+        debuginfod: Option<Arc<crate::symbolize::debuginfod::Debuginfod>>,
+    ) -> std::io::Result<Self> {
         let (jobs, job_rx) = mpsc::channel::<Vec<Batch>>();
         let (name_tx, names) = mpsc::channel();
         let batches_in_flight = Arc::new(AtomicUsize::new(0));
@@ -87,7 +91,7 @@ impl Namer {
         let published = figures.clone();
         thread::Builder::new()
             .name("sframe-namer".into())
-            .spawn(move || run(job_rx, name_tx, &finished, &published))?;
+            .spawn(move || run(job_rx, name_tx, &finished, &published, debuginfod))?;
         Ok(Self {
             jobs,
             names,
@@ -156,8 +160,10 @@ fn run(
     names: Sender<Vec<(NameKey, String)>>,
     batches_in_flight: &AtomicUsize,
     figures: &Figures,
+    debuginfod: Option<Arc<crate::symbolize::debuginfod::Debuginfod>>,
 ) {
     let mut symbolizer = Symbolizer::new();
+    symbolizer.set_debuginfod(debuginfod);
     while let Ok(batches) = jobs.recv() {
         for batch in batches {
             let mut rest = batch.jobs;
@@ -257,7 +263,7 @@ mod tests {
     /// return at once, and the names come once it goes on.
     #[test]
     fn the_loop_does_not_wait_for_a_busy_symbolizer() {
-        let mut namer = Namer::spawn().unwrap();
+        let mut namer = Namer::spawn_with(None).unwrap();
         // The naming thread's symbolizer waits for this to call into blazesym.
         let held = crate::symbolize::hold_blazesym();
         let key: NameKey = (std::process::id(), 7, -1, None);
@@ -301,7 +307,7 @@ mod tests {
     /// names are taken, not before: while the thread is held, nothing is given back.
     #[test]
     fn room_is_given_back_when_names_come() {
-        let mut namer = Namer::spawn().unwrap();
+        let mut namer = Namer::spawn_with(None).unwrap();
         let held = crate::symbolize::hold_blazesym();
         let maps = crate::procfs::read_maps(std::process::id()).unwrap();
         let addr = room_is_given_back_when_names_come as *const () as u64;
