@@ -4,6 +4,10 @@
 //! program's frames are `[prog+0x…]`; with it they are named, with file and line, the
 //! debug file fetched while the program runs; with the server stopped, a second profile
 //! names them from the disk cache.
+//!
+//! Build-ids are a hostile user's input: `nobody` maps a hundred objects of forged
+//! build-ids; a server that counts what it is asked shows that they cause at most
+//! `MAX_FETCHES_PER_USER` fetches, each once, while root's program is still named.
 
 mod support;
 
@@ -14,7 +18,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use support::{KillOnDrop, bpf_or_skip, fixture_dir, pprof_tool, pprof_traces};
+use support::{
+    KillOnDrop, bpf_or_skip, compile_c, fixture_dir,
+    hostile::{as_nobody, nobody_dir},
+    pprof_tool, pprof_traces,
+};
 
 const BIN: &str = env!("CARGO_BIN_EXE_sframe-user");
 const SOURCE: &str = include_str!("support/c/debuginfod.cpp");
@@ -235,5 +243,178 @@ fn a_stripped_program_is_named_from_a_debuginfod_server_then_from_the_disk_cache
     assert!(
         share >= 0.9 && total >= 50,
         "{share:.3} of {total} samples named: {again:?}"
+    );
+}
+
+/// What the counting server was asked for: each build-id, how many times.
+type Asked = std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, u32>>>;
+
+/// A debuginfod server of its own (HTTP/1.0 answers, one connection at a time): the
+/// debug file `served` for `build_id`, 404 for any other; it counts every request.
+fn counting_server(build_id: String, served: Vec<u8>) -> (SocketAddr, Asked) {
+    use std::io::{BufRead as _, Write as _};
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("address");
+    let asked: Asked = Default::default();
+    let counts = asked.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut reader = std::io::BufReader::new(stream.try_clone().expect("clone"));
+            let mut request = String::new();
+            if reader.read_line(&mut request).is_err() {
+                continue;
+            }
+            // The headers, up to the blank line.
+            let mut line = String::new();
+            while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+                line.clear();
+            }
+            let id = request
+                .split_whitespace()
+                .nth(1)
+                .and_then(|p| p.strip_prefix("/buildid/"))
+                .and_then(|p| p.strip_suffix("/debuginfo"))
+                .unwrap_or("")
+                .to_owned();
+            *counts.lock().unwrap().entry(id.clone()).or_default() += 1;
+            let _ = if id == build_id {
+                write!(
+                    stream,
+                    "HTTP/1.0 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    served.len()
+                )
+                .and_then(|()| stream.write_all(&served))
+            } else {
+                write!(
+                    stream,
+                    "HTTP/1.0 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                )
+            };
+        }
+    });
+    (addr, asked)
+}
+
+/// Copies of `prog` whose build-id is replaced by `n` others, in a directory of
+/// `nobody`'s, owned by it.
+fn forged_copies(prog: &Path, build_id: &str, n: usize) -> (Vec<PathBuf>, Vec<String>) {
+    let bytes = std::fs::read(prog).expect("read the program");
+    let id: Vec<u8> = (0..build_id.len() / 2)
+        .map(|i| u8::from_str_radix(&build_id[2 * i..2 * i + 2], 16).expect("hex"))
+        .collect();
+    let at = bytes
+        .windows(id.len())
+        .position(|w| w == id.as_slice())
+        .expect("the build-id's bytes in the file");
+    let dir = nobody_dir("forged");
+    let mut paths = Vec::new();
+    let mut ids = Vec::new();
+    for i in 0..n {
+        let mut forged = id.clone();
+        forged[..4].copy_from_slice(&(0xf0f0_0000u32 + i as u32).to_be_bytes());
+        let mut copy = bytes.clone();
+        copy[at..at + forged.len()].copy_from_slice(&forged);
+        let path = dir.join(format!("forged-{i}"));
+        std::fs::write(&path, &copy).expect("write a forged object");
+        std::os::unix::fs::chown(&path, Some(65534), Some(65534)).expect("chown");
+        ids.push(forged.iter().map(|b| format!("{b:02x}")).collect());
+        paths.push(path);
+    }
+    (paths, ids)
+}
+
+#[test]
+fn forged_build_ids_of_a_user_cause_bounded_fetches_and_leave_others_named() {
+    use std::io::BufRead as _;
+    if !bpf_or_skip("forged_build_ids_of_a_user_cause_bounded_fetches_and_leave_others_named") {
+        return;
+    }
+    let pprof = pprof_tool().expect("pprof (cargo xtask setup installs what builds it)");
+    let dir = fixture_dir("debuginfod-hostile");
+    let served = dir.join("served");
+    std::fs::create_dir_all(&served).expect("mkdir");
+    let (prog, build_id) = build_stripped(&dir, &served);
+    let debug = std::fs::read(served.join("prog.debug")).expect("the debug file");
+    let (addr, asked) = counting_server(build_id.clone(), debug);
+    // The attacker: nobody maps 100 objects of forged build-ids.
+    let (forged, forged_ids) = forged_copies(&prog, &build_id, 100);
+    let mapper = compile_c("map_many", include_str!("support/c/map_many.c"), &["-O2"]);
+    // It spins a while, then exits: the profile ends when it and root's program have.
+    let mut attacker = KillOnDrop::spawn(
+        as_nobody(&mapper)
+            .arg("3")
+            .args(&forged)
+            .stdout(Stdio::piped()),
+    );
+    let mut line = String::new();
+    std::io::BufReader::new(attacker.0.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("read");
+    assert_eq!(
+        line.trim(),
+        "mapped",
+        "the attacker did not map its objects"
+    );
+    let leaf_line = SOURCE
+        .lines()
+        .position(|l| l.contains("SPIN_LEAF_LINE"))
+        .expect("the leaf's line")
+        + 1;
+    // Root's program, profiled with the attacker.
+    let url = format!("http://{addr}");
+    let cache = dir.join("cache");
+    let traces = profile(
+        &pprof,
+        &dir.join("victim.pb.gz"),
+        &prog,
+        "3",
+        &[
+            "--pid",
+            &attacker.pid().to_string(),
+            "--debuginfod",
+            &url,
+            "--cache-dir",
+            cache.to_str().expect("UTF-8 path"),
+        ],
+    );
+    let asked = asked.lock().unwrap().clone();
+    let forged_asked: Vec<(&String, &u32)> = asked
+        .iter()
+        .filter(|(id, _)| forged_ids.contains(id))
+        .collect();
+    eprintln!(
+        "{} forged build-ids asked for, {} requests in all",
+        forged_asked.len(),
+        asked.values().sum::<u32>()
+    );
+    // The attacker's own executable counts against its bound too.
+    assert!(
+        (32..=64).contains(&forged_asked.len()),
+        "{} of the 100 forged build-ids fetched (the bound is 64 per user): {asked:?}",
+        forged_asked.len()
+    );
+    assert!(
+        forged_asked.iter().all(|&(_, &n)| n == 1),
+        "a forged build-id asked for twice: {forged_asked:?}"
+    );
+    assert_eq!(asked.get(&build_id), Some(&1), "root's program: {asked:?}");
+    // Only the victim's samples: the attacker's are in its own process.
+    let victim: Vec<(u64, Vec<String>)> = traces
+        .into_iter()
+        .filter(|(_, f)| {
+            !f.iter()
+                .any(|f| f.contains("map_many") || f.contains("forged"))
+        })
+        .filter(|(_, f)| {
+            f.iter()
+                .any(|f| f.starts_with("main ") || f.contains("[prog+"))
+        })
+        .collect();
+    let (share, total) = named_share(&victim, leaf_line);
+    eprintln!("root's program: {share:.3} of {total} samples named at the leaf's line");
+    assert!(
+        share >= 0.9 && total >= 100,
+        "{share:.3} of {total} samples named: {victim:?}"
     );
 }

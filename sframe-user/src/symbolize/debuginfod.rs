@@ -124,8 +124,12 @@ pub struct Stats {
 
 /// One thing to find a debug file for.
 enum Request {
-    /// An object a process maps: opened by a worker to read its build-id.
-    Object { pid: u32, mapping: Mapping },
+    /// An object a process of `uid` maps: opened by a worker to read its build-id.
+    Object {
+        pid: u32,
+        uid: u32,
+        mapping: Mapping,
+    },
     /// A build-id read already (by the symbolizer), of a process of `uid`.
     BuildId { id: String, uid: u32 },
 }
@@ -136,8 +140,9 @@ struct State {
     queued: HashSet<String>,
     /// Build-ids whose fetch failed, and when they may be asked for again.
     failed: HashMap<String, Instant>,
-    /// Objects (device, inode) handed to the workers already.
-    seen: HashSet<(u32, u32, u64)>,
+    /// Objects (user, device, inode) handed to the workers already: per user, so that
+    /// one user's spent fetches leave another's objects asked for.
+    seen: HashSet<(u32, u32, u32, u64)>,
     /// Per user: the start of the window and the fetches started in it.
     per_user: HashMap<u32, (Instant, u32)>,
 }
@@ -264,8 +269,10 @@ impl Debuginfod {
     /// tables. Cheap enough for the event loop: a set lookup per mapping, and a
     /// non-blocking send per new object.
     pub fn prefetch(&self, pid: u32, maps: &[Mapping]) {
+        let mut uid = None;
         for m in maps.iter().filter(|m| m.executable && m.is_file()) {
-            let key = (m.dev_major, m.dev_minor, m.inode);
+            let uid = *uid.get_or_insert_with(|| process_uid(pid));
+            let key = (uid, m.dev_major, m.dev_minor, m.inode);
             {
                 let mut state = self.shared.state();
                 if state.seen.len() >= MAX_REMEMBERED {
@@ -277,6 +284,7 @@ impl Debuginfod {
             }
             let request = Request::Object {
                 pid,
+                uid,
                 mapping: m.clone(),
             };
             if self.queue.try_send(request).is_err() {
@@ -402,8 +410,8 @@ fn worker(shared: &Shared, requests: &Mutex<mpsc::Receiver<Request>>, agent: &ur
         };
         let (id, uid) = match request {
             Request::BuildId { id, uid } => (id, uid),
-            Request::Object { pid, mapping } => match needed_build_id(pid, &mapping) {
-                Some(id) => (id, process_uid(pid)),
+            Request::Object { pid, uid, mapping } => match needed_build_id(pid, &mapping) {
+                Some(id) => (id, uid),
                 None => continue,
             },
         };
