@@ -2,7 +2,8 @@
 //! `--prometheus` address, as Go's `net/http/pprof` serves it: fetched by Google's
 //! `pprof` itself over HTTP, the samples of the N seconds after the request (judged
 //! against the workload's CPU time over the request), with complete stacks; at most two
-//! at once (429 beyond), bad `seconds` refused, and `/metrics` still served meanwhile.
+//! at once (429 beyond), bad `seconds` refused, and `/metrics` still served meanwhile;
+//! `pid` and `comm` parameters keep only the processes they name.
 
 mod support;
 
@@ -131,4 +132,83 @@ fn pulls_are_bounded_and_their_arguments_checked() {
         assert_ne!(status, Some(200), "a 120 s profile answered early");
     }
     drop(chain);
+}
+
+/// `pprof -tags` of `profile`: the values of tag `tag` it lists.
+fn tag_values(pprof: &std::path::Path, profile: &std::path::Path, tag: &str) -> Vec<String> {
+    let out = Command::new(pprof)
+        .args(["-tags", &format!("-tagshow={tag}")])
+        .arg(profile)
+        .env("HOME", env!("CARGO_TARGET_TMPDIR"))
+        .output()
+        .expect("run pprof");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_once("%):").map(|(_, v)| v.trim().to_owned()))
+        .collect()
+}
+
+/// Pulls of `pid` or `comm` keep only the processes named, of two profiled at once; a
+/// filter that names none gives an empty profile.
+#[test]
+fn pulled_profiles_keep_the_processes_their_query_names() {
+    if !bpf_or_skip("pulled_profiles_keep_the_processes_their_query_names") {
+        return;
+    }
+    let pprof = pprof_tool().expect("pprof (cargo xtask setup installs what builds it)");
+    let first = spawn_chain();
+    // The same program under another name: another command name.
+    let dir = fixture_dir("pprof-filter");
+    let renamed = dir.join("chain_two");
+    std::fs::copy(support::chain_fixture(), &renamed).expect("copy the fixture");
+    let second = support::KillOnDrop::spawn(&mut Command::new(&renamed));
+    let (a, b) = (first.pid().to_string(), second.pid().to_string());
+    let (exporter, addr) = start_exporter(BIN, &["--pid", &a, "--pid", &b]);
+    wait_attached(exporter.pid());
+    let pull = |query: &str, name: &str| {
+        let saved = dir.join(name);
+        let fetched = Command::new(&pprof)
+            .args(["-proto", "-output"])
+            .arg(&saved)
+            .arg(format!(
+                "http://{addr}/debug/pprof/profile?seconds=2&{query}"
+            ))
+            .env("HOME", env!("CARGO_TARGET_TMPDIR"))
+            .output()
+            .expect("run pprof");
+        assert!(
+            fetched.status.success(),
+            "{query}: {}",
+            String::from_utf8_lossy(&fetched.stderr)
+        );
+        saved
+    };
+    let everything = pull("", "all.pb.gz");
+    let mut pids = tag_values(&pprof, &everything, "pid");
+    pids.sort();
+    let mut both = vec![a.clone(), b.clone()];
+    both.sort();
+    assert_eq!(pids, both, "unfiltered");
+    let by_pid = pull(&format!("pid={b}"), "pid.pb.gz");
+    assert_eq!(
+        tag_values(&pprof, &by_pid, "pid"),
+        vec![b.clone()],
+        "pid={b}"
+    );
+    let by_comm = pull("comm=chain_two", "comm.pb.gz");
+    assert_eq!(tag_values(&pprof, &by_comm, "pid"), vec![b.clone()], "comm");
+    assert_eq!(
+        tag_values(&pprof, &by_comm, "comm"),
+        vec!["chain_two".to_owned()]
+    );
+    let both_params = pull(&format!("pid={a}&comm=chain_two"), "none.pb.gz");
+    assert!(
+        tag_values(&pprof, &both_params, "pid").is_empty(),
+        "pid={a}&comm=chain_two keeps a process"
+    );
 }

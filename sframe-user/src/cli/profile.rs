@@ -348,6 +348,8 @@ struct PendingProfile {
     started_at: SystemTime,
     /// The counts when it was asked for.
     base: Snapshot,
+    /// The processes it keeps.
+    filter: server::ProfileFilter,
     reply: tokio::sync::oneshot::Sender<Result<Vec<u8>, String>>,
 }
 
@@ -582,6 +584,7 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
                         started: Instant::now(),
                         started_at: SystemTime::now(),
                         base: profiler.collect(),
+                        filter: request.filter,
                         reply: request.reply,
                     }),
                     None => profile_requests = None,
@@ -669,7 +672,7 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
             for p in due {
                 let delta = snapshot_delta(&snap, &p.base);
                 let span = (p.started_at, p.started.elapsed());
-                let profile = profile_of(
+                let mut profile = profile_of(
                     false,
                     &profiler,
                     &delta,
@@ -678,6 +681,10 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
                     span,
                     &args,
                 );
+                profile.processes.retain(|process| {
+                    p.filter
+                        .keeps(process.pid, &process.comm, process.container_id.as_deref())
+                });
                 let mut pprof = Vec::new();
                 let made = export::write(&profile, export::Format::Pprof, args.top, &mut pprof)
                     .map(|()| pprof)

@@ -79,7 +79,53 @@ pub const PROFILE_GRACE: Duration = Duration::from_secs(60);
 #[derive(Debug)]
 pub struct ProfileRequest {
     pub seconds: u64,
+    /// The processes it keeps.
+    pub filter: ProfileFilter,
     pub reply: oneshot::Sender<Result<Vec<u8>, String>>,
+}
+
+/// Values of one filter parameter of a profile request at most.
+pub const MAX_FILTER_VALUES: usize = 16;
+
+/// Which processes a pulled profile keeps: the `pid`, `comm` and `container` parameters
+/// of its query, each repeatable. A process is kept if, for every parameter given, it
+/// matches one of its values (a container by its id or a prefix of it, as `docker`
+/// takes them); with none given, every process is.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProfileFilter {
+    pub pids: Vec<u32>,
+    pub comms: Vec<String>,
+    pub containers: Vec<String>,
+}
+
+impl ProfileFilter {
+    /// Whether the process `pid`, named `comm`, in container `container` is kept.
+    pub fn keeps(&self, pid: u32, comm: &str, container: Option<&str>) -> bool {
+        (self.pids.is_empty() || self.pids.contains(&pid))
+            && (self.comms.is_empty() || self.comms.iter().any(|c| c == comm))
+            && (self.containers.is_empty()
+                || container.is_some_and(|id| self.containers.iter().any(|c| id.starts_with(c))))
+    }
+}
+
+/// `value` with `+` and `%XX` escapes decoded (`None`: a bad escape or not UTF-8).
+fn percent_decoded(value: &str) -> Option<String> {
+    let bytes = value.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while let Some(&b) = bytes.get(i) {
+        match b {
+            b'+' => out.push(b' '),
+            b'%' => {
+                let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 2;
+            }
+            _ => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8(out).ok()
 }
 
 /// Where the server sends profile requests; the profiler's loop holds the receiver.
@@ -636,22 +682,63 @@ fn has_body(headers: &HeaderMap) -> bool {
     body_len.is_some_and(|n| n > 0) || headers.contains_key(hyper::header::TRANSFER_ENCODING)
 }
 
-/// The `seconds` of a profile request's query: [`DEFAULT_PROFILE_SECONDS`] when absent,
-/// else an integer from 1 to [`MAX_PROFILE_SECONDS`].
-fn profile_seconds(query: Option<&str>) -> Result<u64, String> {
+/// The `seconds` of a profile request's query ([`DEFAULT_PROFILE_SECONDS`] when absent,
+/// else an integer from 1 to [`MAX_PROFILE_SECONDS`]) and its filter: at most
+/// [`MAX_FILTER_VALUES`] of each parameter, a pid a number, a command name at most 64
+/// bytes, a container 1 to 64 lowercase hex digits. Other parameters are ignored, as
+/// Go's `net/http/pprof` ignores them.
+fn profile_query(query: Option<&str>) -> Result<(u64, ProfileFilter), String> {
     let mut seconds = DEFAULT_PROFILE_SECONDS;
+    let mut filter = ProfileFilter::default();
     for pair in query.unwrap_or_default().split('&') {
-        if let Some(value) = pair.strip_prefix("seconds=") {
-            seconds = value
-                .parse::<u64>()
-                .ok()
-                .filter(|s| (1..=MAX_PROFILE_SECONDS).contains(s))
-                .ok_or_else(|| {
-                    format!("seconds must be an integer from 1 to {MAX_PROFILE_SECONDS}\n")
-                })?;
+        let (name, raw) = pair.split_once('=').unwrap_or((pair, ""));
+        let bad = |what: &str| format!("{name} must be {what}\n");
+        let value = || percent_decoded(raw).ok_or_else(|| bad("a well-formed query value"));
+        let room = |n: usize| {
+            if n < MAX_FILTER_VALUES {
+                Ok(())
+            } else {
+                Err(bad(&format!("given at most {MAX_FILTER_VALUES} times")))
+            }
+        };
+        match name {
+            "seconds" => {
+                seconds = raw
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|s| (1..=MAX_PROFILE_SECONDS).contains(s))
+                    .ok_or_else(|| bad(&format!("an integer from 1 to {MAX_PROFILE_SECONDS}")))?;
+            }
+            "pid" => {
+                room(filter.pids.len())?;
+                let pid = raw.parse::<u32>().map_err(|_| bad("a process id"))?;
+                filter.pids.push(pid);
+            }
+            "comm" => {
+                room(filter.comms.len())?;
+                let comm = value()?;
+                if comm.is_empty() || comm.len() > 64 {
+                    return Err(bad("a command name of 1 to 64 bytes"));
+                }
+                filter.comms.push(comm);
+            }
+            "container" => {
+                room(filter.containers.len())?;
+                let id = value()?;
+                if id.is_empty()
+                    || id.len() > 64
+                    || !id
+                        .bytes()
+                        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+                {
+                    return Err(bad("a container id (or its prefix) in lowercase hex"));
+                }
+                filter.containers.push(id);
+            }
+            _ => {}
         }
     }
-    Ok(seconds)
+    Ok((seconds, filter))
 }
 
 /// `GET /debug/pprof/profile?seconds=N`: the gzip pprof of the next N seconds, from the
@@ -678,8 +765,8 @@ async fn profile(
     if has_body(req.headers()) {
         return plain(StatusCode::PAYLOAD_TOO_LARGE, "GET takes no body\n");
     }
-    let seconds = match profile_seconds(req.uri().query()) {
-        Ok(s) => s,
+    let (seconds, filter) = match profile_query(req.uri().query()) {
+        Ok(q) => q,
         Err(why) => return plain(StatusCode::BAD_REQUEST, why),
     };
     let Ok(_permit) = permits.clone().try_acquire_owned() else {
@@ -703,7 +790,11 @@ async fn profile(
         )
     };
     if profiles
-        .send(ProfileRequest { seconds, reply })
+        .send(ProfileRequest {
+            seconds,
+            filter,
+            reply,
+        })
         .await
         .is_err()
     {
@@ -838,20 +929,64 @@ mod tests {
     /// What Prometheus sends (`Accept-Encoding: gzip`) gets the exposition gzipped,
     /// and it decompresses to the same bytes; `identity` or `gzip;q=0` get it plain.
     #[test]
-    fn profile_seconds_are_bounded() {
-        assert_eq!(profile_seconds(None), Ok(DEFAULT_PROFILE_SECONDS));
-        assert_eq!(profile_seconds(Some("")), Ok(DEFAULT_PROFILE_SECONDS));
-        assert_eq!(profile_seconds(Some("seconds=5")), Ok(5));
-        assert_eq!(profile_seconds(Some("debug=1&seconds=300")), Ok(300));
+    fn profile_queries_are_bounded() {
+        let seconds = |q| profile_query(q).map(|(s, _)| s);
+        assert_eq!(seconds(None), Ok(DEFAULT_PROFILE_SECONDS));
+        assert_eq!(seconds(Some("")), Ok(DEFAULT_PROFILE_SECONDS));
+        assert_eq!(seconds(Some("seconds=5")), Ok(5));
+        assert_eq!(seconds(Some("debug=1&seconds=300")), Ok(300));
         for bad in [
             "seconds=0",
             "seconds=301",
             "seconds=",
             "seconds=1.5",
             "seconds=-1",
+            "pid=x",
+            "pid=-1",
+            "comm=",
+            "comm=%zz",
+            "comm=%ff",
+            "container=ABC",
+            "container=../x",
+            "container=",
         ] {
-            assert!(profile_seconds(Some(bad)).is_err(), "{bad}");
+            assert!(profile_query(Some(bad)).is_err(), "{bad}");
         }
+        let many = vec!["pid=1"; MAX_FILTER_VALUES + 1].join("&");
+        assert!(profile_query(Some(&many)).is_err());
+        let (_, filter) = profile_query(Some(
+            "seconds=3&pid=42&pid=43&comm=my+app%2F1&container=abc123",
+        ))
+        .unwrap();
+        assert_eq!(
+            filter,
+            ProfileFilter {
+                pids: vec![42, 43],
+                comms: vec!["my app/1".into()],
+                containers: vec!["abc123".into()],
+            }
+        );
+    }
+
+    #[test]
+    fn filters_keep_processes_matching_every_parameter_given() {
+        let all = ProfileFilter::default();
+        assert!(all.keeps(1, "a", None));
+        let f = ProfileFilter {
+            pids: vec![1, 2],
+            comms: vec!["a".into()],
+            containers: vec![],
+        };
+        assert!(f.keeps(2, "a", None));
+        assert!(!f.keeps(3, "a", None));
+        assert!(!f.keeps(1, "b", None));
+        let c = ProfileFilter {
+            containers: vec!["abc".into()],
+            ..ProfileFilter::default()
+        };
+        assert!(c.keeps(9, "x", Some("abcdef")));
+        assert!(!c.keeps(9, "x", Some("fabc")));
+        assert!(!c.keeps(9, "x", None));
     }
 
     #[test]
