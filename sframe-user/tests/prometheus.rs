@@ -590,17 +590,26 @@ fn agent_and_profiler_remote_write_to_a_central_prometheus() {
             "X-Scope-OrgID: test",
         ],
     );
-    let _agent = prom::Server::start(
-        &prometheus,
-        "agent",
-        &format!(
-            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  external_labels:\n    path: agent\n\
-             scrape_configs:\n  - job_name: sframe\n    static_configs:\n      - targets: ['{exporter}']\n\
-             remote_write:\n  - url: {write_url}\n    queue_config:\n      batch_send_deadline: 1s\n"
+    // The agent's configuration is the one shipped, its intervals shortened and its
+    // addresses replaced.
+    let mut agent_config = include_str!("../../contrib/prometheus-agent.yml").to_owned();
+    for (from, to) in [
+        ("scrape_interval: 15s", "scrape_interval: 1s".to_owned()),
+        ("scrape_timeout: 10s", "scrape_timeout: 1s".to_owned()),
+        ("cluster: build-farm", "path: agent".to_owned()),
+        ("127.0.0.1:9464", exporter.to_string()),
+        (
+            "http://prometheus.central:9090/api/v1/write",
+            write_url.clone(),
         ),
-        true,
-        &[],
-    );
+    ] {
+        assert!(
+            agent_config.contains(from),
+            "contrib/prometheus-agent.yml lacks {from}"
+        );
+        agent_config = agent_config.replace(from, &to);
+    }
+    let _agent = prom::Server::start(&prometheus, "agent", &agent_config, true, &[]);
     let chain_value = |path: &str| -> Option<(f64, serde_json::Value)> {
         central
             .query(&format!(
@@ -813,4 +822,27 @@ fn promtool_accepts_exporter_text_format() {
         .unwrap();
     assert!(!out.status.success(), "promtool accepted OpenMetrics as is");
     runtime.shutdown_background();
+}
+
+/// The Prometheus configurations shipped in `contrib/` are ones `promtool` accepts.
+#[test]
+fn promtool_accepts_the_shipped_configurations() {
+    const TEST: &str = "promtool_accepts_the_shipped_configurations";
+    let Some((_, promtool)) = prom::tools(TEST) else {
+        return;
+    };
+    let contrib = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../contrib");
+    for file in ["prometheus.yml", "prometheus-agent.yml"] {
+        let out = Command::new(&promtool)
+            .args(["check", "config"])
+            .arg(contrib.join(file))
+            .output()
+            .expect("run promtool");
+        assert!(
+            out.status.success(),
+            "promtool check config {file}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
