@@ -20,6 +20,7 @@ const OM: &str = "# HELP x Things.\n# TYPE x counter\nx_total{a=\"b\"} 1\n# EOF\
 struct Server {
     addr: SocketAddr,
     exposition: Exposition,
+    figures: std::sync::Arc<server::ServerFigures>,
     runtime: Option<tokio::runtime::Runtime>,
 }
 
@@ -36,10 +37,18 @@ impl Server {
         let addr = listener.local_addr().unwrap();
         let exposition = Exposition::default();
         exposition.set(text.to_owned());
-        runtime.spawn(server::serve_with(listener, exposition.clone(), limits));
+        let figures = std::sync::Arc::<server::ServerFigures>::default();
+        runtime.spawn(server::serve_counted(
+            listener,
+            exposition.clone(),
+            limits,
+            None,
+            figures.clone(),
+        ));
         Self {
             addr,
             exposition,
+            figures,
             runtime: Some(runtime),
         }
     }
@@ -331,7 +340,9 @@ fn peer_closed(s: &TcpStream, wait: Duration) -> bool {
 /// A scraper against clients that saturate the limit: `slow` connections that send a
 /// header byte every 500 ms and reconnect when closed, and `deaf` ones that request the
 /// (large) exposition and never read, reconnecting when closed. Returns the scraper's
-/// (successes, attempts) over `scrapes` scrapes 200 ms apart.
+/// (successes, attempts) over `scrapes` scrapes 200 ms apart, each begun while the
+/// attackers hold every slot; the server's figures show that each took a slot from one
+/// of them.
 fn scrape_under_siege(
     limits: Limits,
     text: &str,
@@ -364,18 +375,38 @@ fn scrape_under_siege(
                     }
                 } else {
                     let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n");
-                    // Never reads: waits until the server gives up on it.
+                    // Never reads: waits until the server gives up on it. Its FIN waits
+                    // behind the response's bytes, which are never read: an empty line
+                    // (which HTTP ignores between requests) every 100 ms is answered by
+                    // a reset once the server has closed, and then it reconnects.
                     while !stop.load(std::sync::atomic::Ordering::Relaxed)
                         && !peer_closed(&s, Duration::from_millis(100))
+                        && s.write_all(b"\r\n").is_ok()
                     {}
                 }
             }
         }));
     }
-    // Let the attackers take every slot first.
-    thread::sleep(Duration::from_secs(1));
+    use std::sync::atomic::Ordering::Relaxed;
+    // The attackers hold every slot before each scrape (a bound against a hang, not a
+    // measure: they reconnect at once when dropped).
+    let full = || {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while srv.figures.connections.load(Relaxed) < limits.max_connections {
+            assert!(
+                Instant::now() < deadline,
+                "the attackers never held every slot ({} of {})",
+                srv.figures.connections.load(Relaxed),
+                limits.max_connections
+            );
+            thread::sleep(Duration::from_millis(10));
+        }
+    };
     let mut ok = 0;
+    let mut taken = 0;
     for _ in 0..scrapes {
+        full();
+        let before = srv.figures.slots_taken.load(Relaxed);
         let mut s = connect(addr);
         let _ = s.write_all(get("/metrics", "").as_bytes());
         let mut out = Vec::new();
@@ -383,8 +414,14 @@ fn scrape_under_siege(
         if out.starts_with(b"HTTP/1.1 200 OK\r\n") && out.ends_with(text.as_bytes()) {
             ok += 1;
         }
+        if srv.figures.slots_taken.load(Relaxed) > before {
+            taken += 1;
+        }
         thread::sleep(Duration::from_millis(200));
     }
+    // Every scrape found the slots full and took one of an attacker's (others may have
+    // been taken meanwhile by reconnecting attackers, never fewer than one per scrape).
+    assert_eq!(taken, scrapes, "scrapes that took an attacker's slot");
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     for a in attackers {
         let _ = a.join();
@@ -421,9 +458,12 @@ fn quick_limits() -> Limits {
 #[test]
 fn silent_slow_and_idle_clients_are_closed() {
     let srv = Server::start(quick_limits(), OM);
+    // Not before the head timeout (500 ms); the upper bound only tells "closed by the
+    // timeout" from "never closed" (the reaper runs every 125 ms; a loaded machine runs
+    // it late).
     let in_time = |took: Duration| {
         assert!(
-            took >= Duration::from_millis(400) && took < Duration::from_secs(2),
+            took >= Duration::from_millis(400) && took < Duration::from_secs(30),
             "{took:?}"
         );
     };
@@ -448,8 +488,8 @@ fn silent_slow_and_idle_clients_are_closed() {
     let (_, got) = wait_closed(&mut slow);
     assert!(got.is_empty(), "{}", String::from_utf8_lossy(&got));
     let took = start.elapsed();
-    assert!(cut || took < Duration::from_secs(4), "{took:?}");
-    assert!(took < Duration::from_secs(5), "{took:?}");
+    // Closed without an answer (above); the bound only tells "closed" from "never".
+    assert!(cut || took < Duration::from_secs(30), "{took:?}");
 
     // Idle after a response (keep-alive): closed after the same timeout.
     let mut idle = connect(srv.addr);
@@ -485,7 +525,8 @@ fn clients_that_do_not_read_are_dropped_and_never_block_updates() {
         srv.exposition.set(r);
         slowest = slowest.max(t.elapsed());
     }
-    assert!(slowest < Duration::from_millis(50), "{slowest:?}");
+    // Waiting for a stuck client would take the head timeout (500 ms) at least.
+    assert!(slowest < Duration::from_millis(400), "{slowest:?}");
     // Each is dropped mid-response, within the head timeout (plus the reaper's second)
     // of hyper taking the response, or the response timeout, whichever comes first.
     let bound = limits.header_timeout.min(limits.response_timeout) + Duration::from_secs(1);
@@ -541,9 +582,10 @@ fn keep_alive_connections_end_gracefully_after_their_lifetime() {
     }
     let took = start.elapsed();
     assert!(served >= 5, "{served}");
+    // Not before its lifetime; the upper bound only tells "ended by the lifetime" from
+    // "never ended" (the idle timeout, 10 s, would end it otherwise).
     assert!(
-        took >= limits.connection_lifetime
-            && took < limits.connection_lifetime + Duration::from_secs(2),
+        took >= limits.connection_lifetime && took < Duration::from_secs(10),
         "{took:?}"
     );
 }

@@ -241,6 +241,12 @@ pub fn pprof_traces(pprof: &Path, profile: &Path, extra: &[&str]) -> Vec<(u64, V
 /// Builds Google's pprof from Debian's sources (once, into the target dir). `None`
 /// (after printing why) when Go or the sources are missing outside CI.
 pub fn pprof_tool() -> Option<PathBuf> {
+    // One build at a time within a test binary (its tests run on threads of one
+    // process, and the temporary name is per process).
+    static BUILD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = BUILD
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("pprof-tool");
     let bin = dir.join("pprof");
     if bin.exists() {

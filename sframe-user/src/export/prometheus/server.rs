@@ -308,6 +308,15 @@ pub async fn serve_with(listener: TcpListener, exposition: Exposition, limits: L
     serve_all(listener, exposition, limits, None).await
 }
 
+/// What the server did with its connections, for tests and health figures.
+#[derive(Debug, Default)]
+pub struct ServerFigures {
+    /// Connections holding a slot now.
+    pub connections: std::sync::atomic::AtomicUsize,
+    /// Slots taken from slow connections (dropped) for new ones.
+    pub slots_taken: std::sync::atomic::AtomicU64,
+}
+
 /// Serves `exposition` and, when `profiles` is given, profiles on `listener` within
 /// `limits` until the task is dropped.
 pub async fn serve_all(
@@ -316,8 +325,20 @@ pub async fn serve_all(
     limits: Limits,
     profiles: Option<ProfileRequests>,
 ) {
+    serve_counted(listener, exposition, limits, profiles, Arc::default()).await
+}
+
+/// [`serve_all`], counting in `figures`.
+pub async fn serve_counted(
+    listener: TcpListener,
+    exposition: Exposition,
+    limits: Limits,
+    profiles: Option<ProfileRequests>,
+    figures: Arc<ServerFigures>,
+) {
     let permits = Arc::new(Semaphore::new(MAX_PROFILES));
     let slots = Slots::default();
+    slots.table().figures = figures;
     let reaper = tokio::spawn(reap(slots.clone(), limits));
     let _stop_reaper = AbortOnDrop(reaper);
     loop {
@@ -461,9 +482,16 @@ struct SlotTable {
     next_id: u64,
     live: Vec<Slot>,
     waiting: std::collections::VecDeque<u64>,
+    figures: Arc<ServerFigures>,
 }
 
 impl SlotTable {
+    fn count_connections(&self) {
+        self.figures
+            .connections
+            .store(self.live.len(), std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Makes room for one more connection: `Ok` when there is a free slot or one held
     /// by a slow connection (which is dropped); else how long until one may turn slow.
     fn room(&mut self, now: Instant, limits: Limits) -> Result<(), Duration> {
@@ -486,6 +514,9 @@ impl SlotTable {
         match victim {
             Some((i, _)) => {
                 let evicted = self.live.swap_remove(i);
+                self.figures
+                    .slots_taken
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 // notify_one keeps the wakeup if the task is not waiting yet.
                 evicted.kill.notify_one();
                 Ok(())
@@ -558,6 +589,7 @@ impl Slots {
                                 since: now,
                                 kill: kill.clone(),
                             });
+                            t.count_connections();
                             drop(t);
                             // The next in the queue may go on.
                             self.1.notify_waiters();
@@ -597,7 +629,10 @@ impl Slots {
     }
 
     fn release(&self, id: u64) {
-        self.table().live.retain(|s| s.id != id);
+        let mut t = self.table();
+        t.live.retain(|s| s.id != id);
+        t.count_connections();
+        drop(t);
         self.1.notify_waiters();
     }
 
@@ -614,6 +649,7 @@ impl Slots {
             }
         });
         let freed = t.live.len() != before;
+        t.count_connections();
         drop(t);
         if freed {
             self.1.notify_waiters();
