@@ -408,7 +408,7 @@ fn a_storm_of_short_processes_leaves_the_profiler_memory_bounded() {
     // object (this test binary) sampled late raises the RSS by its table, not because
     // of the storm.
     const PER_LOOP: u64 = 1000;
-    let mut profiler = Command::new(env!("CARGO_BIN_EXE_sframe-user"))
+    let profiler = Command::new(env!("CARGO_BIN_EXE_sframe-user"))
         .args([
             "--comm",
             "true",
