@@ -445,6 +445,13 @@ pub struct WalkState {
     pub frames_from_table: u32,
     /// Frames unwound (or attempted) with the frame-pointer step.
     pub frames_from_fp: u32,
+    /// Frames unwound with the frame-pointer step in a mapping whose table is being
+    /// built: guesses (a frameless function's `rbp` may be any pointer its code keeps
+    /// there), counted apart so that a guessed return address in no known mapping leaves
+    /// the sample to wait for the table instead of ending it as garbage.
+    pub frames_guessed: u32,
+    /// Keeps `cache` 8-byte aligned with no implicit padding.
+    pub _pad: u32,
     /// What the previous frame's lookup found (a search shortcut).
     pub cache: LookupCache,
     /// The frame words recorded so far.
@@ -461,6 +468,7 @@ impl WalkState {
         self.exact_pc = 0;
         self.frames_from_table = 0;
         self.frames_from_fp = 0;
+        self.frames_guessed = 0;
         self.cache = LookupCache::EMPTY;
         self.stack.len = 0;
     }
@@ -482,6 +490,8 @@ impl Default for WalkState {
             exact_pc: 0,
             frames_from_table: 0,
             frames_from_fp: 0,
+            frames_guessed: 0,
+            _pad: 0,
             cache: LookupCache::EMPTY,
             stack: UserStack::default(),
         }
@@ -535,14 +545,18 @@ pub fn walk_step<T: Tables>(
         // where the first frame-pointer step fails (code without them; a zero FP there
         // is far more often a register the code uses than the outermost frame), the
         // walk stops as if the mapping were unknown, for the sample to wait for the
-        // table.
+        // table. A step that succeeds is a guess (`frames_guessed`): where code without
+        // frame pointers keeps a readable pointer in `rbp`, it gives a garbage return
+        // address, whose lookup then finds no mapping and leaves the sample to wait too
+        // (it ended incomplete, through `[unknown]`, in a command's first milliseconds
+        // while its libc's table was built).
         Lookup::Building => match step_frame_pointer(&st.regs, read) {
             Ok(step) => {
-                st.frames_from_fp += 1;
+                st.frames_guessed += 1;
                 Ok(step)
             }
-            Err(WalkOutcome::FramePointerEnd) if st.frames_from_fp > 0 => {
-                st.frames_from_fp += 1;
+            Err(WalkOutcome::FramePointerEnd) if st.frames_from_fp + st.frames_guessed > 0 => {
+                st.frames_guessed += 1;
                 Err(WalkOutcome::FramePointerEnd)
             }
             Err(_) => Err(WalkOutcome::NoMapping),
@@ -602,7 +616,7 @@ const _: () = assert!(core::mem::size_of::<LookupCache>() == 48);
 // No implicit padding (aya::Pod).
 const _: () = assert!(
     core::mem::size_of::<WalkState>()
-        == 24 + 8 * TOP_REGS + 8 + 16 + 48 + core::mem::size_of::<UserStack>()
+        == 24 + 8 * TOP_REGS + 8 + 24 + 48 + core::mem::size_of::<UserStack>()
 );
 
 #[cfg(test)]

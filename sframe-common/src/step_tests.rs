@@ -513,12 +513,19 @@ fn a_mapping_whose_table_is_being_built_stops_where_frame_pointers_fail() {
     let fp = SP + 0x40;
     let mem = Memory::new(&[(fp, 0), (fp + 8, BASE + 0x50)]);
     let (outcome, st) = walk_from(&mut t, BASE + 0x210, SP, fp, &mem);
-    assert_eq!(st.frames_from_fp, 2);
+    assert_eq!((st.frames_from_fp, st.frames_guessed), (0, 2));
     assert_eq!(
         &st.stack.frames[..st.stack.len as usize],
         &[BASE + 0x210, BASE + 0x50]
     );
     assert_eq!(outcome, WalkOutcome::FramePointerEnd, "the chain's end");
+    // A frame pointer that points at readable words of no frame (a frameless
+    // function's register): the guessed return address is in no mapping, and the walk
+    // ends as one that needs the table, with no frame-pointer frame counted.
+    let mem = Memory::new(&[(fp, SP + 0x80), (fp + 8, 0x1dc_0657)]);
+    let (outcome, st) = walk_from(&mut t, BASE + 0x210, SP, fp, &mem);
+    assert_eq!(outcome, WalkOutcome::NoMapping);
+    assert_eq!((st.frames_from_fp, st.frames_guessed), (0, 1));
     // Without the flag: the frame-pointer fallback's own outcome.
     t.mappings[0].flags = 0;
     let mem = Memory::new(&[]);

@@ -458,7 +458,7 @@ pub(crate) fn walk_in(
     count(Counter::FramesFromTable, u64::from(st.frames_from_table));
     count(
         Counter::FramesFromFramePointer,
-        u64::from(st.frames_from_fp),
+        u64::from(st.frames_from_fp) + u64::from(st.frames_guessed),
     );
     st.outcome
 }

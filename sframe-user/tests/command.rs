@@ -9,8 +9,10 @@ use std::process::Command;
 
 use support::{bpf_or_skip, compile_c, fixture_dir};
 
-/// `startup_work` burns its first 30 ms of CPU, `later_work` 200 ms more, then exit 7.
+/// `startup_work` burns its first 30 ms of CPU, `later_work` 200 ms more, then exit 7;
+/// it prints the CPU time `startup_work` took (`startup_cpu_ns=N`).
 const STARTUP: &str = r#"
+#include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 volatile unsigned long sink;
@@ -22,7 +24,19 @@ __attribute__((noinline)) void later_work(void) {
     clock_t end = clock() + CLOCKS_PER_SEC / 5;
     while (clock() < end) for (int i = 0; i < 1000; i++) sink += i;
 }
-int main(void) { startup_work(); later_work(); exit(7); }
+static long long cpu_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+int main(void) {
+    long long start = cpu_ns();
+    startup_work();
+    printf("startup_cpu_ns=%lld\n", cpu_ns() - start);
+    fflush(stdout);
+    later_work();
+    exit(7);
+}
 "#;
 
 fn profiler() -> Command {
@@ -82,7 +96,8 @@ fn a_slow_disk_does_not_hold_the_profile_of_a_starting_command() {
 }
 
 /// Profiles `exe` (the `STARTUP` program) from its start at 999 Hz: its status is the
-/// profiler's, and nine in ten samples of its first 30 ms are complete stacks.
+/// profiler's; its first 30 ms of CPU have at least nine in ten of the samples their CPU
+/// time is due (the time the program measured), and nine in ten of those are complete.
 fn profile_startup(exe: &std::path::Path, extra: &[String], preload: Option<&std::path::Path>) {
     let folded = exe.with_file_name("out.folded");
     let mut cmd = profiler();
@@ -99,6 +114,13 @@ fn profile_startup(exe: &std::path::Path, extra: &[String], preload: Option<&std
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(7), "{stderr}");
     let text = std::fs::read_to_string(&folded).expect("folded output");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let startup_ns: f64 = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("startup_cpu_ns="))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("the program's startup CPU time: {stdout}"));
+    let due = startup_ns / 1e9 * 999.0;
     let (mut startup, mut complete) = (0u64, 0u64);
     for line in text.lines() {
         let (stack, count) = line.rsplit_once(' ').expect("a count");
@@ -110,8 +132,14 @@ fn profile_startup(exe: &std::path::Path, extra: &[String], preload: Option<&std
             }
         }
     }
-    // 30 ms of CPU at 999 Hz: about 30 samples.
-    assert!(startup > 0, "no sample of the first 30 ms:\n{text}");
+    // 30 ms of CPU at 999 Hz: about 30 samples. The cpu-clock timer samples every
+    // 1.001 ms of a CPU's time, so a task gets one per period of its CPU time, give or
+    // take one at each edge of its time slices.
+    eprintln!("startup_work: {startup} samples, {due:.1} due for {startup_ns:.0} ns of CPU");
+    assert!(
+        startup as f64 >= 0.9 * due,
+        "{startup} samples of startup_work, {due:.1} due for its CPU time:\n{text}\n(stderr: {stderr})"
+    );
     assert!(
         complete * 10 >= startup * 9,
         "{complete} of {startup} samples of startup_work complete:\n{text}\n(stderr: {stderr})"
