@@ -361,10 +361,8 @@ fn run_ours(exe: &Path, dir: &Path, seconds: f64) -> Result<(f64, Ours)> {
                 ours.frequencies.push(f);
             }
             if first_quarter.is_none() && t >= seconds / 4.0 {
-                first_quarter = Some((
-                    metric(&text, "sframe_table_load_cpu_seconds_total").unwrap_or(0.0),
-                    metric(&text, "sframe_process_cpu_seconds_total").unwrap_or(0.0),
-                ));
+                first_quarter = metric(&text, "sframe_table_load_cpu_seconds_total")
+                    .zip(metric(&text, "sframe_process_cpu_seconds_total"));
             }
             last = text;
         }
@@ -373,18 +371,24 @@ fn run_ours(exe: &Path, dir: &Path, seconds: f64) -> Result<(f64, Ours)> {
     rss.sort_unstable();
     let (steady, anon, file) = rss.get(rss.len() / 2).copied().unwrap_or_default();
     (ours.steady_rss_kb, ours.steady_anon_kb, ours.steady_file_kb) = (steady, anon, file);
-    let load = metric(&last, "sframe_table_load_cpu_seconds_total").unwrap_or(0.0);
-    let own = metric(&last, "sframe_process_cpu_seconds_total").unwrap_or(0.0);
-    let (load_q, own_q) = first_quarter.unwrap_or((0.0, 0.0));
+    // A figure the exporter did not give is not measured (not a zero): `--strict`
+    // refuses the run then.
+    let need = |name: &str| {
+        metric(&last, name).with_context(|| format!("the profiler's last scrape lacks {name}"))
+    };
+    let load = need("sframe_table_load_cpu_seconds_total")?;
+    let own = need("sframe_process_cpu_seconds_total")?;
+    let (load_q, own_q) =
+        first_quarter.context("no scrape of the profiler's CPU after the first quarter")?;
     ours.load_first = load_q;
     ours.load_rest = load - load_q;
     ours.cpu_first = own_q;
     ours.cpu_rest = own - own_q;
-    ours.bpf = metric(&last, "sframe_bpf_run_time_seconds_total").unwrap_or(0.0);
-    ours.collect = metric(&last, "sframe_collection_cpu_seconds_total").unwrap_or(0.0);
-    ours.table_bytes = metric(&last, "sframe_table_bytes").unwrap_or(0.0);
-    ours.symbolizer_bytes = metric(&last, "sframe_symbolizer_state_bytes").unwrap_or(0.0);
-    ours.symbolizer_evictions = metric(&last, "sframe_symbolizer_evictions_total").unwrap_or(0.0);
+    ours.bpf = need("sframe_bpf_run_time_seconds_total")?;
+    ours.collect = need("sframe_collection_cpu_seconds_total")?;
+    ours.table_bytes = need("sframe_table_bytes")?;
+    ours.symbolizer_bytes = need("sframe_symbolizer_state_bytes")?;
+    ours.symbolizer_evictions = need("sframe_symbolizer_evictions_total")?;
     ours.outcomes = labelled(&last, "sframe_walk_outcomes_total{outcome=\"");
     ours.events = labelled(&last, "sframe_events_total{event=\"");
     ours.fleet = labelled(&last, "sframe_fleet_events_total{event=\"");
