@@ -17,6 +17,7 @@ pub mod layout;
 pub mod names;
 pub mod offcpu;
 pub mod outcome;
+pub mod python;
 pub mod rule;
 pub mod sample;
 pub mod stack;

@@ -74,6 +74,10 @@ pub mod maps {
             OFF_CPU_CONTROL = "OFF_CPU_CONTROL",
             /// Off-CPU: per-CPU buffer of the kernel stack of a sleep.
             OFF_CPU_KSTACK = "OFF_CPU_KSTACK",
+            /// Python processes (tgid → `PyProcess`: the runtime's address and offsets).
+            PY_PROCESSES = "PY_PROCESSES",
+            /// Python thread states by (tgid, tid), as the walk last found them.
+            PY_THREADS = "PY_THREADS",
             /// Raw samples (registers and stack bytes) for host-side walks.
             RAW_SAMPLES = "RAW_SAMPLES",
             /// The frame-pointer baseline's per-CPU stack buffer (benchmarks).

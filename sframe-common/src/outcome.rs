@@ -136,11 +136,16 @@ pub enum Counter {
     /// ended after (not charged: their end, or a wake and another sleep, may have been
     /// missed).
     OffCpuPaused = 18,
+    /// Interpreter frames recorded (CPython, `sframe_common::python`).
+    PythonFrames = 19,
+    /// Samples of a Python process whose thread has no thread state the walk found
+    /// (a thread that never ran Python, or one the walk looked for past its bound).
+    PythonNoThread = 20,
 }
 
 impl Counter {
     /// Number of counters (the length of [`Counter::ALL`]).
-    pub const COUNT: usize = 19;
+    pub const COUNT: usize = 21;
     /// Every counter, in the order of their codes (`ALL[i] as usize == i`).
     pub const ALL: [Counter; Self::COUNT] = [
         Self::Samples,
@@ -162,6 +167,8 @@ impl Counter {
         Self::OffCpuUnsampled,
         Self::OffCpuKernelStackFailed,
         Self::OffCpuPaused,
+        Self::PythonFrames,
+        Self::PythonNoThread,
     ];
 
     /// The counter's name in snake case (e.g. `stack_map_full`), for reports and metrics.
@@ -186,6 +193,8 @@ impl Counter {
             Self::OffCpuUnsampled => "off_cpu_unsampled",
             Self::OffCpuKernelStackFailed => "off_cpu_kernel_stack_failed",
             Self::OffCpuPaused => "off_cpu_paused",
+            Self::PythonFrames => "python_frames",
+            Self::PythonNoThread => "python_no_thread",
         }
     }
 }

@@ -5,6 +5,7 @@
 mod baseline;
 mod lifecycle;
 mod offcpu;
+mod python;
 mod regs;
 mod task_storage;
 mod unwind;

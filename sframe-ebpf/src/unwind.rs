@@ -320,6 +320,9 @@ pub fn profile<const THREAD_NAMES: bool>(ctx: &PerfEventContext) -> u32 {
                 return 0;
             }
         }
+        if let Some(st) = SCRATCH.get_ptr_mut(0) {
+            crate::python::append_frames(tgid, pid_tgid as u32, st);
+        }
         // Stored only now that it is counted: a deferred sample's partial stack would
         // stay in `STACKS` with no count naming it, and user space drains only the
         // stacks counts name (under process churn such stacks filled the map).

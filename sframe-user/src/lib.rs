@@ -80,6 +80,8 @@ pub mod privileges;
 #[cfg(feature = "profiler")]
 pub mod profiler;
 #[cfg(feature = "profiler")]
+pub mod python;
+#[cfg(feature = "profiler")]
 pub mod safe_open;
 #[cfg(feature = "profiler")]
 pub mod sampler;

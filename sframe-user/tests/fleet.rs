@@ -262,6 +262,7 @@ fn follows_libraries_opened_with_dlopen_after_the_start() {
             ns_pid: None,
             maps,
             perf_map: None,
+            python: None,
             cgroup: None,
         }];
         let stacks = stacks_of(&profiler, &delta, &targets, &pids);

@@ -187,8 +187,14 @@ pub(super) fn user_frames(
     id: u64,
 ) -> Vec<Frame> {
     let addrs = symbolization_addresses(profiler.stack(id).unwrap_or(&[]));
-    let mut frames =
-        symbolizer.symbolize_process(target.pid, &target.maps, target.perf_map.as_deref(), &addrs);
+    let frames = symbolizer.symbolize_process(
+        target.pid,
+        &target.maps,
+        target.perf_map.as_deref(),
+        target.python.as_deref(),
+        &addrs,
+    );
+    let mut frames = crate::python::merge(&addrs, frames);
     frames.reverse();
     frames
 }

@@ -76,7 +76,7 @@ pub enum MappedFileError {
 /// deleted or renamed over), else the path resolved inside the process's root (its
 /// mount namespace; its symlinks cannot leave it), which must then be the mapped inode
 /// when it is on the mapped device.
-pub(super) fn open_mapped_file(
+pub(crate) fn open_mapped_file(
     pid: u32,
     m: &Mapping,
 ) -> Result<(fs::File, fs::Metadata), MappedFileError> {

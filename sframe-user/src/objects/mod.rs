@@ -24,6 +24,7 @@ use std::{
 
 use sframe_common::layout::{MAPPING_FLAG_BUILDING, MAPPING_FLAG_VDSO, MappingEntry, NO_OBJECT};
 
+pub(crate) use self::identity::open_mapped_file;
 use self::{
     build::{Job, Worker, load_timer},
     identity::{

@@ -219,6 +219,9 @@ pub(super) struct Counts {
     walked_here: [u64; WalkOutcome::COUNT],
     /// The kernel's full-map counters (stacks, counts, off-CPU counts) at the last drain.
     map_failures: u64,
+    /// (process, word) of the interpreter frames of the user stacks read from the
+    /// kernel since [`Counts::take_python_words`] (to name while the process lives).
+    python_words: Vec<(u32, u64)>,
 }
 
 /// Every key of a kernel count map with its count, the map emptied. Read then delete:
@@ -255,6 +258,7 @@ impl Counts {
             kept: Kept::new(Bounds::for_keys(max_keys.unwrap_or(MAX_KEYS))),
             walked_here: [0; WalkOutcome::COUNT],
             map_failures: 0,
+            python_words: Vec::new(),
         })
     }
 
@@ -345,6 +349,14 @@ impl Counts {
                 })
             };
             let _ = self.stacks_map.remove(&id);
+            if let Some(frames) = &frames {
+                self.python_words.extend(
+                    frames
+                        .iter()
+                        .filter(|&&w| sframe_common::python::is_frame(w))
+                        .map(|&w| (key.pid, w)),
+                );
+            }
             read.insert(id, frames);
         }
         let mut round = StdHashMap::new();
@@ -364,6 +376,12 @@ impl Counts {
         let failed = self.counter(Counter::KernelStackFailed);
         kernel_stacks.empty_when_full(failed);
         self.empty_stacks_when_full();
+    }
+
+    /// The interpreter frames' words (with their process) of the user stacks read from
+    /// the kernel since the last call.
+    pub(super) fn take_python_words(&mut self) -> Vec<(u32, u64)> {
+        std::mem::take(&mut self.python_words)
     }
 
     /// The kernel's counter `c`, summed over CPUs.

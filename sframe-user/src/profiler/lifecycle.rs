@@ -339,6 +339,8 @@ impl Profiler {
                     }
                     _ => (target_info(pid, report.maps), 0),
                 };
+                let mut info = info;
+                self.python.install(&mut info);
                 self.procs.insert(
                     pid,
                     Proc {
@@ -400,6 +402,7 @@ impl Profiler {
         self.deferred.forget_liveness(pid);
         self.unwind_deferred_of(pid);
         self.store.forget_process(pid);
+        self.python.forget(pid);
         self.reload_due.remove(&pid);
         self.load_retries.remove(&pid);
         let _ = self.targets.remove(&pid);

@@ -26,6 +26,7 @@ mod deferred;
 mod kstacks;
 mod lifecycle;
 mod off_cpu;
+mod python;
 
 use counts::Counts;
 use kstacks::KernelStacks;
@@ -86,6 +87,7 @@ fn target_info(pid: u32, maps: Vec<crate::procfs::Mapping>) -> TargetInfo {
         comm: procfs::comm(pid).unwrap_or_else(|| format!("pid{pid}")),
         ns_pid,
         perf_map: perf_map(pid, ns_pid, &maps),
+        python: None,
         maps,
         cgroup: crate::cgroup::process_cgroup(pid),
     }
@@ -133,6 +135,8 @@ pub struct TargetInfo {
     pub maps: Vec<crate::procfs::Mapping>,
     /// Its perf map, when it maps JIT code: names of frames there.
     pub perf_map: Option<std::sync::Arc<crate::symbolize::PerfMap>>,
+    /// Its CPython namer, when it runs CPython: names of interpreter frames.
+    pub python: Option<std::sync::Arc<crate::python::PyNamer>>,
     /// Its cgroup v2 path when it was loaded (raw; sanitized in the outputs).
     pub cgroup: Option<String>,
 }
@@ -329,6 +333,8 @@ pub struct Profiler {
     off_cpu: bool,
     /// The off-CPU programs, with `--off-cpu`.
     off_cpu_programs: Option<off_cpu::OffCpu>,
+    /// Processes running CPython.
+    python: python::PythonTargets,
 }
 
 use crate::bpf::take_map as take;
@@ -422,6 +428,7 @@ impl Profiler {
             ),
             events: None,
             deferred: deferred::DeferredQueue::new(take(&mut ebpf, maps::DEFERRED).ok()),
+            python: python::PythonTargets::new(&mut ebpf),
             ebpf,
             kernel_filtered: whole || !v2.is_empty(),
             spec,
@@ -627,8 +634,13 @@ impl Profiler {
             return Instant::now();
         }
         let periodic = self.last_maintain + MAINTAIN_INTERVAL;
-        self.next_reload_due()
-            .map_or(periodic, |reload| reload.min(periodic))
+        let due = self
+            .next_reload_due()
+            .map_or(periodic, |reload| reload.min(periodic));
+        match self.python.next_retry() {
+            Some(retry) => due.min(retry),
+            None => due,
+        }
     }
 
     /// One step of the event loop, the same for every caller (the command's async loop,
@@ -639,6 +651,8 @@ impl Profiler {
         // The loop runs: loads from here on must not wait for the disk (and the start,
         // with `--drop-privileges`, is over: threads may start).
         self.store.write_cache_in_background();
+        self.python.start();
+        self.retry_python();
         let mut added = self.handle_events();
         if self.last_maintain.elapsed() >= MAINTAIN_INTERVAL {
             self.last_maintain = Instant::now();
@@ -838,10 +852,12 @@ impl Profiler {
         if let Err(err) = self.targets.insert(pid, 1, 0) {
             log::warn!("pid {pid}: cannot add to targets: {err}");
         }
+        let mut info = target_info(pid, report.maps.clone());
+        self.python.install(&mut info);
         self.procs.insert(
             pid,
             Proc {
-                info: target_info(pid, report.maps.clone()),
+                info,
                 exited_at: None,
                 loaded_at: Instant::now(),
                 load_cost: Duration::ZERO,
@@ -859,6 +875,7 @@ impl Profiler {
         {
             p.info.maps = report.maps.clone();
             p.loaded_at = Instant::now();
+            self.python.install(&mut p.info);
         }
         Ok(report)
     }
@@ -867,6 +884,7 @@ impl Profiler {
     pub fn remove_target(&mut self, pid: u32) {
         let _ = self.targets.remove(&pid);
         self.store.forget_process(pid);
+        self.python.forget(pid);
         self.procs.remove(&pid);
     }
 
@@ -919,7 +937,29 @@ impl Profiler {
     pub fn collect(&mut self) -> Snapshot {
         let _cpu = crate::cputime::Timer::start(&crate::cputime::COLLECTION);
         self.make_room();
-        self.counts.collect(&mut self.kernel_stacks)
+        let snapshot = self.counts.collect(&mut self.kernel_stacks);
+        self.name_python_frames();
+        snapshot
+    }
+
+    /// Looks again at the processes whose CPython file the finder was reading.
+    fn retry_python(&mut self) {
+        for pid in self.python.due() {
+            match self.procs.get_mut(&pid) {
+                Some(p) if p.exited_at.is_none() => self.python.install(&mut p.info),
+                _ => self.python.forget(pid),
+            }
+        }
+    }
+
+    /// Reads the code objects of the interpreter frames just drained from the kernel,
+    /// while their processes live (a code object cannot be read after its exit).
+    fn name_python_frames(&mut self) {
+        for (pid, word) in self.counts.take_python_words() {
+            if let Some(namer) = self.procs.get(&pid).and_then(|p| p.info.python.as_ref()) {
+                namer.prefetch(word);
+            }
+        }
     }
 
     /// Moves the kernel's counts and stacks into user space without a snapshot: done by
@@ -931,6 +971,7 @@ impl Profiler {
         let _cpu = crate::cputime::Timer::start(&crate::cputime::COLLECTION);
         self.make_room();
         self.counts.drain(&mut self.kernel_stacks);
+        self.name_python_frames();
     }
 
     /// Stacks stored in the kernel's `STACKS` map now, read key by key (tests and

@@ -59,6 +59,17 @@ impl Frame {
     /// The function name, or `[object+0xOFFSET]` when unknown (the folded-format contract).
     pub fn folded_name(&self) -> String {
         match &self.name {
+            // An interpreted frame: `qualname (file.py:line)`, as py-spy shows them.
+            Some(name) if self.object == crate::python::PYTHON_OBJECT => match &self.location {
+                Some(SourceLocation { file, line }) => {
+                    let file = file.rsplit('/').next().unwrap_or(file);
+                    match line {
+                        Some(line) => format!("{name} ({file}:{line})"),
+                        None => format!("{name} ({file})"),
+                    }
+                }
+                None => name.clone(),
+            },
             Some(name) => name.clone(),
             None => {
                 let mut s = String::with_capacity(self.object.len() + 20);

@@ -366,16 +366,19 @@ impl Symbolizer {
     /// Symbolizes absolute user addresses of process `pid`, whose mappings are `maps`
     /// (from [`crate::procfs::read_maps`]). Returns one frame per address, in order.
     pub fn symbolize_user(&mut self, pid: u32, maps: &[Mapping], addrs: &[u64]) -> Vec<Frame> {
-        self.symbolize_process(pid, maps, None, addrs)
+        self.symbolize_process(pid, maps, None, None, addrs)
     }
 
     /// [`Symbolizer::symbolize_user`], naming addresses in anonymous executable memory, or
-    /// in no mapping, from the process's perf map when it has one (JIT code).
+    /// in no mapping, from the process's perf map when it has one (JIT code), and the
+    /// words of CPython's interpreter frames with `python` (see [`crate::python::merge`]
+    /// for their place in the stack).
     pub fn symbolize_process(
         &mut self,
         pid: u32,
         maps: &[Mapping],
         perf_map: Option<&PerfMap>,
+        python: Option<&crate::python::PyNamer>,
         addrs: &[u64],
     ) -> Vec<Frame> {
         self.bound();
@@ -396,6 +399,17 @@ impl Symbolizer {
         let mut vdso_pending: Vec<(u64, u64)> = Vec::new();
 
         for &addr in addrs {
+            if sframe_common::python::is_frame(addr) {
+                slots.push(Slot::Done(match python {
+                    Some(namer) => namer.frame(addr),
+                    None => Frame::unknown(
+                        crate::python::PYTHON_OBJECT,
+                        sframe_common::python::code(addr),
+                        "no CPython build known for the process",
+                    ),
+                }));
+                continue;
+            }
             let found = find_mapping(maps, &order, addr);
             if found.is_none_or(|(_, m)| perfmap::is_jit_mapping(m))
                 && let Some(frame) = perf_map.and_then(|p| jit_frame(p, addr, found))

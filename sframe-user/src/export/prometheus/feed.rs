@@ -164,6 +164,7 @@ impl Feed {
                 pid: target.pid,
                 maps: target.maps.clone(),
                 perf_map: target.perf_map.clone(),
+                python: target.python.clone(),
                 jobs: Vec::new(),
             })
             .jobs

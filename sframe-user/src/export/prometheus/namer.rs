@@ -45,6 +45,8 @@ pub(super) struct Batch {
     pub maps: Vec<Mapping>,
     /// Its perf map (names of JIT code), if it has one.
     pub perf_map: Option<std::sync::Arc<crate::symbolize::PerfMap>>,
+    /// Its CPython namer, if it runs CPython.
+    pub python: Option<std::sync::Arc<crate::python::PyNamer>>,
     pub jobs: Vec<Job>,
 }
 
@@ -175,6 +177,7 @@ fn run(
                     batch.pid,
                     &batch.maps,
                     batch.perf_map.as_deref(),
+                    batch.python.as_deref(),
                     chunk,
                 );
                 let stats = symbolizer.stats();
@@ -216,6 +219,7 @@ fn name_jobs(
     pid: u32,
     maps: &[Mapping],
     perf_map: Option<&crate::symbolize::PerfMap>,
+    python: Option<&crate::python::PyNamer>,
     jobs: Vec<Job>,
 ) -> Vec<(NameKey, String)> {
     let user: Vec<u64> = jobs.iter().flat_map(|j| j.user.iter().copied()).collect();
@@ -224,7 +228,7 @@ fn name_jobs(
     let mut user = if user.is_empty() {
         Vec::new()
     } else {
-        s.symbolize_process(pid, maps, perf_map, &user)
+        s.symbolize_process(pid, maps, perf_map, python, &user)
     }
     .into_iter();
     let mut kernel = if kernel.is_empty() {
@@ -235,7 +239,8 @@ fn name_jobs(
     .into_iter();
     jobs.into_iter()
         .map(|job| {
-            let mut user: Vec<Frame> = user.by_ref().take(job.user.len()).collect();
+            let user: Vec<Frame> = user.by_ref().take(job.user.len()).collect();
+            let mut user = crate::python::merge(&job.user, user);
             user.reverse();
             let mut kernel: Vec<Frame> = kernel.by_ref().take(job.kernel.len()).collect();
             kernel.reverse();
@@ -273,6 +278,7 @@ mod tests {
             pid: std::process::id(),
             maps,
             perf_map: None,
+            python: None,
             jobs: vec![Job {
                 key,
                 user: vec![addr],
@@ -315,6 +321,7 @@ mod tests {
             pid: std::process::id(),
             maps: maps.clone(),
             perf_map: None,
+            python: None,
             jobs: vec![job(n, vec![addr])],
         };
         assert!(namer.submit(vec![batch(1), batch(2)]));
@@ -373,6 +380,7 @@ mod tests {
             &mut s,
             pid,
             &maps,
+            None,
             None,
             vec![
                 job(1, vec![a]),

@@ -1,0 +1,149 @@
+//! CPython frames: what user space tells the kernel side of a Python process (where its
+//! runtime state is, the offsets of the structs the walk reads), and how the kernel
+//! side records each interpreter frame in a user stack.
+//!
+//! The kernel side finds the sampled thread's `PyThreadState` in the interpreter's
+//! thread list (by `native_thread_id`), then follows its frame chain
+//! (`_PyInterpreterFrame::previous`), recording per frame the code object's address
+//! and the instruction offset. The words follow the native frames of the same
+//! [`UserStack`](crate::stack::UserStack), innermost first; user space names them and
+//! puts each invocation's frames in place of its `_PyEval_EvalFrameDefault` frame.
+
+/// An offset [`PyProcess`] does not use (a field the version lacks).
+pub const NO_OFFSET: u32 = u32::MAX;
+
+/// Interpreter frames one sample records at most (the native frames come first; both
+/// share the stack's [`MAX_FRAMES`](crate::budget::MAX_FRAMES)).
+pub const MAX_PY_FRAMES: u32 = 96;
+/// Thread states the kernel side looks through for the sampled thread's.
+pub const MAX_PY_THREADS: u32 = 64;
+
+/// Python processes the kernel side knows at once.
+pub const MAX_PY_PROCESSES: u32 = 1024;
+/// Threads whose thread state the kernel side remembers.
+pub const MAX_PY_THREAD_CACHE: u32 = 8192;
+
+/// `_PyInterpreterFrame::owner` of the frame `_PyEval_EvalFrameDefault` puts on the C
+/// stack at entry (3.12+, `FRAME_OWNED_BY_CSTACK`): no Python function; the frame
+/// before it in the chain is the first of that invocation.
+pub const OWNED_BY_CSTACK: u8 = 3;
+
+/// Where a Python process's runtime is and the offsets the walk reads (bytes), for its
+/// CPython minor version. Set by user space per process (tgid → this).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PyProcess {
+    /// Address of `_PyRuntime` in the process.
+    pub runtime: u64,
+    /// `_PyRuntimeState::interpreters.head`.
+    pub interpreters_head: u32,
+    /// `PyInterpreterState::threads.head`.
+    pub threads_head: u32,
+    /// `PyThreadState::next`.
+    pub thread_next: u32,
+    /// `PyThreadState::native_thread_id`.
+    pub thread_native_id: u32,
+    /// `PyThreadState::cframe` (3.11, 3.12) or `current_frame` (3.13).
+    pub thread_frame: u32,
+    /// `_PyCFrame::current_frame` (3.11, 3.12); [`NO_OFFSET`] when `thread_frame` is the
+    /// frame pointer itself.
+    pub cframe_current: u32,
+    /// `_PyInterpreterFrame::previous`.
+    pub frame_previous: u32,
+    /// `_PyInterpreterFrame::f_code` / `f_executable`.
+    pub frame_code: u32,
+    /// `_PyInterpreterFrame::prev_instr` / `instr_ptr`.
+    pub frame_instr: u32,
+    /// `_PyInterpreterFrame::owner` (a byte).
+    pub frame_owner: u32,
+    /// `_PyInterpreterFrame::is_entry` (a byte, 3.11); [`NO_OFFSET`] in 3.12+.
+    pub frame_is_entry: u32,
+    /// `PyCodeObject::co_code_adaptive`: where the instructions start.
+    pub code_instructions: u32,
+}
+
+const _: () = assert!(core::mem::size_of::<PyProcess>() == 56);
+
+#[cfg(feature = "user")]
+// SAFETY: repr(C), integers only, no implicit padding (size asserted above).
+unsafe impl aya::Pod for PyProcess {}
+
+/// Key of the thread-state cache: process and thread.
+#[inline(always)]
+pub const fn thread_key(tgid: u32, tid: u32) -> u64 {
+    ((tgid as u64) << 32) | tid as u64
+}
+
+/// Set in every interpreter frame's word (with [`FRAME_EXACT`](crate::stack::FRAME_EXACT),
+/// so the word is looked up as it is); no native frame word has it.
+pub const PY_FRAME: u64 = 1 << 62;
+/// Bits of the code object's address in a frame word (user addresses of 48 bits).
+pub const PY_CODE_MASK: u64 = (1 << 48) - 8;
+/// Set in the word of the first frame of a `_PyEval_EvalFrameDefault` invocation (code
+/// objects are 8-byte aligned: the low bits are free).
+pub const PY_ENTRY: u64 = 1;
+/// Position of the instruction offset (in 2-byte code units) in a frame word.
+pub const PY_OFFSET_SHIFT: u32 = 48;
+/// The largest instruction offset a word holds; longer offsets are stored as this.
+pub const PY_OFFSET_MAX: u64 = (1 << 14) - 1;
+
+/// The word of an interpreter frame: code object `code`, instruction `offset` code
+/// units from the first, `entry` when it starts an invocation of the evaluation loop.
+#[inline(always)]
+pub const fn frame_word(code: u64, offset: u64, entry: bool) -> u64 {
+    let offset = if offset > PY_OFFSET_MAX {
+        PY_OFFSET_MAX
+    } else {
+        offset
+    };
+    crate::stack::FRAME_EXACT
+        | PY_FRAME
+        | (offset << PY_OFFSET_SHIFT)
+        | (code & PY_CODE_MASK)
+        | if entry { PY_ENTRY } else { 0 }
+}
+
+/// Whether a user stack word (or the address user space looks up for it) is an
+/// interpreter frame's.
+#[inline(always)]
+pub const fn is_frame(word: u64) -> bool {
+    word & PY_FRAME != 0
+}
+
+/// The code object's address of an interpreter frame's word.
+#[inline(always)]
+pub const fn code(word: u64) -> u64 {
+    word & PY_CODE_MASK
+}
+
+/// The instruction offset (code units) of an interpreter frame's word.
+#[inline(always)]
+pub const fn offset(word: u64) -> u32 {
+    ((word >> PY_OFFSET_SHIFT) & PY_OFFSET_MAX) as u32
+}
+
+/// Whether an interpreter frame's word starts an invocation of the evaluation loop.
+#[inline(always)]
+pub const fn is_entry(word: u64) -> bool {
+    word & PY_ENTRY != 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frame_words_round_trip_and_are_never_native() {
+        let w = frame_word(0x7f12_3456_7890, 37, true);
+        assert!(is_frame(w));
+        assert_eq!(code(w), 0x7f12_3456_7890);
+        assert_eq!(offset(w), 37);
+        assert!(is_entry(w));
+        let w = frame_word(0x5555_0000_1238, PY_OFFSET_MAX + 100, false);
+        assert_eq!(offset(w), PY_OFFSET_MAX as u32);
+        assert!(!is_entry(w));
+        // The symbolizer's lookup address of the word keeps the flag.
+        assert!(is_frame(crate::stack::lookup_address(3, w)));
+        assert!(!is_frame(0x7fff_ffff_f000));
+    }
+}

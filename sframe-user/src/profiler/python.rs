@@ -1,0 +1,137 @@
+//! The profiler's CPython processes: which processes run CPython (found by
+//! [`crate::python::Finder`]), their entries in the kernel side's `PY_PROCESSES`, and
+//! the namer each one's [`TargetInfo`] keeps.
+
+use std::{
+    collections::HashSet,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use aya::{
+    Ebpf,
+    maps::{HashMap, MapData},
+};
+use sframe_common::{names::maps, python::PyProcess};
+
+use super::TargetInfo;
+use crate::python::{Finder, Found, PyNamer};
+
+/// How soon a process whose file the finder is reading is looked at again.
+const RETRY: Duration = Duration::from_millis(20);
+
+/// Owns the kernel's `PY_PROCESSES` and the finder.
+pub(super) struct PythonTargets {
+    finder: Option<Finder>,
+    map: Option<HashMap<MapData, u32, PyProcess>>,
+    /// Processes whose candidate file the finder is reading (or that were seen before
+    /// it started), and when to look at them again.
+    pending: HashSet<u32>,
+    retry_at: Option<Instant>,
+    /// Processes with a kernel entry.
+    installed: HashSet<u32>,
+}
+
+impl PythonTargets {
+    /// Takes the kernel's map and starts the finder; without either, no process gets
+    /// Python frames (logged).
+    pub(super) fn new(ebpf: &mut Ebpf) -> Self {
+        let map = crate::bpf::take_map(ebpf, maps::PY_PROCESSES)
+            .map_err(|e| log::warn!("no Python frames: {e}"))
+            .ok();
+        Self {
+            finder: None,
+            map,
+            pending: HashSet::new(),
+            retry_at: None,
+            installed: HashSet::new(),
+        }
+    }
+
+    /// Starts the finder's thread, once the loop runs (threads start after
+    /// `--drop-privileges`, so that none keeps the privileges the start needed).
+    pub(super) fn start(&mut self) {
+        if self.finder.is_some() || self.map.is_none() {
+            return;
+        }
+        match Finder::spawn() {
+            Ok(f) => self.finder = Some(f),
+            Err(e) => {
+                log::warn!("no Python frames: cannot start the finder: {e}");
+                self.map = None;
+            }
+        }
+    }
+
+    /// Looks at `info`'s mappings: a CPython process gets its kernel entry and, unless it
+    /// has one, a namer; a process whose file is being read is asked again by
+    /// [`PythonTargets::pending`].
+    pub(super) fn install(&mut self, info: &mut TargetInfo) {
+        let pid = info.pid;
+        if self.map.is_none() {
+            return;
+        }
+        let Some(finder) = &mut self.finder else {
+            // Before the loop runs: looked at once it does.
+            self.pending.insert(pid);
+            self.retry_at = Some(Instant::now());
+            return;
+        };
+        let Some(map) = &mut self.map else {
+            return;
+        };
+        match finder.find(pid, &info.maps) {
+            Found::Python {
+                build,
+                start,
+                offset,
+            } => {
+                self.pending.remove(&pid);
+                let Some(entry) = build.process_entry(start, offset) else {
+                    return;
+                };
+                match map.insert(pid, entry, 0) {
+                    Ok(()) => {
+                        self.installed.insert(pid);
+                    }
+                    Err(e) => log::debug!("pid {pid}: no Python frames: {e}"),
+                }
+                if info.python.is_none() {
+                    info.python = Some(Arc::new(PyNamer::new(pid, &build)));
+                }
+            }
+            Found::Pending => {
+                self.pending.insert(pid);
+                self.retry_at.get_or_insert_with(|| Instant::now() + RETRY);
+            }
+            Found::No => self.forget(pid),
+        }
+    }
+
+    /// When [`PythonTargets::due`] has processes to look at again.
+    pub(super) fn next_retry(&self) -> Option<Instant> {
+        self.retry_at
+    }
+
+    /// Processes to [`PythonTargets::install`] again (their file was being read), once
+    /// their retry is due.
+    pub(super) fn due(&mut self) -> Vec<u32> {
+        match self.retry_at {
+            Some(at) if at <= Instant::now() && self.finder.is_some() => {
+                self.retry_at = None;
+                self.pending.iter().copied().collect()
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// `pid` exited (or is no longer profiled): its kernel entry goes.
+    pub(super) fn forget(&mut self, pid: u32) {
+        self.pending.remove(&pid);
+        if self.installed.remove(&pid)
+            && let Some(map) = &mut self.map
+        {
+            let _ = map.remove(&pid);
+        }
+    }
+}

@@ -1,0 +1,549 @@
+//! CPython 3.11–3.13 frames, read from the interpreter without flags (see
+//! `sframe_common::python` for the kernel side's part).
+//!
+//! - [`Finder`] recognises a CPython build among a process's mappings (`libpython3.X.so`
+//!   or a `python3.X` executable that defines `_PyRuntime` and `Py_Version`), on a worker
+//!   thread of its own (the file is a user's: reading it may block), and remembers what
+//!   it found per file: the version, `_PyRuntime`'s address in the file, and the offsets
+//!   the kernel side's walk reads — from 3.13's `_Py_DebugOffsets` (the first field of
+//!   `_PyRuntime`, read from the file's initialised data), for 3.11 and 3.12 from tables
+//!   measured against each version's headers.
+//! - [`PyNamer`] names a recorded frame (code object address, instruction offset) from
+//!   the live process's memory ([`code::CodeInfo`]), cached per code object.
+//! - [`merge`] puts each invocation's Python frames in place of its
+//!   `_PyEval_EvalFrameDefault` frame on the native stack.
+
+pub mod code;
+
+use std::{
+    collections::{HashMap, HashSet},
+    sync::{
+        Arc, Mutex,
+        mpsc::{Receiver, SyncSender, TrySendError, sync_channel},
+    },
+};
+
+use object::{Object as _, ObjectSegment as _, ObjectSymbol as _};
+use sframe_common::python::{NO_OFFSET, PyProcess};
+
+use crate::{
+    procfs::Mapping,
+    symbolize::{Frame, SourceLocation},
+};
+
+/// The object name of Python frames in the outputs.
+pub const PYTHON_OBJECT: &str = "[python]";
+
+/// The native function an invocation of the evaluation loop runs in.
+pub const EVAL_FUNCTION: &str = "_PyEval_EvalFrameDefault";
+
+/// Files the finder reads at once (queued); more wait for a later load of their process.
+const QUEUE: usize = 64;
+/// Files whose answer is remembered (then forgotten all at once).
+const MAX_FILES: usize = 4096;
+/// Code objects remembered per process (then forgotten all at once).
+const MAX_CODES: usize = 16_384;
+/// Offsets the walk reads past a struct's start at most (a larger one from a file's
+/// `_Py_DebugOffsets` is refused).
+const MAX_STRUCT_OFFSET: u64 = 1 << 16;
+
+/// A CPython build: what the walk needs to know of it, from its file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PyBuild {
+    /// (major, minor).
+    pub version: (u8, u8),
+    /// `_PyRuntime`'s virtual address in the file.
+    runtime_vaddr: u64,
+    /// The virtual address of file offset 0 (the first loadable segment's, page-aligned).
+    base_vaddr: u64,
+    /// The kernel side's offsets (`runtime` left 0: per process).
+    offsets: PyProcess,
+    layout: code::CodeLayout,
+}
+
+impl PyBuild {
+    /// The kernel side's entry for a process that maps this build's file at `start`
+    /// from file offset `offset` (its first mapping of the file).
+    pub fn process_entry(&self, start: u64, offset: u64) -> Option<PyProcess> {
+        let bias = start.checked_sub(offset)?.wrapping_sub(self.base_vaddr);
+        Some(PyProcess {
+            runtime: bias.wrapping_add(self.runtime_vaddr),
+            ..self.offsets
+        })
+    }
+}
+
+/// Whether `m` may be a CPython build's file, by its name.
+fn is_candidate(m: &Mapping) -> bool {
+    if !m.is_file() {
+        return false;
+    }
+    let name = m.path.rsplit('/').next().unwrap_or_default();
+    name.starts_with("libpython3.") || name.starts_with("python3")
+}
+
+/// Offsets of the kernel side's walk for 3.11 and 3.12 (x86-64 and AArch64 alike),
+/// measured with `offsetof` against each version's `pycore_*.h` headers.
+fn offsets_for(version: (u8, u8)) -> Option<PyProcess> {
+    let common = PyProcess {
+        runtime: 0,
+        interpreters_head: 40,
+        threads_head: 0,
+        thread_next: 8,
+        thread_native_id: 0,
+        thread_frame: 56,
+        cframe_current: 0,
+        frame_previous: 0,
+        frame_code: 0,
+        frame_instr: 56,
+        frame_owner: 0,
+        frame_is_entry: NO_OFFSET,
+        code_instructions: 0,
+    };
+    match version {
+        (3, 11) => Some(PyProcess {
+            threads_head: 16,
+            thread_native_id: 160,
+            cframe_current: 8,
+            frame_previous: 48,
+            frame_code: 32,
+            frame_owner: 69,
+            frame_is_entry: 68,
+            code_instructions: 184,
+            ..common
+        }),
+        (3, 12) => Some(PyProcess {
+            threads_head: 72,
+            thread_native_id: 144,
+            cframe_current: 0,
+            frame_previous: 8,
+            frame_code: 0,
+            frame_owner: 70,
+            code_instructions: 192,
+            ..common
+        }),
+        _ => None,
+    }
+}
+
+/// 3.13's offsets from its `_Py_DebugOffsets` (the bytes of `_PyRuntime` in the file).
+fn offsets_from_debug(bytes: &[u8]) -> Result<PyProcess, String> {
+    let word = |i: usize| -> Result<u64, String> {
+        let b = bytes
+            .get(i * 8..i * 8 + 8)
+            .ok_or("_Py_DebugOffsets cut short")?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(b);
+        Ok(u64::from_le_bytes(a))
+    };
+    if bytes.get(..8) != Some(b"xdebugpy".as_slice()) {
+        return Err("no _Py_DebugOffsets cookie at _PyRuntime".into());
+    }
+    if word(2)? != 0 {
+        return Err("a free-threaded build (not supported)".into());
+    }
+    // Words: cookie, version, free_threaded, runtime_state{size, finalizing,
+    // interpreters_head}, interpreter_state{size, id, next, threads_head, 9 more},
+    // thread_state{size, prev, next, interp, current_frame, thread_id,
+    // native_thread_id, datastack_chunk, status}, interpreter_frame{size, previous,
+    // executable, instr_ptr, localsplus, owner}, code_object{size, filename, name,
+    // qualname, linetable, firstlineno, argcount, localsplusnames, localspluskinds,
+    // co_code_adaptive}.
+    let off = |i: usize| -> Result<u32, String> {
+        let v = word(i)?;
+        if v >= MAX_STRUCT_OFFSET {
+            return Err(format!("_Py_DebugOffsets word {i} out of bounds: {v}"));
+        }
+        Ok(v as u32)
+    };
+    let rt = 3;
+    let interp = rt + 3;
+    let thread = interp + 13;
+    let frame = thread + 9;
+    let code = frame + 6;
+    Ok(PyProcess {
+        runtime: 0,
+        interpreters_head: off(rt + 2)?,
+        threads_head: off(interp + 3)?,
+        thread_next: off(thread + 2)?,
+        thread_native_id: off(thread + 6)?,
+        thread_frame: off(thread + 4)?,
+        cframe_current: NO_OFFSET,
+        frame_previous: off(frame + 1)?,
+        frame_code: off(frame + 2)?,
+        frame_instr: off(frame + 3)?,
+        frame_owner: off(frame + 5)?,
+        frame_is_entry: NO_OFFSET,
+        code_instructions: off(code + 9)?,
+    })
+}
+
+/// The bytes of `size` at virtual address `vaddr` of `file`, from its segments.
+fn bytes_at<'d>(file: &object::File<'d>, vaddr: u64, size: u64) -> Option<&'d [u8]> {
+    file.segments()
+        .find_map(|s| s.data_range(vaddr, size).ok().flatten())
+}
+
+/// Reads what the walk needs of a CPython build from its file's bytes.
+pub fn inspect(data: &[u8]) -> Result<PyBuild, String> {
+    let file = object::File::parse(data).map_err(|e| format!("not an object file: {e}"))?;
+    let mut runtime = None;
+    let mut version = None;
+    for sym in file.dynamic_symbols().chain(file.symbols()) {
+        match sym.name() {
+            Ok("_PyRuntime") if runtime.is_none() => runtime = Some(sym.address()),
+            Ok("Py_Version") if version.is_none() => version = Some(sym.address()),
+            _ => {}
+        }
+        if runtime.is_some() && version.is_some() {
+            break;
+        }
+    }
+    let runtime_vaddr = runtime.ok_or("no _PyRuntime symbol")?;
+    let version_vaddr = version.ok_or("no Py_Version symbol (CPython before 3.11)")?;
+    let hex = bytes_at(&file, version_vaddr, 4).ok_or("Py_Version not in the file")?;
+    let mut a = [0u8; 4];
+    a.copy_from_slice(hex);
+    let hex = if file.is_little_endian() {
+        u32::from_le_bytes(a)
+    } else {
+        u32::from_be_bytes(a)
+    };
+    let version = ((hex >> 24) as u8, (hex >> 16) as u8);
+    let layout = code::CodeLayout::for_version(version.0, version.1)
+        .ok_or_else(|| format!("CPython {}.{} is not supported", version.0, version.1))?;
+    let offsets = match version {
+        (3, 13) => offsets_from_debug(
+            bytes_at(&file, runtime_vaddr, 8 * 64).ok_or("_PyRuntime not in the file")?,
+        )?,
+        v => offsets_for(v).ok_or("no offsets for this version")?,
+    };
+    let base_vaddr = file
+        .segments()
+        .filter(|s| s.file_range().0 == 0)
+        .map(|s| s.address() & !0xfff)
+        .min()
+        .ok_or("no loadable segment at file offset 0")?;
+    Ok(PyBuild {
+        version,
+        runtime_vaddr,
+        base_vaddr,
+        offsets,
+        layout,
+    })
+}
+
+/// A file as `/proc/PID/maps` names it: device, inode, path.
+type FileKey = (u32, u32, u64, String);
+
+fn file_key(m: &Mapping) -> FileKey {
+    (m.dev_major, m.dev_minor, m.inode, m.path.clone())
+}
+
+/// What [`Finder::find`] knows of a process.
+#[derive(Clone, Debug)]
+pub enum Found {
+    /// A CPython build, mapped from `start` at file offset `offset`.
+    Python {
+        build: Arc<PyBuild>,
+        start: u64,
+        offset: u64,
+    },
+    /// Its candidate file is being read: ask again later.
+    Pending,
+    /// Not a (supported) CPython process.
+    No,
+}
+
+type Answers = Arc<Mutex<HashMap<FileKey, Option<Arc<PyBuild>>>>>;
+
+/// Recognises CPython builds among processes' mappings (see the module's doc).
+pub struct Finder {
+    queue: SyncSender<(u32, Mapping)>,
+    answers: Answers,
+    asked: HashSet<FileKey>,
+}
+
+impl Finder {
+    /// Starts the finder's worker thread.
+    pub fn spawn() -> std::io::Result<Self> {
+        let (queue, rx) = sync_channel(QUEUE);
+        let answers: Answers = Arc::default();
+        let shared = Arc::clone(&answers);
+        std::thread::Builder::new()
+            .name("sframe-python".into())
+            .spawn(move || worker(&rx, &shared))?;
+        Ok(Self {
+            queue,
+            answers,
+            asked: HashSet::new(),
+        })
+    }
+
+    /// What process `pid`, mapping `maps`, is.
+    pub fn find(&mut self, pid: u32, maps: &[Mapping]) -> Found {
+        let mut pending = false;
+        for m in maps.iter().filter(|m| is_candidate(m) && m.executable) {
+            // Its first mapping: the one at the lowest file offset.
+            let Some(first) = maps
+                .iter()
+                .filter(|o| o.inode == m.inode && o.path == m.path)
+                .min_by_key(|o| o.offset)
+            else {
+                continue;
+            };
+            let key = file_key(m);
+            let answer = self
+                .answers
+                .lock()
+                .map(|a| a.get(&key).cloned())
+                .unwrap_or(None);
+            match answer {
+                Some(Some(build)) => {
+                    return Found::Python {
+                        build,
+                        start: first.start,
+                        offset: first.offset,
+                    };
+                }
+                Some(None) => {}
+                None => {
+                    pending = true;
+                    if !self.asked.contains(&key) {
+                        if self.asked.len() >= MAX_FILES {
+                            self.asked.clear();
+                        }
+                        match self.queue.try_send((pid, m.clone())) {
+                            Ok(()) => {
+                                self.asked.insert(key);
+                            }
+                            Err(TrySendError::Full(_)) => {}
+                            Err(TrySendError::Disconnected(_)) => return Found::No,
+                        }
+                    }
+                }
+            }
+        }
+        if pending { Found::Pending } else { Found::No }
+    }
+}
+
+fn worker(rx: &Receiver<(u32, Mapping)>, answers: &Answers) {
+    while let Ok((pid, m)) = rx.recv() {
+        let build = read_build(pid, &m)
+            .map_err(|e| log::debug!("pid {pid}: {}: not a CPython build: {e}", m.path))
+            .ok()
+            .map(Arc::new);
+        if let Some(b) = &build {
+            log::debug!(
+                "pid {pid}: {}: CPython {}.{}",
+                m.path,
+                b.version.0,
+                b.version.1
+            );
+        }
+        let Ok(mut a) = answers.lock() else {
+            return;
+        };
+        if a.len() >= MAX_FILES {
+            a.clear();
+        }
+        a.insert(file_key(&m), build);
+    }
+}
+
+fn read_build(pid: u32, m: &Mapping) -> Result<PyBuild, String> {
+    let (file, meta) = crate::objects::open_mapped_file(pid, m).map_err(|e| e.to_string())?;
+    if meta.len() > crate::objects::MAX_OBJECT_BYTES {
+        return Err("larger than the object size limit".into());
+    }
+    let bytes = crate::mapped::ObjectBytes::map(file, &meta).map_err(|e| e.to_string())?;
+    bytes.releasing(|| inspect(&bytes))
+}
+
+/// Names the Python frames of one process from its memory.
+pub struct PyNamer {
+    layout: code::CodeLayout,
+    mem: Option<code::ProcMem>,
+    codes: Mutex<HashMap<u64, Option<Arc<code::CodeInfo>>>>,
+}
+
+impl std::fmt::Debug for PyNamer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PyNamer").finish_non_exhaustive()
+    }
+}
+
+impl PyNamer {
+    /// For process `pid`, running `build`.
+    pub fn new(pid: u32, build: &PyBuild) -> Self {
+        Self {
+            layout: build.layout,
+            mem: code::ProcMem::open(pid)
+                .map_err(|e| log::debug!("pid {pid}: cannot read its memory: {e}"))
+                .ok(),
+            codes: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The frame of an interpreter frame's `word` (see `sframe_common::python`).
+    pub fn frame(&self, word: u64) -> Frame {
+        let addr = sframe_common::python::code(word);
+        let offset = sframe_common::python::offset(word);
+        let info = self.code(addr);
+        match info {
+            Some(info) => Frame {
+                name: Some(info.qualname.clone()),
+                object: PYTHON_OBJECT.to_owned(),
+                file_offset: u64::from(offset) * 2,
+                build_id: None,
+                location: Some(SourceLocation {
+                    file: info.filename.clone(),
+                    line: info.line(offset),
+                }),
+                inlined: Vec::new(),
+                reason: None,
+            },
+            None => Frame::unknown(
+                PYTHON_OBJECT,
+                addr,
+                "the code object could not be read (the process exited, or its memory is not a code object)",
+            ),
+        }
+    }
+
+    /// Reads the code object of an interpreter frame's `word` now, if not read yet (the
+    /// process may be gone when the frame is named).
+    pub fn prefetch(&self, word: u64) {
+        let _ = self.code(sframe_common::python::code(word));
+    }
+
+    fn code(&self, addr: u64) -> Option<Arc<code::CodeInfo>> {
+        let Ok(mut codes) = self.codes.lock() else {
+            return None;
+        };
+        if let Some(known) = codes.get(&addr) {
+            return known.clone();
+        }
+        let mem = self.mem.as_ref()?;
+        let read = code::CodeInfo::read(mem, &self.layout, addr)
+            .ok()
+            .map(Arc::new);
+        if codes.len() >= MAX_CODES {
+            codes.clear();
+        }
+        // A code object not readable now (the process gone) is not remembered as such:
+        // only answers read from the memory are.
+        if read.is_some() {
+            codes.insert(addr, read.clone());
+        }
+        read
+    }
+}
+
+/// Merges a symbolized user stack, innermost first, whose words (or lookup addresses)
+/// are `addrs`: native frames in order, each `_PyEval_EvalFrameDefault` frame replaced by
+/// the Python frames of its invocation (through the next entry frame); Python frames left
+/// over (a native walk cut short) go where the outermost invocation was, or at the
+/// outer end when no invocation was found.
+pub fn merge(addrs: &[u64], frames: Vec<Frame>) -> Vec<Frame> {
+    if !addrs.iter().any(|&a| sframe_common::python::is_frame(a)) {
+        return frames;
+    }
+    let mut native = Vec::new();
+    let mut python = std::collections::VecDeque::new();
+    for (&a, f) in addrs.iter().zip(frames) {
+        if sframe_common::python::is_frame(a) {
+            python.push_back((sframe_common::python::is_entry(a), f));
+        } else {
+            native.push(f);
+        }
+    }
+    let mut out = Vec::with_capacity(native.len() + python.len());
+    let mut rest_at = None;
+    for f in native {
+        let eval = f
+            .name
+            .as_deref()
+            .is_some_and(|n| n.starts_with(EVAL_FUNCTION));
+        if eval && !python.is_empty() {
+            while let Some((entry, p)) = python.pop_front() {
+                out.push(p);
+                if entry {
+                    break;
+                }
+            }
+            rest_at = Some(out.len());
+        } else {
+            out.push(f);
+        }
+    }
+    let at = rest_at.unwrap_or(out.len());
+    let rest: Vec<Frame> = python.into_iter().map(|(_, f)| f).collect();
+    out.splice(at..at, rest);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sframe_common::python::frame_word;
+
+    fn named(n: &str) -> Frame {
+        Frame {
+            name: Some(n.into()),
+            ..Frame::unknown("x", 0, "")
+        }
+    }
+
+    #[test]
+    fn each_evaluation_frame_takes_the_frames_of_its_invocation() {
+        // Innermost first: C leaf, eval (inner invocation: f, g entry), a C function
+        // calling back, eval (outer: h, main entry), main.
+        let addrs = [
+            1,
+            2,
+            frame_word(0x1000, 0, false),
+            frame_word(0x2000, 0, true),
+            3,
+            4,
+            frame_word(0x3000, 0, false),
+            frame_word(0x4000, 0, true),
+            5,
+        ];
+        let frames: Vec<Frame> = [
+            "leaf",
+            EVAL_FUNCTION,
+            "f",
+            "g",
+            "call",
+            EVAL_FUNCTION,
+            "h",
+            "main",
+            "_start",
+        ]
+        .iter()
+        .map(|n| named(n))
+        .collect();
+        // Python frames sit after the native ones in the words: reorder the test input.
+        let order = [0, 1, 4, 5, 8, 2, 3, 6, 7];
+        let addrs: Vec<u64> = order.iter().map(|&i| addrs[i]).collect();
+        let frames: Vec<Frame> = order.iter().map(|&i| frames[i].clone()).collect();
+        let merged: Vec<String> = merge(&addrs, frames)
+            .iter()
+            .map(|f| f.name.clone().unwrap_or_default())
+            .collect();
+        assert_eq!(merged, ["leaf", "f", "g", "call", "h", "main", "_start"]);
+    }
+
+    #[test]
+    fn python_frames_without_an_evaluation_frame_go_outermost() {
+        let addrs = [1, frame_word(0x1000, 0, false)];
+        let merged = merge(&addrs, vec![named("leaf"), named("f")]);
+        let names: Vec<_> = merged
+            .iter()
+            .map(|f| f.name.clone().unwrap_or_default())
+            .collect();
+        assert_eq!(names, ["leaf", "f"]);
+    }
+}

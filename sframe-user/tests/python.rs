@@ -1,0 +1,334 @@
+//! CPython frames read from the interpreter, without flags, by the real profiler binary:
+//! each supported CPython (pyenv's 3.11, 3.12 and 3.13, built as `libpython3.X.so`, and
+//! Debian's `python3`, whose interpreter is in the executable) runs a program spinning in
+//! a known chain of its own functions; threads are told apart; and a hostile process
+//! posing as CPython with a forged interpreter state (run as `nobody`) neither stops the
+//! profiler nor changes a real Python process's frames. Budgeted in the programs' CPU time.
+
+mod support;
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use support::{
+    KillOnDrop, bpf_or_skip, fixture_dir,
+    hostile::{as_nobody, nobody_dir, profile},
+};
+
+/// The chain of `support/runtimes/spin.py`, outermost first.
+const SPIN_CHAIN: &str = ";<module>;main;Outer.method;middle;leaf_work";
+
+fn runtime_script(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/support/runtimes")
+        .join(name)
+}
+
+/// The CPython interpreters to test: (what it is, its `python3`). Each one missing is
+/// skipped outside CI and fails the test under `CI=true`.
+fn interpreters() -> Vec<(String, PathBuf)> {
+    let ci = std::env::var_os("CI").is_some_and(|v| v == "true");
+    let root = Command::new("pyenv")
+        .arg("root")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
+    let mut found = Vec::new();
+    for minor in ["3.11.", "3.12.", "3.13."] {
+        let version = root.as_ref().and_then(|r| {
+            let mut v: Vec<PathBuf> = std::fs::read_dir(r.join("versions"))
+                .ok()?
+                .filter_map(Result::ok)
+                .map(|e| e.path())
+                .filter(|p| {
+                    p.file_name()
+                        .is_some_and(|n| n.to_string_lossy().starts_with(minor))
+                })
+                .collect();
+            v.sort();
+            v.pop()
+        });
+        match version {
+            Some(dir) => found.push((
+                format!(
+                    "pyenv {}",
+                    dir.file_name().unwrap_or_default().to_string_lossy()
+                ),
+                dir.join("bin/python3"),
+            )),
+            None if ci => panic!("no pyenv CPython {minor}x on this CI machine"),
+            None => eprintln!("skipped: no pyenv CPython {minor}x"),
+        }
+    }
+    let debian = PathBuf::from("/usr/bin/python3");
+    if debian.exists() {
+        found.push(("Debian python3".into(), debian));
+    } else if ci {
+        panic!("no /usr/bin/python3 on this CI machine");
+    }
+    found
+}
+
+/// Runs `sframe-user --format folded -- CMD…` and returns the folded output.
+fn profile_command(out: &Path, frequency: u64, cmd: &[&Path], args: &[&str]) -> String {
+    let folded = out.join("out.folded");
+    let run = Command::new(env!("CARGO_BIN_EXE_sframe-user"))
+        .args(["--no-debuginfod", "--format", "folded", "--frequency"])
+        .arg(frequency.to_string())
+        .arg("--output")
+        .arg(&folded)
+        .arg("--")
+        .args(cmd)
+        .args(args)
+        .output()
+        .expect("run sframe-user");
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    std::fs::read_to_string(&folded).expect("folded output")
+}
+
+/// (samples, samples whose stack matches `keep`) over every line of `folded`.
+fn share(folded: &str, keep: impl Fn(&str) -> bool) -> (u64, u64) {
+    let (mut all, mut kept) = (0, 0);
+    for line in folded.lines() {
+        let (stack, count) = line.rsplit_once(' ').expect("a count");
+        let count: u64 = count.parse().expect("a count");
+        all += count;
+        if keep(stack) {
+            kept += count;
+        }
+    }
+    (all, kept)
+}
+
+fn hottest(folded: &str) -> String {
+    let mut lines: Vec<&str> = folded.lines().collect();
+    lines.sort_by_key(|l| {
+        std::cmp::Reverse(l.rsplit_once(' ').and_then(|(_, c)| c.parse::<u64>().ok()))
+    });
+    lines
+        .iter()
+        .take(6)
+        .map(|l| l.chars().take(500).collect::<String>())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A folded stack with the `(file:line)` of its Python frames left out.
+fn functions(stack: &str) -> String {
+    stack
+        .split(';')
+        .map(|f| match f.split_once(" (") {
+            Some((name, at)) if at.contains(".py") => name,
+            _ => f,
+        })
+        .collect::<Vec<_>>()
+        .join(";")
+}
+
+/// The stack shows the Python chain (the program's own functions, outermost first).
+fn through(stack: &str, chain: &str) -> bool {
+    functions(stack).contains(chain)
+}
+
+/// The stack goes from the program's entry (`_start`, or a thread's start) through the
+/// Python chain: the native frames up to the evaluation loop, then the program's own
+/// functions, each in place.
+fn complete_through(stack: &str, chain: &str) -> bool {
+    matches!(
+        stack.split(';').nth(1),
+        Some("_start" | "clone" | "clone3" | "start_thread")
+    ) && through(stack, chain)
+}
+
+/// The issue's floors: at least 80 % of the samples show the chain, at least 95 % of
+/// those are complete.
+fn assert_chain(what: &str, folded: &str, chain: &str) {
+    let hot = hottest(folded);
+    let (all, with_chain) = share(folded, |s| through(s, chain));
+    let (_, complete) = share(folded, |s| complete_through(s, chain));
+    eprintln!(
+        "{what}: {with_chain} of {all} samples show {chain}, {complete} of them complete\n{hot}"
+    );
+    assert!(
+        with_chain * 100 >= all * 80,
+        "{what}: {with_chain} of {all} samples show {chain}\n{hot}"
+    );
+    assert!(
+        complete * 100 >= with_chain * 95,
+        "{what}: {complete} of {with_chain} samples with the chain are complete\n{hot}"
+    );
+}
+
+#[test]
+fn every_cpython_names_the_programs_own_functions_on_complete_stacks() {
+    if !bpf_or_skip("every_cpython_names_the_programs_own_functions_on_complete_stacks") {
+        return;
+    }
+    let _serial = support::profiling::serial();
+    let frequency = 199;
+    let cpu = 2.0;
+    for (what, python) in interpreters() {
+        let dir = fixture_dir("python-spin");
+        let folded = profile_command(
+            &dir,
+            frequency,
+            &[&python, &runtime_script("spin.py")],
+            &[&cpu.to_string()],
+        );
+        let (all, _) = share(&folded, |_| true);
+        let hot = hottest(&folded);
+        // What its CPU time is worth, less a margin for the samples of the start (the
+        // interpreter's own initialisation) and those lost in a loaded machine's
+        // timer: a floor that a sampling failure cannot pass.
+        let due = (cpu * frequency as f64) as u64;
+        assert!(
+            all >= due / 2,
+            "{what}: {all} samples for {cpu} s of CPU at {frequency} Hz"
+        );
+        assert_chain(&what, &folded, SPIN_CHAIN);
+        // Each Python frame carries its file and line: the innermost one a line of
+        // `leaf_work`'s body (lines 9 to 12 of spin.py).
+        let (_, with_line) = share(&folded, |s| {
+            ["9", "10", "11", "12"]
+                .iter()
+                .any(|l| s.contains(&format!("leaf_work (spin.py:{l})")))
+        });
+        assert!(
+            with_line * 100 >= all * 80,
+            "{what}: {with_line} of {all} samples give leaf_work's file and line\n{hot}"
+        );
+        // No frame of the runtime's evaluation loop is left where a Python frame goes.
+        let (_, eval_left) = share(&folded, |s| {
+            s.contains(SPIN_CHAIN) && s.contains("_PyEval_EvalFrameDefault")
+        });
+        assert_eq!(eval_left, 0, "{what}: evaluation-loop frames left\n{hot}");
+    }
+}
+
+#[test]
+fn each_thread_shows_its_own_python_frames() {
+    if !bpf_or_skip("each_thread_shows_its_own_python_frames") {
+        return;
+    }
+    let _serial = support::profiling::serial();
+    let Some((what, python)) = interpreters().into_iter().nth(1) else {
+        return;
+    };
+    let dir = fixture_dir("python-threads");
+    let folded = profile_command(&dir, 199, &[&python, &runtime_script("threads.py")], &["3"]);
+    let hot = hottest(&folded);
+    let thread_root = |s: &str| s.contains(";start_thread;") || s.contains(";clone3;");
+    let main_root = |s: &str| s.split(';').nth(1) == Some("_start");
+    let (all, worker) = share(&folded, |s| thread_root(s) && through(s, ";worker;spin_a"));
+    let (_, main) = share(&folded, |s| {
+        main_root(s) && through(s, ";<module>;main;spin_b")
+    });
+    // A sample with the other thread's frames: the walk took the wrong thread state.
+    let (_, crossed) = share(&folded, |s| {
+        (s.contains("spin_a") && main_root(s)) || (s.contains("spin_b") && thread_root(s))
+    });
+    eprintln!("{what}: {all} samples, worker {worker}, main {main}, crossed {crossed}\n{hot}");
+    assert_eq!(
+        crossed, 0,
+        "{what}: samples with another thread's frames\n{hot}"
+    );
+    // The GIL passes between the two every 5 ms: each holds it about half the time.
+    assert!(
+        worker * 100 >= all * 25 && main * 100 >= all * 25,
+        "{what}: worker {worker}, main {main} of {all}\n{hot}"
+    );
+    assert!(
+        (worker + main) * 100 >= all * 80,
+        "{what}: {} of {all} samples name their thread's chain\n{hot}",
+        worker + main
+    );
+}
+
+#[test]
+fn a_forged_interpreter_state_is_walked_within_bounds_and_changes_no_other_process() {
+    if !bpf_or_skip(
+        "a_forged_interpreter_state_is_walked_within_bounds_and_changes_no_other_process",
+    ) {
+        return;
+    }
+    let _serial = support::profiling::serial();
+    let Some((what, python)) = interpreters().into_iter().next() else {
+        return;
+    };
+    // The attacker: a program named like CPython's executable, in its own directory.
+    let dir = nobody_dir("fake-python");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/c/fake_python.c");
+    let exe = dir.join("python3.13");
+    support::gcc(
+        &dir,
+        &[
+            "-O2",
+            "-rdynamic",
+            "-pthread",
+            "-o",
+            &exe.to_string_lossy(),
+            &src.to_string_lossy(),
+        ],
+    );
+    let fake = KillOnDrop::spawn(&mut as_nobody(&exe));
+    // The victim: a real CPython program, spinning for longer than the budget.
+    let victim = KillOnDrop::spawn(
+        Command::new(&python)
+            .arg(runtime_script("spin.py"))
+            .arg("1000"),
+    );
+    let out = fixture_dir("fake-python-out");
+    let args: Vec<String> = vec![
+        "--no-debuginfod".into(),
+        "--frequency".into(),
+        "199".into(),
+        "--pid".into(),
+        fake.pid().to_string(),
+        "--pid".into(),
+        victim.pid().to_string(),
+    ];
+    let run = profile(&args, victim.pid(), 2.0, &out);
+    let folded = &run.folded;
+    let hot = hottest(folded);
+    let victim_comm = std::fs::read_to_string(format!("/proc/{}/comm", victim.pid()))
+        .expect("victim comm")
+        .trim()
+        .to_owned();
+    let victim_lines: String = folded
+        .lines()
+        .filter(|l| l.starts_with(&format!("{victim_comm};")))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let (_, fake_walked) = share(folded, |s| {
+        s.starts_with("python3.13;") && s.contains("[[python]+")
+    });
+    let longest = folded
+        .lines()
+        .map(|l| l.split(';').count())
+        .max()
+        .unwrap_or(0);
+    eprintln!(
+        "{what}: forged: {fake_walked} samples with interpreter frames; longest stack \
+         {longest} frames\n{hot}"
+    );
+    assert!(
+        fake_walked > 0,
+        "the forged state was never walked: the test did not attack\n{hot}"
+    );
+    assert!(
+        longest <= 1 + sframe_common::budget::MAX_FRAMES + 8,
+        "a stack of {longest} frames"
+    );
+    assert_chain(
+        &format!("{what} beside the forger"),
+        &victim_lines,
+        SPIN_CHAIN,
+    );
+}
