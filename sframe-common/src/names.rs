@@ -78,6 +78,8 @@ pub mod maps {
             PY_PROCESSES = "PY_PROCESSES",
             /// Python thread states by (tgid, tid), as the walk last found them.
             PY_THREADS = "PY_THREADS",
+            /// Per-CPU state of the Python walk between its loops' iterations.
+            PY_WALK = "PY_WALK",
             /// Raw samples (registers and stack bytes) for host-side walks.
             RAW_SAMPLES = "RAW_SAMPLES",
             /// The frame-pointer baseline's per-CPU stack buffer (benchmarks).

@@ -75,6 +75,14 @@ pub struct DeferredSample {
     /// DWARF registers of the interrupted frame (as
     /// [`WalkState::top`](crate::step::WalkState::top)).
     pub top: [u64; crate::step::TOP_REGS],
+    /// Words of the interpreter frames the kernel side read at the sample (see
+    /// [`crate::python`]), innermost first: `py_len` words from `py[py_skip]`. User
+    /// space appends them to the native frames it walks.
+    pub py: [u64; crate::python::MAX_PY_FRAMES as usize],
+    /// Valid words of `py`.
+    pub py_len: u32,
+    /// Where in `py` they start (the kernel copies a fixed-size window of its stack).
+    pub py_skip: u32,
     /// The stack bytes from `stack_base`; the first `stack_len` are valid.
     pub stack: [u8; DEFERRED_STACK_BYTES],
 }
@@ -85,5 +93,11 @@ unsafe impl aya::Pod for DeferredSample {}
 
 const _: () = assert!(
     core::mem::size_of::<DeferredSample>()
-        == 24 + 24 + 24 + 8 * crate::step::TOP_REGS + DEFERRED_STACK_BYTES
+        == 24
+            + 24
+            + 24
+            + 8 * crate::step::TOP_REGS
+            + 8 * crate::python::MAX_PY_FRAMES as usize
+            + 8
+            + DEFERRED_STACK_BYTES
 );

@@ -436,7 +436,12 @@ fn walk_due(user: impl FnOnce() -> *const pt_regs) -> i32 {
         // (Not counted as `Deferred`, which counts on-CPU samples, whose outcomes
         // user space adds to the kernel's.)
         let kernel_stack = store_kernel_stack(due.kernel_stack);
-        if defer(&deferred, pt, due.ns, due.state, kernel_stack) {
+        let none = crate::unwind::PyWords {
+            frames: core::ptr::null(),
+            first: 0,
+            len: 0,
+        };
+        if defer(&deferred, pt, due.ns, due.state, kernel_stack, &none) {
             return 0;
         }
         // Counted below: the stored kernel stack is named by its key.

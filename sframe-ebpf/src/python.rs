@@ -12,7 +12,7 @@ use core::ffi::c_void;
 use aya_ebpf::{
     helpers::{bpf_probe_read_user, generated::bpf_loop},
     macros::map,
-    maps::{HashMap, LruHashMap},
+    maps::{HashMap, LruHashMap, PerCpuArray},
 };
 use sframe_common::{
     budget::MAX_FRAMES,
@@ -47,74 +47,94 @@ fn read_u8(addr: u64) -> Option<u8> {
     unsafe { bpf_probe_read_user(addr as *const u8) }.ok()
 }
 
-/// What each iteration of the thread search (`bpf_loop`) is handed (on the BPF stack).
+/// The Python walk's state between the iterations of its `bpf_loop`s, in map memory
+/// (as the native walk's `WalkState`; on the 6.1 kernel, state kept in a struct on the
+/// caller's stack lost the frame loop's writes: only the last frame, pushed after the
+/// loop, was recorded).
 #[repr(C)]
-struct ThreadLoop {
-    /// The thread state to look at next (0: none left).
+#[derive(Clone, Copy)]
+pub(crate) struct PyWalk {
+    py: PyProcess,
+    /// Thread search: the thread state to look at next (0: none left), and the one
+    /// found (0: none yet).
     ts: u64,
-    /// The thread state found (0: none yet).
     found: u64,
-    native_id: u64,
-    next: u64,
     tid: u64,
+    /// Frame walk: the frame to read next (0: none), and the frame read last, recorded
+    /// once the next one says whether it was an invocation's first (3.12+: the next is
+    /// the evaluation loop's own frame).
+    frame: u64,
+    pending: u64,
+}
+
+#[map]
+static PY_WALK: PerCpuArray<PyWalk> = PerCpuArray::with_max_entries(1, 0);
+
+/// What `bpf_loop` hands each iteration (on the BPF stack): pointers only.
+#[repr(C)]
+struct PyLoopCtx {
+    st: *mut WalkState,
+    walk: *mut PyWalk,
 }
 
 unsafe extern "C" fn thread_step(_index: u32, ctx: *mut c_void) -> i64 {
-    // SAFETY: `ctx` is the ThreadLoop on the caller's stack.
-    let l = unsafe { &mut *(ctx as *mut ThreadLoop) };
-    if l.ts == 0 {
+    // SAFETY: `ctx` is the PyLoopCtx on the caller's stack; `walk` this CPU's PY_WALK
+    // value, valid during the loop.
+    let c = unsafe { &*(ctx as *const PyLoopCtx) };
+    let w = unsafe { &mut *c.walk };
+    if w.ts == 0 {
         return 1;
     }
-    match read_u64(l.ts.wrapping_add(l.native_id)) {
-        Some(id) if id == l.tid => {
-            l.found = l.ts;
+    match read_u64(w.ts.wrapping_add(u64::from(w.py.thread_native_id))) {
+        Some(id) if id == w.tid => {
+            w.found = w.ts;
             return 1;
         }
         Some(_) => {}
         None => return 1,
     }
-    match read_u64(l.ts.wrapping_add(l.next)) {
+    match read_u64(w.ts.wrapping_add(u64::from(w.py.thread_next))) {
         Some(next) => {
-            l.ts = next;
+            w.ts = next;
             0
         }
         None => 1,
     }
 }
 
-/// The thread state of thread `tid`: the one remembered if it still names the thread,
-/// else the first in the main interpreter's list that does.
+/// The thread state of thread `tid` (in `w.found`, 0 if none): the one remembered if it
+/// still names the thread, else the first in the main interpreter's list that does.
 #[inline(always)]
-fn thread_state(py: &PyProcess, tgid: u32, tid: u32) -> Option<u64> {
+fn thread_state(c: &mut PyLoopCtx, tgid: u32, tid: u32) -> Option<u64> {
+    // SAFETY: this CPU's PY_WALK value, valid during the program run.
+    let w = unsafe { &mut *c.walk };
     let key = thread_key(tgid, tid);
     // SAFETY: map lookup of a plain integer key; the value is copied out.
     if let Some(&ts) = unsafe { PY_THREADS.get(key) }
-        && read_u64(ts.wrapping_add(u64::from(py.thread_native_id))) == Some(u64::from(tid))
+        && read_u64(ts.wrapping_add(u64::from(w.py.thread_native_id))) == Some(u64::from(tid))
     {
         return Some(ts);
     }
-    let interp = read_u64(py.runtime.wrapping_add(u64::from(py.interpreters_head)))?;
-    let mut l = ThreadLoop {
-        ts: read_u64(interp.wrapping_add(u64::from(py.threads_head)))?,
-        found: 0,
-        native_id: u64::from(py.thread_native_id),
-        next: u64::from(py.thread_next),
-        tid: u64::from(tid),
-    };
+    let interp = read_u64(w.py.runtime.wrapping_add(u64::from(w.py.interpreters_head)))?;
+    w.ts = read_u64(interp.wrapping_add(u64::from(w.py.threads_head)))?;
+    w.found = 0;
+    w.tid = u64::from(tid);
     // SAFETY: bpf_loop with a static callback and a pointer to the stack.
     unsafe {
         bpf_loop(
             MAX_PY_THREADS,
             thread_step as *mut c_void,
-            &mut l as *mut ThreadLoop as *mut c_void,
+            c as *mut PyLoopCtx as *mut c_void,
             0,
         )
     };
-    if l.found == 0 {
+    // SAFETY: as above.
+    let found = unsafe { (*c.walk).found };
+    if found == 0 {
         return None;
     }
-    let _ = PY_THREADS.insert(key, l.found, 0);
-    Some(l.found)
+    let _ = PY_THREADS.insert(key, found, 0);
+    Some(found)
 }
 
 /// Appends `word` to the stack walked into `st` (while it has room).
@@ -130,55 +150,43 @@ fn push(st: &mut WalkState, word: u64) {
     count(Counter::PythonFrames, 1);
 }
 
-/// What each iteration of the frame walk (`bpf_loop`) is handed (on the BPF stack).
-#[repr(C)]
-struct FrameLoop {
-    st: *mut WalkState,
-    py: PyProcess,
-    /// The frame to read next (0: none).
-    frame: u64,
-    /// The frame read last, recorded once the next one says whether it was an
-    /// invocation's first (3.12+: the next is the evaluation loop's own frame).
-    pending: u64,
-}
-
 unsafe extern "C" fn frame_step(_index: u32, ctx: *mut c_void) -> i64 {
-    // SAFETY: `ctx` is the FrameLoop on the caller's stack; `st` the per-CPU scratch of
-    // the program, valid during the loop.
-    let l = unsafe { &mut *(ctx as *mut FrameLoop) };
-    let st = unsafe { &mut *l.st };
-    let frame = l.frame;
+    // SAFETY: `ctx` is the PyLoopCtx on the caller's stack; `st` and `walk` per-CPU map
+    // values of the program, valid during the loop.
+    let c = unsafe { &*(ctx as *const PyLoopCtx) };
+    let w = unsafe { &mut *c.walk };
+    let st = unsafe { &mut *c.st };
+    let frame = w.frame;
     if frame == 0 {
         return 1;
     }
-    let py = &l.py;
-    let Some(owner) = read_u8(frame.wrapping_add(u64::from(py.frame_owner))) else {
+    let Some(owner) = read_u8(frame.wrapping_add(u64::from(w.py.frame_owner))) else {
         return 1;
     };
     if owner == OWNED_BY_CSTACK {
-        if l.pending != 0 {
-            l.pending |= PY_ENTRY;
+        if w.pending != 0 {
+            w.pending |= PY_ENTRY;
         }
     } else {
-        push(st, l.pending);
-        l.pending = 0;
-        let Some(code) = read_u64(frame.wrapping_add(u64::from(py.frame_code))) else {
+        push(st, w.pending);
+        w.pending = 0;
+        let Some(code) = read_u64(frame.wrapping_add(u64::from(w.py.frame_code))) else {
             return 1;
         };
-        let instr = read_u64(frame.wrapping_add(u64::from(py.frame_instr))).unwrap_or(0);
-        let first = code.wrapping_add(u64::from(py.code_instructions));
+        let instr = read_u64(frame.wrapping_add(u64::from(w.py.frame_instr))).unwrap_or(0);
+        let first = code.wrapping_add(u64::from(w.py.code_instructions));
         let offset = if instr >= first {
             (instr - first) / 2
         } else {
             0
         };
-        let entry = py.frame_is_entry != NO_OFFSET
-            && read_u8(frame.wrapping_add(u64::from(py.frame_is_entry))).unwrap_or(0) != 0;
-        l.pending = frame_word(code, offset, entry);
+        let entry = w.py.frame_is_entry != NO_OFFSET
+            && read_u8(frame.wrapping_add(u64::from(w.py.frame_is_entry))).unwrap_or(0) != 0;
+        w.pending = frame_word(code, offset, entry);
     }
-    match read_u64(frame.wrapping_add(u64::from(py.frame_previous))) {
+    match read_u64(frame.wrapping_add(u64::from(w.py.frame_previous))) {
         Some(f) => {
-            l.frame = f;
+            w.frame = f;
             0
         }
         None => 1,
@@ -193,7 +201,13 @@ pub(crate) fn append_frames(tgid: u32, tid: u32, st: *mut WalkState) {
     let Some(py) = (unsafe { PY_PROCESSES.get(tgid) }).copied() else {
         return;
     };
-    let Some(ts) = thread_state(&py, tgid, tid) else {
+    let Some(walk) = PY_WALK.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: this CPU's PY_WALK value; no other program on this CPU uses it meanwhile.
+    unsafe { (*walk).py = py };
+    let mut c = PyLoopCtx { st, walk };
+    let Some(ts) = thread_state(&mut c, tgid, tid) else {
         count(Counter::PythonNoThread, 1);
         return;
     };
@@ -206,21 +220,20 @@ pub(crate) fn append_frames(tgid: u32, tid: u32, st: *mut WalkState) {
             None => return,
         }
     }
-    let mut l = FrameLoop {
-        st,
-        py,
-        frame,
-        pending: 0,
-    };
+    // SAFETY: as above.
+    unsafe {
+        (*walk).frame = frame;
+        (*walk).pending = 0;
+    }
     // SAFETY: bpf_loop with a static callback and a pointer to the stack.
     unsafe {
         bpf_loop(
             MAX_PY_FRAMES,
             frame_step as *mut c_void,
-            &mut l as *mut FrameLoop as *mut c_void,
+            &mut c as *mut PyLoopCtx as *mut c_void,
             0,
         )
     };
     // SAFETY: as in `frame_step`.
-    push(unsafe { &mut *st }, l.pending);
+    unsafe { push(&mut *st, (*walk).pending) };
 }

@@ -23,6 +23,7 @@ use sframe_common::{
         RowEntry, RuleEntry,
     },
     outcome::{Counter, WalkOutcome},
+    python::MAX_PY_FRAMES,
     sample::{DEFERRED_PAGE, DEFERRED_PAGES, DeferredSample},
     stack::{CountKey, UserStack},
     step::{SearchCells, Tables, WalkState, search_narrow_in, walk_step},
@@ -313,15 +314,30 @@ pub fn profile<const THREAD_NAMES: bool>(ctx: &PerfEventContext) -> u32 {
     }
     if let Some((pt, _)) = user {
         key.outcome = walk(tgid, pt);
+        // The interpreter frames follow the native ones; a deferred sample carries them
+        // in its record (its native frames are walked again in user space).
+        let mut py = PyWords {
+            frames: core::ptr::null(),
+            first: 0,
+            len: 0,
+        };
+        if let Some(st) = SCRATCH.get_ptr_mut(0) {
+            // SAFETY: per-CPU scratch of this program, walked into just above.
+            let first = unsafe { (*st).stack.len };
+            crate::python::append_frames(tgid, pid_tgid as u32, st);
+            // SAFETY: as above.
+            unsafe {
+                py.len = (*st).stack.len.wrapping_sub(first);
+                py.first = first;
+                py.frames = (*st).stack.frames.as_ptr();
+            }
+        }
         if needs_tables(&SCRATCH, key.outcome) {
             lifecycle::send_miss(tgid);
-            if defer(&key, pt, 0, 0, 0) {
+            if defer(&key, pt, 0, 0, 0, &py) {
                 count(Counter::Deferred, 1);
                 return 0;
             }
-        }
-        if let Some(st) = SCRATCH.get_ptr_mut(0) {
-            crate::python::append_frames(tgid, pid_tgid as u32, st);
         }
         // Stored only now that it is counted: a deferred sample's partial stack would
         // stay in `STACKS` with no count naming it, and user space drains only the
@@ -355,6 +371,14 @@ pub(crate) fn needs_tables(scratch: &PerCpuArray<WalkState>, outcome: u32) -> bo
 #[map]
 static DEFERRED: RingBuf = RingBuf::with_byte_size(DEFERRED_RING_BYTES, 0);
 
+/// Interpreter frame words to send with a deferred sample: `len` words from index
+/// `first` of the user stack `frames` (null: none).
+pub(crate) struct PyWords {
+    pub(crate) frames: *const u64,
+    pub(crate) first: u32,
+    pub(crate) len: u32,
+}
+
 /// Sends the sample's registers and the top of its stack to user space (`DEFERRED`),
 /// with the nanoseconds of an off-CPU sleep (0 for an on-CPU sample) and its state;
 /// false when the ring buffer is full.
@@ -365,6 +389,7 @@ pub(crate) fn defer(
     off_cpu_ns: u64,
     off_cpu_state: u32,
     off_cpu_kernel_stack: u64,
+    py: &PyWords,
 ) -> bool {
     let Some(mut entry) = DEFERRED.reserve::<DeferredSample>(0) else {
         count(Counter::DeferredLost, 1);
@@ -384,6 +409,29 @@ pub(crate) fn defer(
         (*rec).off_cpu_state = off_cpu_state;
         (*rec)._pad = 0;
         (*rec).off_cpu_kernel_stack = off_cpu_kernel_stack;
+        // A window of MAX_PY_FRAMES words of the stack holding them (a fixed size the
+        // verifier needs no bound for, inside the stack's array), and where they are in it.
+        (*rec).py_len = 0;
+        (*rec).py_skip = 0;
+        let last_window = (MAX_FRAMES - MAX_PY_FRAMES as usize) as u32;
+        let first = sframe_common::bounded(py.first as usize, MAX_FRAMES) as u32;
+        let start = if first > last_window {
+            last_window
+        } else {
+            first
+        };
+        if !py.frames.is_null()
+            && py.len > 0
+            && py.len <= MAX_PY_FRAMES
+            && aya_ebpf::helpers::generated::bpf_probe_read_kernel(
+                (*rec).py.as_mut_ptr().cast(),
+                MAX_PY_FRAMES * 8,
+                py.frames.add(start as usize).cast(),
+            ) == 0
+        {
+            (*rec).py_len = py.len;
+            (*rec).py_skip = first - start;
+        }
         (*rec).regs = regs;
         regs::dwarf_regs(pt, &mut (*rec).top);
         let mut len = 0u32;

@@ -182,6 +182,25 @@ fn walk_record(
     };
     let mut view = tables.view(entries.unwrap_or(&[]));
     let outcome = sframe_common::step::walk(&mut st, rec.regs, &mut view, &mut read);
+    // The interpreter frames the kernel side read at the sample follow the native ones,
+    // as in a sample walked there.
+    let skip = rec.py_skip as usize;
+    let words = rec
+        .py
+        .get(skip..skip.saturating_add(rec.py_len as usize))
+        .unwrap_or_default();
+    for &word in words {
+        let i = st.stack.len as usize;
+        if !sframe_common::python::is_frame(word) {
+            continue;
+        }
+        let Some(slot) = st.stack.frames.get_mut(i) else {
+            break;
+        };
+        *slot = word;
+        st.stack.len += 1;
+        st.hash = sframe_common::stack::mix(st.hash, word);
+    }
     match entries {
         Some(_) => (st, outcome),
         None => (st, WalkOutcome::UnknownProcess),

@@ -390,12 +390,15 @@ impl PyNamer {
     pub fn frame(&self, word: u64) -> Frame {
         let addr = sframe_common::python::code(word);
         let offset = sframe_common::python::offset(word);
+        // The frame's address in the outputs (pprof's location): one per code object and
+        // instruction.
+        let address = addr | (u64::from(offset) << sframe_common::python::PY_OFFSET_SHIFT);
         let info = self.code(addr);
         match info {
             Some(info) => Frame {
                 name: Some(info.qualname.clone()),
                 object: PYTHON_OBJECT.to_owned(),
-                file_offset: u64::from(offset) * 2,
+                file_offset: address,
                 build_id: None,
                 location: Some(SourceLocation {
                     file: info.filename.clone(),
@@ -406,7 +409,7 @@ impl PyNamer {
             },
             None => Frame::unknown(
                 PYTHON_OBJECT,
-                addr,
+                address,
                 "the code object could not be read (the process exited, or its memory is not a code object)",
             ),
         }

@@ -777,7 +777,8 @@ fn python3(ctx: &Ctx) -> Result<String> {
         &report,
         &|s| s.pid == pid,
         &Expect {
-            chain: &["main", "Py_RunMain", "_PyEval_EvalFrameDefault"],
+            // The Python frames in place of the evaluation loop's (`name (file:line)`).
+            chain: &["main", "Py_RunMain", "<module> (", "loop (", "spin ("],
             leaf: None,
             exact_from_main: false,
             min_complete: 0.90,
