@@ -14,9 +14,32 @@ pub const NO_OFFSET: u32 = u32::MAX;
 
 /// Interpreter frames one sample records at most (the native frames come first; both
 /// share the stack's [`MAX_FRAMES`](crate::budget::MAX_FRAMES)).
-pub const MAX_PY_FRAMES: u32 = 96;
+pub const MAX_PY_FRAMES: u32 = 128;
 /// Thread states the kernel side looks through for the sampled thread's.
 pub const MAX_PY_THREADS: u32 = 64;
+
+/// Bytes of an interpreter frame the kernel side reads at once: every field it reads
+/// (`previous`, the code, the instruction pointer, the owner, `is_entry`) must lie in
+/// them (true of 3.11–3.13: the furthest is 3.12's and 3.13's `owner`, at 70).
+pub const FRAME_HEADER: u32 = 72;
+
+impl PyProcess {
+    /// Whether every frame field the walk reads lies in the first [`FRAME_HEADER`] bytes
+    /// (8-byte fields 8-aligned).
+    pub const fn fits_header(&self) -> bool {
+        const fn word(o: u32) -> bool {
+            o.is_multiple_of(8) && o < FRAME_HEADER - 7
+        }
+        const fn byte(o: u32) -> bool {
+            o < FRAME_HEADER
+        }
+        word(self.frame_previous)
+            && word(self.frame_code)
+            && word(self.frame_instr)
+            && byte(self.frame_owner)
+            && (self.frame_is_entry == NO_OFFSET || byte(self.frame_is_entry))
+    }
+}
 
 /// Python processes the kernel side knows at once.
 pub const MAX_PY_PROCESSES: u32 = 1024;

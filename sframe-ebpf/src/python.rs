@@ -10,7 +10,10 @@
 use core::ffi::c_void;
 
 use aya_ebpf::{
-    helpers::{bpf_probe_read_user, generated::bpf_loop},
+    helpers::{
+        bpf_probe_read_user,
+        generated::{bpf_loop, bpf_probe_read_user as bpf_probe_read_user_raw},
+    },
     macros::map,
     maps::{HashMap, LruHashMap, PerCpuArray},
 };
@@ -41,12 +44,6 @@ fn read_u64(addr: u64) -> Option<u64> {
     unsafe { bpf_probe_read_user(addr as *const u64) }.ok()
 }
 
-#[inline(always)]
-fn read_u8(addr: u64) -> Option<u8> {
-    // SAFETY: as above.
-    unsafe { bpf_probe_read_user(addr as *const u8) }.ok()
-}
-
 /// The Python walk's state between the iterations of its `bpf_loop`s, in map memory
 /// (as the native walk's `WalkState`; on the 6.1 kernel, state kept in a struct on the
 /// caller's stack lost the frame loop's writes: only the last frame, pushed after the
@@ -65,7 +62,15 @@ pub(crate) struct PyWalk {
     /// the evaluation loop's own frame).
     frame: u64,
     pending: u64,
+    /// The header of the frame being read ([`FRAME_HEADER`] bytes used).
+    header: [u8; HEADER_BUF],
 }
+
+/// Bytes of a frame read at once: every field the walk reads lies in them.
+const FRAME_HEADER: usize = sframe_common::python::FRAME_HEADER as usize;
+/// The header buffer's size: a power of two above `FRAME_HEADER`, for masked indexes.
+const HEADER_BUF: usize = 128;
+const _: () = assert!(FRAME_HEADER <= HEADER_BUF);
 
 #[map]
 static PY_WALK: PerCpuArray<PyWalk> = PerCpuArray::with_max_entries(1, 0);
@@ -160,37 +165,59 @@ unsafe extern "C" fn frame_step(_index: u32, ctx: *mut c_void) -> i64 {
     if frame == 0 {
         return 1;
     }
-    let Some(owner) = read_u8(frame.wrapping_add(u64::from(w.py.frame_owner))) else {
-        return 1;
+    // The frame's first FRAME_HEADER bytes in one read (every field the walk needs lies
+    // there: user space refuses offsets past it).
+    // SAFETY: bpf_probe_read_user checks the user address; `header` holds FRAME_HEADER
+    // bytes.
+    let read = unsafe {
+        bpf_probe_read_user_raw(
+            w.header.as_mut_ptr().cast(),
+            FRAME_HEADER as u32,
+            frame as *const c_void,
+        )
     };
+    if read != 0 {
+        return 1;
+    }
+    let owner = header_u8(w, w.py.frame_owner);
     if owner == OWNED_BY_CSTACK {
         if w.pending != 0 {
             w.pending |= PY_ENTRY;
         }
     } else {
         push(st, w.pending);
-        w.pending = 0;
-        let Some(code) = read_u64(frame.wrapping_add(u64::from(w.py.frame_code))) else {
-            return 1;
-        };
-        let instr = read_u64(frame.wrapping_add(u64::from(w.py.frame_instr))).unwrap_or(0);
+        let code = header_u64(w, w.py.frame_code);
+        let instr = header_u64(w, w.py.frame_instr);
         let first = code.wrapping_add(u64::from(w.py.code_instructions));
         let offset = if instr >= first {
             (instr - first) / 2
         } else {
             0
         };
-        let entry = w.py.frame_is_entry != NO_OFFSET
-            && read_u8(frame.wrapping_add(u64::from(w.py.frame_is_entry))).unwrap_or(0) != 0;
-        w.pending = frame_word(code, offset, entry);
-    }
-    match read_u64(frame.wrapping_add(u64::from(w.py.frame_previous))) {
-        Some(f) => {
-            w.frame = f;
+        let entry = w.py.frame_is_entry != NO_OFFSET && header_u8(w, w.py.frame_is_entry) != 0;
+        w.pending = if code == 0 {
             0
-        }
-        None => 1,
+        } else {
+            frame_word(code, offset, entry)
+        };
     }
+    w.frame = header_u64(w, w.py.frame_previous);
+    0
+}
+
+/// The 8-byte field at `offset` of the frame header just read (8-aligned offsets; the
+/// mask keeps the read inside the buffer whatever the offset).
+#[inline(always)]
+fn header_u64(w: &PyWalk, offset: u32) -> u64 {
+    let i = sframe_common::bounded(offset as usize, HEADER_BUF) & (HEADER_BUF - 8);
+    // SAFETY: `i + 8 <= HEADER_BUF`, 8-aligned in the map value.
+    unsafe { core::ptr::read_unaligned(w.header.as_ptr().add(i).cast::<u64>()) }
+}
+
+/// The byte at `offset` of the frame header just read.
+#[inline(always)]
+fn header_u8(w: &PyWalk, offset: u32) -> u8 {
+    w.header[sframe_common::bounded(offset as usize, HEADER_BUF)]
 }
 
 /// Appends the interpreter frames of thread `tid` of process `tgid`, innermost first,

@@ -46,6 +46,7 @@ pub fn setup() -> Result<()> {
     step("bpf-linker", ensure_bpf_linker)?;
     step("Debian packages", ensure_debian_packages)?;
     step("cargo-fuzz", ensure_cargo_fuzz)?;
+    step("py-spy", ensure_py_spy)?;
     Ok(())
 }
 
@@ -296,5 +297,33 @@ fn ensure_cargo_fuzz() -> Result<()> {
     cmd::run(
         Command::new("cargo").args(["install", "cargo-fuzz", "--locked"]),
         "install cargo-fuzz (by hand: cargo install cargo-fuzz --locked)",
+    )
+}
+
+/// py-spy (the bench's baseline for Python sampling: section 9), from PyPI, under
+/// `target/tools/py-spy` (never in the system's Python).
+fn ensure_py_spy() -> Result<()> {
+    let dir = cmd::workspace_root().join("target/tools/py-spy");
+    if dir.join("bin/py-spy").exists() {
+        return Ok(());
+    }
+    // A Python with pip: pyenv's (the image's default python3), else the system's.
+    let python = cmd::output(Command::new("pyenv").args(["which", "python3"]))
+        .map(|p| p.trim().to_owned())
+        .unwrap_or_else(|| "python3".into());
+    cmd::run(
+        Command::new(&python)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+            ])
+            .args(["--target"])
+            .arg(&dir)
+            .arg("py-spy")
+            .env("PIP_ROOT_USER_ACTION", "ignore"),
+        "install py-spy from PyPI (by hand: python3 -m pip install --target target/tools/py-spy py-spy)",
     )
 }

@@ -218,6 +218,12 @@ pub fn inspect(data: &[u8]) -> Result<PyBuild, String> {
         )?,
         v => offsets_for(v).ok_or("no offsets for this version")?,
     };
+    if !offsets.fits_header() {
+        return Err(format!(
+            "frame fields past the {} bytes the walk reads: {offsets:?}",
+            sframe_common::python::FRAME_HEADER
+        ));
+    }
     let base_vaddr = file
         .segments()
         .filter(|s| s.file_range().0 == 0)

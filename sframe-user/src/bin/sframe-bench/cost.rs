@@ -79,11 +79,11 @@ pub fn section(doc: &mut String, args: &Args) {
 
 /// What one program did while it sampled one fixture.
 #[derive(Clone, Copy, Debug, Default)]
-struct ProgramRun {
+pub(crate) struct ProgramRun {
     run_time_ns: u64,
     run_count: u64,
     /// Samples of the fixture (the rest of `run_count` were other tasks, filtered out).
-    samples: u64,
+    pub(crate) samples: u64,
     /// Frames in the stacks the program produced, summed over `samples`.
     frames: u64,
     /// Samples whose walk was complete (the profiler only).
@@ -109,10 +109,10 @@ impl ProgramRun {
     }
     /// Run time charged to the fixture's samples: all of it, so this is an upper bound
     /// that includes the filtering cost of the other tasks' samples.
-    fn per_sample_ns(&self) -> Option<f64> {
+    pub(crate) fn per_sample_ns(&self) -> Option<f64> {
         ratio(self.run_time_ns as f64, self.samples as f64)
     }
-    fn frames_per_sample(&self) -> Option<f64> {
+    pub(crate) fn frames_per_sample(&self) -> Option<f64> {
         ratio(self.frames as f64, self.samples as f64)
     }
     fn per_frame_ns(&self) -> Option<f64> {
@@ -156,7 +156,7 @@ fn fixture_source(depth: usize) -> String {
     c
 }
 
-fn build_fixture(dir: &Path, depth: usize) -> Result<PathBuf> {
+pub(crate) fn build_fixture(dir: &Path, depth: usize) -> Result<PathBuf> {
     let src = dir.join(format!("chain{depth}.c"));
     let bin = dir.join(format!("chain{depth}"));
     fs::write(&src, fixture_source(depth)).with_context(|| format!("writing {}", src.display()))?;
@@ -358,7 +358,7 @@ type VerifierStats = Vec<(String, Option<u32>)>;
 /// (loading the programs once more only for them costs seconds).
 static VERIFIER: std::sync::Mutex<Option<VerifierStats>> = std::sync::Mutex::new(None);
 
-fn measure_profiler(pid: Option<u32>, time: Duration) -> Result<ProgramRun> {
+pub(crate) fn measure_profiler(pid: Option<u32>, time: Duration) -> Result<ProgramRun> {
     measure_profiler_with(pid, time, SampleProgram::Profile)
 }
 
@@ -380,11 +380,21 @@ fn measure_profiler_with(
             .add_target(pid)
             .with_context(|| format!("adding target {pid}"))?;
     }
+    // The loop runs as the command's does (lifecycle events, table loads, the runtimes'
+    // recognition), first for a moment before the window.
+    let pump = |profiler: &mut Profiler, d: Duration| {
+        let end = std::time::Instant::now() + d;
+        while std::time::Instant::now() < end {
+            profiler.step();
+            thread::sleep(Duration::from_millis(20));
+        }
+    };
+    pump(&mut profiler, Duration::from_millis(300));
     let (t0, n0) = profiler
         .program_stats()
         .context("no run time for program profile")?;
     let (s0, f0, c0) = profiler_totals(&mut profiler);
-    thread::sleep(time);
+    pump(&mut profiler, time);
     let (t1, n1) = profiler
         .program_stats()
         .context("no run time for program profile")?;

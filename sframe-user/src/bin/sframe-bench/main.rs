@@ -36,6 +36,7 @@ mod kmem;
 mod objects;
 mod offcpu;
 mod overhead;
+mod python;
 mod reader;
 mod startup;
 mod util;
@@ -99,6 +100,8 @@ enum Section {
     OffCpu,
     /// Section 8: Prometheus at fleet scale.
     Fleet,
+    /// Section 9: Python frames (cost per frame, slowdown beside py-spy).
+    Python,
 }
 
 impl Args {
@@ -205,6 +208,10 @@ fn main() -> Result<()> {
                 );
             }
         }
+    }
+    if args.runs(Section::Python) && args.bpf() {
+        progress("9/9 Python frames");
+        python::section(&mut doc, &args);
     }
     let _ = writeln!(
         doc,
