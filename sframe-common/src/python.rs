@@ -83,9 +83,15 @@ pub struct PyProcess {
     pub frame_is_entry: u32,
     /// `PyCodeObject::co_code_adaptive`: where the instructions start.
     pub code_instructions: u32,
+    /// The process's PID namespace (its nsfs device, kernel encoding, and inode) when it
+    /// is not the initial one: CPython records each thread's id as its own namespace
+    /// shows it (`gettid()`), so the walk compares that one. 0: the initial namespace.
+    pub pidns_dev: u64,
+    /// See `pidns_dev`.
+    pub pidns_ino: u64,
 }
 
-const _: () = assert!(core::mem::size_of::<PyProcess>() == 56);
+const _: () = assert!(core::mem::size_of::<PyProcess>() == 72);
 
 #[cfg(feature = "user")]
 // SAFETY: repr(C), integers only, no implicit padding (size asserted above).

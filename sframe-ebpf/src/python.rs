@@ -10,9 +10,12 @@
 use core::ffi::c_void;
 
 use aya_ebpf::{
+    bindings::bpf_pidns_info,
     helpers::{
         bpf_probe_read_user,
-        generated::{bpf_loop, bpf_probe_read_user as bpf_probe_read_user_raw},
+        generated::{
+            bpf_get_ns_current_pid_tgid, bpf_loop, bpf_probe_read_user as bpf_probe_read_user_raw,
+        },
     },
     macros::map,
     maps::{HashMap, LruHashMap, PerCpuArray},
@@ -110,10 +113,11 @@ unsafe extern "C" fn thread_step(_index: u32, ctx: *mut c_void) -> i64 {
 /// The thread state of thread `tid` (in `w.found`, 0 if none): the one remembered if it
 /// still names the thread, else the first in the main interpreter's list that does.
 #[inline(always)]
-fn thread_state(c: &mut PyLoopCtx, tgid: u32, tid: u32) -> Option<u64> {
+fn thread_state(c: &mut PyLoopCtx, tgid: u32, tid: u32, own_tid: u32) -> Option<u64> {
+    let key = thread_key(tgid, tid);
+    let tid = own_tid;
     // SAFETY: this CPU's PY_WALK value, valid during the program run.
     let w = unsafe { &mut *c.walk };
-    let key = thread_key(tgid, tid);
     // SAFETY: map lookup of a plain integer key; the value is copied out.
     if let Some(&ts) = unsafe { PY_THREADS.get(key) }
         && read_u64(ts.wrapping_add(u64::from(w.py.thread_native_id))) == Some(u64::from(tid))
@@ -233,8 +237,28 @@ pub(crate) fn append_frames(tgid: u32, tid: u32, st: *mut WalkState) {
     };
     // SAFETY: this CPU's PY_WALK value; no other program on this CPU uses it meanwhile.
     unsafe { (*walk).py = py };
+    // The thread's id as CPython recorded it: in its own PID namespace.
+    let own_tid = if py.pidns_ino != 0 {
+        let mut ns = bpf_pidns_info { pid: 0, tgid: 0 };
+        // SAFETY: the helper writes `size_of::<bpf_pidns_info>()` bytes into `ns`.
+        let r = unsafe {
+            bpf_get_ns_current_pid_tgid(
+                py.pidns_dev,
+                py.pidns_ino,
+                &mut ns,
+                core::mem::size_of::<bpf_pidns_info>() as u32,
+            )
+        };
+        if r != 0 {
+            count(Counter::PythonNoThread, 1);
+            return;
+        }
+        ns.pid
+    } else {
+        tid
+    };
     let mut c = PyLoopCtx { st, walk };
-    let Some(ts) = thread_state(&mut c, tgid, tid) else {
+    let Some(ts) = thread_state(&mut c, tgid, tid, own_tid) else {
         count(Counter::PythonNoThread, 1);
         return;
     };

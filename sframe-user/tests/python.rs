@@ -304,6 +304,44 @@ fn coroutines_and_generators_show_their_frames_in_order() {
 }
 
 #[test]
+fn a_python_process_in_its_own_pid_namespace_shows_its_frames() {
+    if !bpf_or_skip("a_python_process_in_its_own_pid_namespace_shows_its_frames") {
+        return;
+    }
+    let _serial = support::profiling::serial();
+    let Some((what, python)) = interpreters().into_iter().nth(1) else {
+        return;
+    };
+    // CPython records each thread's id as its namespace shows it (pid 1 here), not the
+    // id the kernel's samples carry.
+    let dir = fixture_dir("python-pidns");
+    let script = runtime_script("spin.py");
+    let folded = profile_command(
+        &dir,
+        199,
+        &[
+            Path::new("unshare"),
+            Path::new("--pid"),
+            Path::new("--fork"),
+            Path::new("--kill-child"),
+            &python,
+            &script,
+        ],
+        &["2"],
+    );
+    let python_lines: String = folded
+        .lines()
+        .filter(|l| !l.starts_with("unshare;"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert_chain(
+        &format!("{what} in a PID namespace"),
+        &python_lines,
+        SPIN_CHAIN,
+    );
+}
+
+#[test]
 fn a_forged_interpreter_state_is_walked_within_bounds_and_changes_no_other_process() {
     if !bpf_or_skip(
         "a_forged_interpreter_state_is_walked_within_bounds_and_changes_no_other_process",

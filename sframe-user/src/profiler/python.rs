@@ -87,7 +87,8 @@ impl PythonTargets {
                 offset,
             } => {
                 self.pending.remove(&pid);
-                let Some(entry) = build.process_entry(start, offset) else {
+                let pidns = info.ns_pid.and_then(|_| crate::python::pid_namespace(pid));
+                let Some(entry) = build.process_entry(start, offset, pidns) else {
                     return;
                 };
                 match map.insert(pid, entry, 0) {

@@ -64,13 +64,40 @@ pub struct PyBuild {
 impl PyBuild {
     /// The kernel side's entry for a process that maps this build's file at `start`
     /// from file offset `offset` (its first mapping of the file).
-    pub fn process_entry(&self, start: u64, offset: u64) -> Option<PyProcess> {
+    /// `pidns`: the process's PID namespace (nsfs device as the kernel encodes it,
+    /// inode) when it is not the profiler's.
+    pub fn process_entry(
+        &self,
+        start: u64,
+        offset: u64,
+        pidns: Option<(u64, u64)>,
+    ) -> Option<PyProcess> {
         let bias = start.checked_sub(offset)?.wrapping_sub(self.base_vaddr);
+        let (pidns_dev, pidns_ino) = pidns.unwrap_or((0, 0));
         Some(PyProcess {
             runtime: bias.wrapping_add(self.runtime_vaddr),
+            pidns_dev,
+            pidns_ino,
             ..self.offsets
         })
     }
+}
+
+/// The PID namespace of process `pid` (nsfs device in the kernel's encoding, inode)
+/// when it is not the profiler's own; `None` when it is, or cannot be read.
+pub fn pid_namespace(pid: u32) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt as _;
+    let theirs = std::fs::metadata(format!("/proc/{pid}/ns/pid")).ok()?;
+    let ours = std::fs::metadata("/proc/self/ns/pid").ok()?;
+    if (theirs.dev(), theirs.ino()) == (ours.dev(), ours.ino()) {
+        return None;
+    }
+    // stat's device number (glibc's encoding) as the kernel's dev_t (major << 20 |
+    // minor), which `bpf_get_ns_current_pid_tgid` compares.
+    let d = theirs.dev();
+    let major = ((d >> 8) & 0xfff) | ((d >> 32) & !0xfff);
+    let minor = (d & 0xff) | ((d >> 12) & !0xff);
+    Some(((major << 20) | minor, theirs.ino()))
 }
 
 /// Whether `m` may be a CPython build's file, by its name.
@@ -87,6 +114,8 @@ fn is_candidate(m: &Mapping) -> bool {
 fn offsets_for(version: (u8, u8)) -> Option<PyProcess> {
     let common = PyProcess {
         runtime: 0,
+        pidns_dev: 0,
+        pidns_ino: 0,
         interpreters_head: 40,
         threads_head: 0,
         thread_next: 8,
@@ -163,6 +192,8 @@ fn offsets_from_debug(bytes: &[u8]) -> Result<PyProcess, String> {
     let code = frame + 6;
     Ok(PyProcess {
         runtime: 0,
+        pidns_dev: 0,
+        pidns_ino: 0,
         interpreters_head: off(rt + 2)?,
         threads_head: off(interp + 3)?,
         thread_next: off(thread + 2)?,
