@@ -75,8 +75,14 @@ const FRAME_HEADER: usize = sframe_common::python::FRAME_HEADER as usize;
 const HEADER_BUF: usize = 128;
 const _: () = assert!(FRAME_HEADER <= HEADER_BUF);
 
+/// Entry [`PY_WALK_PROFILE`]: `profile`'s; [`PY_WALK_OFF_CPU`]: the off-CPU walker's
+/// (which `profile` can interrupt on its CPU).
 #[map]
-static PY_WALK: PerCpuArray<PyWalk> = PerCpuArray::with_max_entries(1, 0);
+static PY_WALK: PerCpuArray<PyWalk> = PerCpuArray::with_max_entries(2, 0);
+/// `profile`'s entry of [`PY_WALK`].
+pub(crate) const PY_WALK_PROFILE: u32 = 0;
+/// The off-CPU walker's entry of [`PY_WALK`].
+pub(crate) const PY_WALK_OFF_CPU: u32 = 1;
 
 /// What `bpf_loop` hands each iteration (on the BPF stack): pointers only.
 #[repr(C)]
@@ -227,12 +233,12 @@ fn header_u8(w: &PyWalk, offset: u32) -> u8 {
 /// Appends the interpreter frames of thread `tid` of process `tgid`, innermost first,
 /// to the stack walked into `st`, when the process is a Python process.
 #[inline(always)]
-pub(crate) fn append_frames(tgid: u32, tid: u32, st: *mut WalkState) {
+pub(crate) fn append_frames(tgid: u32, tid: u32, st: *mut WalkState, slot: u32) {
     // SAFETY: map lookup of a plain integer key; the value is copied out.
     let Some(py) = (unsafe { PY_PROCESSES.get(tgid) }).copied() else {
         return;
     };
-    let Some(walk) = PY_WALK.get_ptr_mut(0) else {
+    let Some(walk) = PY_WALK.get_ptr_mut(slot) else {
         return;
     };
     // SAFETY: this CPU's PY_WALK value; no other program on this CPU uses it meanwhile.

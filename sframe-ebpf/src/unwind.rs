@@ -324,7 +324,7 @@ pub fn profile<const THREAD_NAMES: bool>(ctx: &PerfEventContext) -> u32 {
         if let Some(st) = SCRATCH.get_ptr_mut(0) {
             // SAFETY: per-CPU scratch of this program, walked into just above.
             let first = unsafe { (*st).stack.len };
-            crate::python::append_frames(tgid, pid_tgid as u32, st);
+            crate::python::append_frames(tgid, pid_tgid as u32, st, crate::python::PY_WALK_PROFILE);
             // SAFETY: as above.
             unsafe {
                 py.len = (*st).stack.len.wrapping_sub(first);

@@ -342,6 +342,55 @@ fn a_python_process_in_its_own_pid_namespace_shows_its_frames() {
 }
 
 #[test]
+fn off_cpu_time_is_charged_to_the_python_functions_that_slept() {
+    if !bpf_or_skip("off_cpu_time_is_charged_to_the_python_functions_that_slept") {
+        return;
+    }
+    let _serial = support::profiling::serial();
+    for (what, python) in interpreters() {
+        let dir = fixture_dir("python-offcpu");
+        let folded = dir.join("off-cpu.folded");
+        let out = Command::new(env!("CARGO_BIN_EXE_sframe-user"))
+            .args([
+                "--no-debuginfod",
+                "--off-cpu",
+                "--no-on-cpu",
+                "--max-overhead",
+                "0",
+            ])
+            .args(["--format", "folded", "--output"])
+            .arg(&folded)
+            .arg("--")
+            .arg(&python)
+            .arg(runtime_script("sleeper.py"))
+            .arg("2")
+            .output()
+            .expect("run sframe-user");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let slept: f64 = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find_map(|l| l.strip_prefix("slept ")?.trim().parse().ok())
+            .expect("the program's own measure");
+        let folded = std::fs::read_to_string(&folded).expect("the off-CPU profile");
+        let hot = hottest(&folded);
+        // Microseconds, in the stacks through the Python chain to the sleep.
+        let (_, in_chain) = share(&folded, |s| {
+            python_frames(s).contains(";<module>;main;waiter;wait_short")
+        });
+        let in_chain = in_chain as f64 / 1e6;
+        eprintln!("{what}: {in_chain:.3} s off CPU through the chain, {slept:.3} s slept\n{hot}");
+        assert!(
+            in_chain >= 0.8 * slept && in_chain <= 1.05 * slept,
+            "{what}: {in_chain:.3} s through the chain for {slept:.3} s slept\n{hot}"
+        );
+    }
+}
+
+#[test]
 fn a_forged_interpreter_state_is_walked_within_bounds_and_changes_no_other_process() {
     if !bpf_or_skip(
         "a_forged_interpreter_state_is_walked_within_bounds_and_changes_no_other_process",

@@ -30,6 +30,9 @@ pub const MAX_STACK_WORDS: usize = 2 << 20;
 /// Frame words of the stacks one process may bring in.
 pub const MAX_STACK_WORDS_PER_PROCESS: usize = MAX_STACK_WORDS / 16;
 
+/// Interpreter frame words noted between two drains, at most.
+const MAX_PYTHON_WORDS: usize = 65_536;
+
 /// A key past the bounds: the sample stays counted for its process and outcome, at the
 /// process's root (no thread, no stack), so totals and outcome shares stay right.
 fn folded(key: CountKey) -> CountKey {
@@ -270,6 +273,7 @@ impl Counts {
 
     /// Counts one sample walked in user space: `frames` is its user stack (the key's).
     pub(super) fn add_walked(&mut self, key: CountKey, frames: &[u64]) {
+        self.note_python_words(key.pid, frames);
         self.kept.add(Kind::OnCpu, key, 1, Some(frames));
         if let Some(n) = self.walked_here.get_mut(key.outcome as usize) {
             *n += 1;
@@ -305,6 +309,7 @@ impl Counts {
             outcome: key.outcome | state,
             ..key
         };
+        self.note_python_words(key.pid, frames);
         self.kept.add(Kind::OffCpu, key, ns, Some(frames));
     }
 
@@ -350,12 +355,7 @@ impl Counts {
             };
             let _ = self.stacks_map.remove(&id);
             if let Some(frames) = &frames {
-                self.python_words.extend(
-                    frames
-                        .iter()
-                        .filter(|&&w| sframe_common::python::is_frame(w))
-                        .map(|&w| (key.pid, w)),
-                );
+                self.note_python_words(key.pid, frames);
             }
             read.insert(id, frames);
         }
@@ -378,8 +378,24 @@ impl Counts {
         self.empty_stacks_when_full();
     }
 
+    /// Notes the interpreter frames' words of a user stack of `pid` new to user space
+    /// (read from the kernel, or walked here from a deferred sample).
+    fn note_python_words(&mut self, pid: u32, frames: &[u64]) {
+        // Taken at each drain; bounded between two whatever user space walks meanwhile
+        // (past it, a code object is read when its frame is named).
+        if self.python_words.len() >= MAX_PYTHON_WORDS {
+            return;
+        }
+        self.python_words.extend(
+            frames
+                .iter()
+                .filter(|&&w| sframe_common::python::is_frame(w))
+                .map(|&w| (pid, w)),
+        );
+    }
+
     /// The interpreter frames' words (with their process) of the user stacks read from
-    /// the kernel since the last call.
+    /// the kernel, or walked here, since the last call.
     pub(super) fn take_python_words(&mut self) -> Vec<(u32, u64)> {
         std::mem::take(&mut self.python_words)
     }

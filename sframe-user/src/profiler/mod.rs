@@ -637,8 +637,12 @@ impl Profiler {
         let due = self
             .next_reload_due()
             .map_or(periodic, |reload| reload.min(periodic));
-        match self.python.next_retry() {
+        let due = match self.python.next_retry() {
             Some(retry) => due.min(retry),
+            None => due,
+        };
+        match self.python.next_drain() {
+            Some(drain) => due.min(drain),
             None => due,
         }
     }
@@ -654,6 +658,11 @@ impl Profiler {
         self.python.start();
         self.retry_python();
         let mut added = self.handle_events();
+        if self.python.drain_due() {
+            // Code objects are read while their process lives: with Python processes
+            // profiled, their new stacks are drained more often than once a second.
+            self.drain();
+        }
         if self.last_maintain.elapsed() >= MAINTAIN_INTERVAL {
             self.last_maintain = Instant::now();
             added.extend(self.maintain());

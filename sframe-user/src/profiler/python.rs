@@ -19,6 +19,10 @@ use crate::python::{Finder, Found, PyNamer};
 
 /// How soon a process whose file the finder is reading is looked at again.
 const RETRY: Duration = Duration::from_millis(20);
+/// How often the stacks are drained while Python processes are profiled, so that the
+/// code objects of their new stacks are read while they live (a script of a second
+/// would otherwise exit before the once-a-second drain).
+const DRAIN: Duration = Duration::from_millis(200);
 
 /// Owns the kernel's `PY_PROCESSES` and the finder.
 pub(super) struct PythonTargets {
@@ -30,6 +34,8 @@ pub(super) struct PythonTargets {
     retry_at: Option<Instant>,
     /// Processes with a kernel entry.
     installed: HashSet<u32>,
+    /// When the stacks were last drained for the Python processes.
+    last_drain: Instant,
 }
 
 impl PythonTargets {
@@ -45,6 +51,7 @@ impl PythonTargets {
             pending: HashSet::new(),
             retry_at: None,
             installed: HashSet::new(),
+            last_drain: Instant::now(),
         }
     }
 
@@ -107,6 +114,21 @@ impl PythonTargets {
             }
             Found::No => self.forget(pid),
         }
+    }
+
+    /// When the stacks are to be drained next for the Python processes (none: there
+    /// are none).
+    pub(super) fn next_drain(&self) -> Option<Instant> {
+        (!self.installed.is_empty()).then(|| self.last_drain + DRAIN)
+    }
+
+    /// Whether the stacks are to be drained now (and, if so, the time noted).
+    pub(super) fn drain_due(&mut self) -> bool {
+        let due = self.next_drain().is_some_and(|at| at <= Instant::now());
+        if due {
+            self.last_drain = Instant::now();
+        }
+        due
     }
 
     /// When [`PythonTargets::due`] has processes to look at again.

@@ -467,6 +467,7 @@ impl PyNamer {
         }
         let mem = self.mem.as_ref()?;
         let read = code::CodeInfo::read(mem, &self.layout, addr)
+            .map_err(|e| log::debug!("code object {addr:#x}: {e}"))
             .ok()
             .map(Arc::new);
         if codes.len() >= MAX_CODES {

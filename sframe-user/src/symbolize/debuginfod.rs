@@ -319,6 +319,11 @@ impl Debuginfod {
             }
         }
         let uid = process_uid(pid);
+        if self.shared.spent(uid) {
+            // Until the user's window ends: nothing to ask the worker, which would
+            // refuse (asked again once a second per object otherwise).
+            return Lookup::Unavailable;
+        }
         match self.queue.try_send(Request::BuildId {
             id: build_id.to_owned(),
             uid,
@@ -349,6 +354,16 @@ impl Shared {
 
     fn path_of(&self, build_id: &str) -> PathBuf {
         self.config.dir.join(format!("{build_id}.debug"))
+    }
+
+    /// Whether `uid` has spent its fetches of the current window (its lookups answer
+    /// `Unavailable` until the window ends; other users' are unaffected).
+    fn spent(&self, uid: u32) -> bool {
+        let state = self.state();
+        state
+            .per_user
+            .get(&uid)
+            .is_some_and(|&(start, n)| n >= MAX_FETCHES_PER_USER && start.elapsed() < USER_WINDOW)
     }
 
     /// Claims a fetch of `id` for `uid`: not on the disk, not queued or failed
@@ -677,6 +692,9 @@ mod tests {
             assert!(s.claim(&id(i), 65534), "fetch {i}");
         }
         assert!(!s.claim(&id(MAX_FETCHES_PER_USER), 65534), "past the bound");
+        // Its lookups stop asking until the window ends; another user's do not.
+        assert!(s.spent(65534));
+        assert!(!s.spent(0));
         assert!(s.claim(&id(1000), 0), "another user");
         assert!(!s.claim(&id(1000), 0), "already being fetched");
         s.finish(&id(1000), Some(RETRY_FAILED));
