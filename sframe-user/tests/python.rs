@@ -30,12 +30,16 @@ fn runtime_script(name: &str) -> PathBuf {
 /// skipped outside CI and fails the test under `CI=true`.
 fn interpreters() -> Vec<(String, PathBuf)> {
     let ci = std::env::var_os("CI").is_some_and(|v| v == "true");
+    // pyenv's root: as `pyenv` says, else where pyenv puts it by default.
     let root = Command::new("pyenv")
         .arg("root")
         .output()
         .ok()
         .filter(|o| o.status.success())
-        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
+        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()))
+        .or_else(|| std::env::var_os("PYENV_ROOT").map(PathBuf::from))
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".pyenv")))
+        .filter(|r| r.join("versions").is_dir());
     let mut found = Vec::new();
     for minor in ["3.11.", "3.12.", "3.13."] {
         let version = root.as_ref().and_then(|r| {
@@ -388,6 +392,92 @@ fn off_cpu_time_is_charged_to_the_python_functions_that_slept() {
             "{what}: {in_chain:.3} s through the chain for {slept:.3} s slept\n{hot}"
         );
     }
+}
+
+#[test]
+fn prometheus_stack_series_name_the_python_functions() {
+    if !bpf_or_skip("prometheus_stack_series_name_the_python_functions") {
+        return;
+    }
+    let _serial = support::profiling::serial();
+    let Some((what, python)) = interpreters().into_iter().next() else {
+        return;
+    };
+    let victim = KillOnDrop::spawn(
+        Command::new(&python)
+            .arg(runtime_script("spin.py"))
+            .arg("1000"),
+    );
+    let pid = victim.pid().to_string();
+    let (profiler, addr) = support::prometheus::start_exporter(
+        env!("CARGO_BIN_EXE_sframe-user"),
+        &["--no-debuginfod", "--frequency", "199", "--pid", &pid],
+    );
+    // Series per program are planned at 1, 2, 4 … s, then every minute; samples taken
+    // before a node entered the set are in a remainder. So the share is judged on the
+    // series' increase between two scrapes once the chain has its series: 2 s of the
+    // program's CPU.
+    let value = |l: &str| -> f64 {
+        l.rsplit_once(' ')
+            .and_then(|(_, v)| v.parse().ok())
+            .unwrap_or(0.0)
+    };
+    let series = |text: &str| -> std::collections::HashMap<String, f64> {
+        support::prometheus::stack_series(text)
+            .into_iter()
+            .filter_map(|l| {
+                let (k, _) = l.rsplit_once(' ')?;
+                Some((k.to_owned(), value(l)))
+            })
+            .collect()
+    };
+    let in_chain = |key: &str| {
+        support::prometheus::label(key, "stack")
+            .is_some_and(|s| through(&format!(";{s}"), SPIN_CHAIN))
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let before = loop {
+        support::hostile::wait_cpu(victim.pid(), 0.5, || {
+            assert!(
+                !support::prometheus::exited(&profiler),
+                "the profiler ended"
+            );
+        });
+        let s = series(&support::prometheus::scrape(addr));
+        if s.keys().any(|k| in_chain(k)) {
+            break s;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: no series of the chain in 120 s: {s:?}"
+        );
+    };
+    support::hostile::wait_cpu(victim.pid(), 2.0, || {
+        assert!(
+            !support::prometheus::exited(&profiler),
+            "the profiler ended"
+        );
+    });
+    let text = support::prometheus::scrape(addr);
+    let after = series(&text);
+    let grew = |keep: &dyn Fn(&str) -> bool| -> f64 {
+        after
+            .iter()
+            .filter(|(k, _)| keep(k))
+            .map(|(k, v)| v - before.get(k).copied().unwrap_or(0.0))
+            .sum()
+    };
+    let all = grew(&|_| true);
+    let chain = grew(&|k| in_chain(k));
+    eprintln!("{what}: {chain} of {all} new samples in series through the chain");
+    assert!(
+        all >= 2.0 * 199.0 * 0.5,
+        "{what}: {all} new samples for 2 s of CPU\n{text}"
+    );
+    assert!(
+        chain >= 0.8 * all,
+        "{what}: {chain} of {all} new samples in series through the chain:\n{text}"
+    );
 }
 
 #[test]

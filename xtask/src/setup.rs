@@ -307,10 +307,16 @@ fn ensure_py_spy() -> Result<()> {
     if dir.join("bin/py-spy").exists() {
         return Ok(());
     }
-    // A Python with pip: pyenv's (the image's default python3), else the system's.
-    let python = cmd::output(Command::new("pyenv").args(["which", "python3"]))
-        .map(|p| p.trim().to_owned())
-        .unwrap_or_else(|| "python3".into());
+    // A Python with pip: the one on PATH (the image's default is pyenv's), pyenv's own,
+    // else the system's.
+    let pyenv =
+        cmd::output(Command::new("pyenv").args(["which", "python3"])).map(|p| p.trim().to_owned());
+    let python = ["python3".to_owned()]
+        .into_iter()
+        .chain(pyenv)
+        .chain(["/usr/bin/python3".to_owned()])
+        .find(|p| cmd::output(Command::new(p).args(["-m", "pip", "--version"])).is_some())
+        .context("no python3 with pip to install py-spy with")?;
     cmd::run(
         Command::new(&python)
             .args([

@@ -34,6 +34,8 @@ pub(super) struct PythonTargets {
     retry_at: Option<Instant>,
     /// Processes with a kernel entry.
     installed: HashSet<u32>,
+    /// The loop runs: the finder's thread may start (after `--drop-privileges`).
+    may_start: bool,
     /// When the stacks were last drained for the Python processes.
     last_drain: Instant,
 }
@@ -51,23 +53,16 @@ impl PythonTargets {
             pending: HashSet::new(),
             retry_at: None,
             installed: HashSet::new(),
+            may_start: false,
             last_drain: Instant::now(),
         }
     }
 
-    /// Starts the finder's thread, once the loop runs (threads start after
-    /// `--drop-privileges`, so that none keeps the privileges the start needed).
+    /// The loop runs: the finder's thread may start when a process needs it (threads
+    /// start after `--drop-privileges`, so that none keeps the privileges the start
+    /// needed).
     pub(super) fn start(&mut self) {
-        if self.finder.is_some() || self.map.is_none() {
-            return;
-        }
-        match Finder::spawn() {
-            Ok(f) => self.finder = Some(f),
-            Err(e) => {
-                log::warn!("no Python frames: cannot start the finder: {e}");
-                self.map = None;
-            }
-        }
+        self.may_start = true;
     }
 
     /// Looks at `info`'s mappings: a CPython process gets its kernel entry and, unless it
@@ -78,13 +73,29 @@ impl PythonTargets {
         if self.map.is_none() {
             return;
         }
-        let Some(finder) = &mut self.finder else {
-            // Before the loop runs: looked at once it does.
-            self.pending.insert(pid);
-            self.retry_at = Some(Instant::now());
+        if !crate::python::has_candidate(&info.maps) {
+            self.forget(pid);
             return;
-        };
-        let Some(map) = &mut self.map else {
+        }
+        if self.finder.is_none() {
+            if !self.may_start {
+                // Before the loop runs: looked at once it does.
+                self.pending.insert(pid);
+                self.retry_at = Some(Instant::now());
+                return;
+            }
+            // Started at the first process that may run CPython: a profiler of other
+            // programs runs no thread for it.
+            match Finder::spawn() {
+                Ok(f) => self.finder = Some(f),
+                Err(e) => {
+                    log::warn!("no Python frames: cannot start the finder: {e}");
+                    self.map = None;
+                    return;
+                }
+            }
+        }
+        let (Some(finder), Some(map)) = (&mut self.finder, &mut self.map) else {
             return;
         };
         match finder.find(pid, &info.maps) {
@@ -140,7 +151,7 @@ impl PythonTargets {
     /// their retry is due.
     pub(super) fn due(&mut self) -> Vec<u32> {
         match self.retry_at {
-            Some(at) if at <= Instant::now() && self.finder.is_some() => {
+            Some(at) if at <= Instant::now() && self.may_start => {
                 self.retry_at = None;
                 self.pending.iter().copied().collect()
             }

@@ -100,6 +100,12 @@ pub fn pid_namespace(pid: u32) -> Option<(u64, u64)> {
     Some(((major << 20) | minor, theirs.ino()))
 }
 
+/// Whether a process mapping `maps` may run CPython (an executable mapping of a file named
+/// like a CPython build).
+pub fn has_candidate(maps: &[Mapping]) -> bool {
+    maps.iter().any(|m| m.executable && is_candidate(m))
+}
+
 /// Whether `m` may be a CPython build's file, by its name.
 fn is_candidate(m: &Mapping) -> bool {
     if !m.is_file() {

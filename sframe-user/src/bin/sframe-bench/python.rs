@@ -39,10 +39,18 @@ open(sys.argv[2], 'w').write(str(time.perf_counter() - t))\n";
 
 /// The CPython the section runs: pyenv's 3.12 if there, else Debian's `python3`.
 fn interpreter() -> Option<PathBuf> {
-    let root = Command::new("pyenv").arg("root").output().ok()?;
-    let root = PathBuf::from(String::from_utf8_lossy(&root.stdout).trim());
+    let root = Command::new("pyenv")
+        .arg("root")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()))
+        .or_else(|| std::env::var_os("PYENV_ROOT").map(PathBuf::from))
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".pyenv")))
+        .unwrap_or_default();
     let mut found: Vec<PathBuf> = std::fs::read_dir(root.join("versions"))
-        .ok()?
+        .into_iter()
+        .flatten()
         .filter_map(Result::ok)
         .map(|e| e.path())
         .filter(|p| {
