@@ -307,6 +307,7 @@ fn pprof_tool_reads_written_profile() {
     };
     let profile = Profile {
         processes: vec![ProcessProfile {
+            deferred: Default::default(),
             ns_pid: None,
             cgroup: None,
             container_id: None,

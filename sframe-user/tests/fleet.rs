@@ -895,12 +895,23 @@ fn samples_taken_before_the_tables_are_unwound_later_in_user_space() {
         })
         .map(|c| c.count)
         .sum();
+    // The spinner's own deferred samples (not the machine's): walked in user space,
+    // every one complete.
+    let mine = profiler.deferred_walks(pid);
     eprintln!(
-        "deferred {deferred} (lost {lost}); {good} of {total} complete; {unknown} unknown_process"
+        "deferred {deferred} machine-wide (lost {lost}), the spinner's {} ({} complete); \
+         {good} of {total} complete; {unknown} unknown_process",
+        mine.samples, mine.complete
     );
     assert!(
-        deferred >= 1,
-        "the first sample had no table and must have been deferred"
+        mine.samples >= 1,
+        "the spinner's first sample had no table and must have been deferred"
+    );
+    assert!(
+        mine.complete * 100 >= mine.samples * 95,
+        "{} of the spinner's {} deferred samples complete:\n{bad}",
+        mine.complete,
+        mine.samples
     );
     // Every sample that reached user space was unwound; the only ones left without a
     // stack are those the kernel could not hand over (its ring full while the loop was

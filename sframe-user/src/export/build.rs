@@ -143,6 +143,7 @@ impl Profile {
             });
             let container = t.cgroup.as_deref().and_then(crate::cgroup::container);
             processes.push(ProcessProfile {
+                deferred: profiler.deferred_walks(t.pid),
                 pid: t.pid,
                 ns_pid: t.ns_pid,
                 cgroup: t

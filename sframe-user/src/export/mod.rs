@@ -166,6 +166,8 @@ pub struct ProcessProfile {
     pub container_id: Option<String>,
     /// Distinct stacks, most samples first.
     pub stacks: Vec<Stack>,
+    /// Its samples walked in user space (taken before its tables were loaded).
+    pub deferred: crate::profiler::DeferredWalks,
 }
 
 /// One distinct stack of one thread of a process, with its sample count.
@@ -340,6 +342,7 @@ pub(crate) mod tests {
             group_by: GroupBy::Process,
             processes: vec![
                 ProcessProfile {
+                    deferred: Default::default(),
                     ns_pid: None,
                     cgroup: None,
                     container_id: None,
@@ -367,6 +370,7 @@ pub(crate) mod tests {
                     ],
                 },
                 ProcessProfile {
+                    deferred: Default::default(),
                     ns_pid: None,
                     cgroup: None,
                     container_id: None,

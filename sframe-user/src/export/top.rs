@@ -6,6 +6,9 @@ use sframe_common::{Counter, WalkOutcome};
 
 use super::{ProcessProfile, Profile};
 
+/// Processes whose samples walked in user space the report lists, at most.
+const MAX_DEFERRED_LINES: usize = 32;
+
 /// The report: samples, outcomes, frame sources, then the `n` hottest stacks of all
 /// processes, innermost frame first.
 pub fn top(profile: &Profile, n: usize) -> String {
@@ -48,6 +51,21 @@ pub fn top(profile: &Profile, n: usize) -> String {
             c(Counter::FramesFromTable),
             c(Counter::FramesFromFramePointer)
         );
+        // Per process, the samples taken before its tables were loaded (walked here):
+        // the busiest first.
+        let mut deferred: Vec<&ProcessProfile> = profile
+            .processes
+            .iter()
+            .filter(|p| p.deferred.samples > 0)
+            .collect();
+        deferred.sort_by_key(|p| std::cmp::Reverse(p.deferred.samples));
+        for p in deferred.iter().take(MAX_DEFERRED_LINES) {
+            let _ = writeln!(
+                out,
+                "walked in user space: pid {} {}: {} samples, {} complete",
+                p.pid, p.comm, p.deferred.samples, p.deferred.complete
+            );
+        }
     }
     // Stacks that differ only in addresses inside the same functions are one line here.
     let mut merged: HashMap<(u32, Vec<String>, WalkOutcome), (&ProcessProfile, u64)> =

@@ -222,6 +222,8 @@ pub(super) struct Counts {
     walked_here: [u64; WalkOutcome::COUNT],
     /// The kernel's full-map counters (stacks, counts, off-CPU counts) at the last drain.
     map_failures: u64,
+    /// Samples walked in user space (deferred), per process.
+    walked_by_pid: StdHashMap<u32, super::DeferredWalks>,
     /// (process, word) of the interpreter frames of the user stacks read from the
     /// kernel since [`Counts::take_python_words`] (to name while the process lives).
     python_words: Vec<(u32, u64)>,
@@ -262,6 +264,7 @@ impl Counts {
             walked_here: [0; WalkOutcome::COUNT],
             map_failures: 0,
             python_words: Vec::new(),
+            walked_by_pid: StdHashMap::new(),
         })
     }
 
@@ -278,6 +281,20 @@ impl Counts {
         if let Some(n) = self.walked_here.get_mut(key.outcome as usize) {
             *n += 1;
         }
+        // One entry per process that had deferred samples; processes are forgotten with
+        // their counts (`forget`), and the map is bounded like the counts.
+        if self.walked_by_pid.len() < MAX_KEYS || self.walked_by_pid.contains_key(&key.pid) {
+            let w = self.walked_by_pid.entry(key.pid).or_default();
+            w.samples += 1;
+            if WalkOutcome::try_from(key.outcome).is_ok_and(WalkOutcome::is_complete) {
+                w.complete += 1;
+            }
+        }
+    }
+
+    /// The samples of process `pid` walked in user space so far.
+    pub(super) fn walked_of(&self, pid: u32) -> super::DeferredWalks {
+        self.walked_by_pid.get(&pid).copied().unwrap_or_default()
     }
 
     /// The id in `kernel_stacks` of the off-CPU kernel stack stored under `key` in
@@ -466,6 +483,7 @@ impl Counts {
     /// Drops the counts of the processes `gone`, and the stacks no count uses any more.
     pub(super) fn forget(&mut self, gone: &HashSet<u32>) {
         self.kept.forget(gone);
+        self.walked_by_pid.retain(|pid, _| !gone.contains(pid));
     }
 
     /// Whether the counts kept (keys or stack words, all processes together) are over

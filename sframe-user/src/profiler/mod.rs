@@ -68,6 +68,14 @@ pub struct StackCount {
     pub count: u64,
 }
 
+/// Samples of one process walked in user space (deferred: taken before its tables were
+/// loaded), and how many of them were complete.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeferredWalks {
+    pub samples: u64,
+    pub complete: u64,
+}
+
 /// What the kernel side counted since the profiler started.
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
@@ -981,6 +989,11 @@ impl Profiler {
         self.make_room();
         self.counts.drain(&mut self.kernel_stacks);
         self.name_python_frames();
+    }
+
+    /// The samples of process `pid` walked in user space so far (the deferred ones).
+    pub fn deferred_walks(&self, pid: u32) -> DeferredWalks {
+        self.counts.walked_of(pid)
     }
 
     /// Stacks stored in the kernel's `STACKS` map now, read key by key (tests and
