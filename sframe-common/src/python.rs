@@ -111,6 +111,13 @@ pub const PY_CODE_MASK: u64 = (1 << 48) - 8;
 /// Set in the word of the first frame of a `_PyEval_EvalFrameDefault` invocation (code
 /// objects are 8-byte aligned: the low bits are free).
 pub const PY_ENTRY: u64 = 1;
+/// Bits of a frame word user space sets once it has read the code object (the kernel
+/// side leaves them 0): which of the contents seen at the code object's address names
+/// the frame, 1 to [`PY_MAX_VERSION`] (an address freed and reused by another code
+/// object names the stacks read before the reuse by the earlier one); 0: not bound.
+pub const PY_VERSION_MASK: u64 = 0b110;
+/// The largest version [`with_version`] stores.
+pub const PY_MAX_VERSION: u8 = 3;
 /// Position of the instruction offset (in 2-byte code units) in a frame word.
 pub const PY_OFFSET_SHIFT: u32 = 48;
 /// The largest instruction offset a word holds; longer offsets are stored as this.
@@ -151,6 +158,23 @@ pub const fn offset(word: u64) -> u32 {
     ((word >> PY_OFFSET_SHIFT) & PY_OFFSET_MAX) as u32
 }
 
+/// The version user space bound an interpreter frame's word to (0: none).
+#[inline(always)]
+pub const fn version(word: u64) -> u8 {
+    ((word & PY_VERSION_MASK) >> 1) as u8
+}
+
+/// `word` bound to `version` (1 to [`PY_MAX_VERSION`]; others leave it unbound).
+#[inline(always)]
+pub const fn with_version(word: u64, version: u8) -> u64 {
+    let v = if version > PY_MAX_VERSION {
+        0
+    } else {
+        version as u64
+    };
+    (word & !PY_VERSION_MASK) | (v << 1)
+}
+
 /// Whether an interpreter frame's word starts an invocation of the evaluation loop.
 #[inline(always)]
 pub const fn is_entry(word: u64) -> bool {
@@ -174,5 +198,20 @@ mod tests {
         // The symbolizer's lookup address of the word keeps the flag.
         assert!(is_frame(crate::stack::lookup_address(3, w)));
         assert!(!is_frame(0x7fff_ffff_f000));
+    }
+
+    #[test]
+    fn versions_change_neither_the_code_nor_the_offset_nor_the_entry_bit() {
+        let w = frame_word(0x7f12_3456_7890, 37, true);
+        assert_eq!(version(w), 0);
+        for v in 1..=PY_MAX_VERSION {
+            let b = with_version(w, v);
+            assert_eq!(version(b), v);
+            assert_eq!(code(b), code(w));
+            assert_eq!(offset(b), offset(w));
+            assert!(is_entry(b) && is_frame(b));
+            assert_eq!(with_version(b, 0), w);
+        }
+        assert_eq!(version(with_version(w, PY_MAX_VERSION + 1)), 0);
     }
 }

@@ -229,6 +229,55 @@ fn every_cpython_names_the_programs_own_functions_on_complete_stacks() {
     }
 }
 
+/// A code object's address is freed and taken by another code object (exec'd code, a
+/// module's at start-up): each names its own samples. (The 3.11 interpreter's start-up
+/// ran a `.pth` file's line through `exec`, and a function later made at that address
+/// was named `<module> (<string>:1)` in every sample.)
+#[test]
+fn a_reused_code_object_address_names_each_code_object_s_own_samples() {
+    if !bpf_or_skip("a_reused_code_object_address_names_each_code_object_s_own_samples") {
+        return;
+    }
+    let _serial = support::profiling::serial();
+    let frequency = 199;
+    // CPU seconds (process time) up to which `transient` spins, then in `lasting`.
+    let (first, then) = (0.8, 1.2);
+    for (what, python) in interpreters() {
+        let dir = fixture_dir("python-reuse");
+        let folded = profile_command(
+            &dir,
+            frequency,
+            &[&python, &runtime_script("reuse.py")],
+            &[&first.to_string(), &then.to_string()],
+        );
+        let hot = hottest(&folded);
+        // (exec'd code's file is `<string>`.)
+        let named = |name: &str| {
+            share(&folded, |s| {
+                through(s, ";<module>") && s.contains(&format!(";{name} (<string>:"))
+            })
+        };
+        let ((all, transient), (_, lasting)) = (named("transient"), named("lasting"));
+        eprintln!("{what}: {transient} transient, {lasting} lasting of {all}\n{hot}");
+        // By CPU time, about 0.7 of `first` (the interpreter's start takes some) and
+        // `then`: each gets at least half of what its share is worth; together they
+        // are nearly every sample.
+        let due = |cpu: f64| (cpu * frequency as f64 / 2.0) as u64;
+        assert!(
+            transient >= due(first * 0.7),
+            "{what}: {transient} samples name `transient` of {all}\n{hot}"
+        );
+        assert!(
+            lasting >= due(then),
+            "{what}: {lasting} samples name `lasting` of {all}\n{hot}"
+        );
+        assert!(
+            (transient + lasting) * 100 >= all * 80,
+            "{what}: {transient} + {lasting} of {all} samples name their function\n{hot}"
+        );
+    }
+}
+
 #[test]
 fn each_thread_shows_its_own_python_frames() {
     if !bpf_or_skip("each_thread_shows_its_own_python_frames") {

@@ -30,8 +30,9 @@ pub const MAX_STACK_WORDS: usize = 2 << 20;
 /// Frame words of the stacks one process may bring in.
 pub const MAX_STACK_WORDS_PER_PROCESS: usize = MAX_STACK_WORDS / 16;
 
-/// Interpreter frame words noted between two drains, at most.
-const MAX_PYTHON_WORDS: usize = 65_536;
+/// What [`Counts::drain`] does to the words of a user stack of a process (its pid) new
+/// to user space before they are kept.
+pub(super) type Bind<'a> = dyn FnMut(u32, &mut [u64]) + 'a;
 
 /// A key past the bounds: the sample stays counted for its process and outcome, at the
 /// process's root (no thread, no stack), so totals and outcome shares stay right.
@@ -224,9 +225,6 @@ pub(super) struct Counts {
     map_failures: u64,
     /// Samples walked in user space (deferred), per process.
     walked_by_pid: StdHashMap<u32, super::DeferredWalks>,
-    /// (process, word) of the interpreter frames of the user stacks read from the
-    /// kernel since [`Counts::take_python_words`] (to name while the process lives).
-    python_words: Vec<(u32, u64)>,
 }
 
 /// Every key of a kernel count map with its count, the map emptied. Read then delete:
@@ -263,7 +261,6 @@ impl Counts {
             kept: Kept::new(Bounds::for_keys(max_keys.unwrap_or(MAX_KEYS))),
             walked_here: [0; WalkOutcome::COUNT],
             map_failures: 0,
-            python_words: Vec::new(),
             walked_by_pid: StdHashMap::new(),
         })
     }
@@ -276,7 +273,6 @@ impl Counts {
 
     /// Counts one sample walked in user space: `frames` is its user stack (the key's).
     pub(super) fn add_walked(&mut self, key: CountKey, frames: &[u64]) {
-        self.note_python_words(key.pid, frames);
         self.kept.add(Kind::OnCpu, key, 1, Some(frames));
         if let Some(n) = self.walked_here.get_mut(key.outcome as usize) {
             *n += 1;
@@ -326,14 +322,15 @@ impl Counts {
             outcome: key.outcome | state,
             ..key
         };
-        self.note_python_words(key.pid, frames);
         self.kept.add(Kind::OffCpu, key, ns, Some(frames));
     }
 
     /// Moves the kernel's counts and user stacks into user space (their kernel stacks
     /// interned into `kernel_stacks`), emptying the kernel's maps for the samples to
     /// come: they hold about a second of a busy machine's samples (`MAX_STACKS`).
-    pub(super) fn drain(&mut self, kernel_stacks: &mut KernelStacks) {
+    /// `bind` rewrites the words of each user stack new to user space (of its process):
+    /// see [`PyNamer::bind`](crate::python::PyNamer::bind).
+    pub(super) fn drain(&mut self, kernel_stacks: &mut KernelStacks, bind: &mut Bind<'_>) {
         let mut drained = drain(&mut self.counts_map, Kind::OnCpu);
         // Off CPU: the kernel stack is a key in `STACKS`, made an id of `kernel_stacks`
         // here (-1 meaning none, as for on-CPU keys).
@@ -362,7 +359,7 @@ impl Counts {
             if id == 0 || read.contains_key(&id) {
                 continue;
             }
-            let frames = if self.kept.stacks.contains_key(&id) {
+            let mut frames = if self.kept.stacks.contains_key(&id) {
                 None
             } else {
                 self.stacks_map.get(&id, 0).ok().and_then(|stack| {
@@ -371,8 +368,8 @@ impl Counts {
                 })
             };
             let _ = self.stacks_map.remove(&id);
-            if let Some(frames) = &frames {
-                self.note_python_words(key.pid, frames);
+            if let Some(frames) = &mut frames {
+                bind(key.pid, frames);
             }
             read.insert(id, frames);
         }
@@ -393,28 +390,6 @@ impl Counts {
         let failed = self.counter(Counter::KernelStackFailed);
         kernel_stacks.empty_when_full(failed);
         self.empty_stacks_when_full();
-    }
-
-    /// Notes the interpreter frames' words of a user stack of `pid` new to user space
-    /// (read from the kernel, or walked here from a deferred sample).
-    fn note_python_words(&mut self, pid: u32, frames: &[u64]) {
-        // Taken at each drain; bounded between two whatever user space walks meanwhile
-        // (past it, a code object is read when its frame is named).
-        if self.python_words.len() >= MAX_PYTHON_WORDS {
-            return;
-        }
-        self.python_words.extend(
-            frames
-                .iter()
-                .filter(|&&w| sframe_common::python::is_frame(w))
-                .map(|&w| (pid, w)),
-        );
-    }
-
-    /// The interpreter frames' words (with their process) of the user stacks read from
-    /// the kernel, or walked here, since the last call.
-    pub(super) fn take_python_words(&mut self) -> Vec<(u32, u64)> {
-        std::mem::take(&mut self.python_words)
     }
 
     /// The kernel's counter `c`, summed over CPUs.
@@ -447,8 +422,12 @@ impl Counts {
     }
 
     /// [`Counts::drain`], then everything counted so far.
-    pub(super) fn collect(&mut self, kernel_stacks: &mut KernelStacks) -> Snapshot {
-        self.drain(kernel_stacks);
+    pub(super) fn collect(
+        &mut self,
+        kernel_stacks: &mut KernelStacks,
+        bind: &mut Bind<'_>,
+    ) -> Snapshot {
+        self.drain(kernel_stacks, bind);
         let [on_cpu, off_cpu] = &self.kept.counts;
         let mut snap = Snapshot {
             counts: on_cpu

@@ -288,6 +288,8 @@ impl Profiler {
                 .or_insert_with(|| (Instant::now(), procfs::liveness(pid)))
                 .1
         };
+        // Code objects checked in this round, per process (`PyNamer::bind`).
+        let mut bound = StdHashMap::new();
         for mut w in records {
             if only.is_some_and(|p| p != w.rec.pid) && self.deferred.has_room_for(w.rec.pid) {
                 self.deferred.wait(w);
@@ -347,7 +349,7 @@ impl Profiler {
                 _ => None,
             };
             let entries = self.store.process_entries(rec.pid).or(exited);
-            let (st, outcome) = walk_record(rec, entries, self.store.tables());
+            let (mut st, outcome) = walk_record(rec, entries, self.store.tables());
             // A PC in a mapping made after the process's tables were read (dlopen): its
             // mmap event reloads the process; wait for that as for a first load.
             let retry = outcome == WalkOutcome::NoMapping
@@ -359,15 +361,17 @@ impl Profiler {
                 self.deferred.wait(w);
                 continue;
             }
+            let user_stack = st.stack_key();
             let len = (st.stack.len as usize).min(st.stack.frames.len());
-            let frames = st.stack.frames.get(..len).unwrap_or_default();
+            let frames = st.stack.frames.get_mut(..len).unwrap_or_default();
+            self.bind_python_words(rec.pid, frames, &mut bound);
             let key = CountKey {
                 pid: rec.pid,
                 tid: rec.tid,
                 // Not in the record: the thread's name, read once per thread (it was
                 // sampled moments ago), not once per deferred sample.
                 comm: self.thread_comm(rec.pid, rec.tid),
-                user_stack: st.stack_key(),
+                user_stack,
                 kernel_stack: self
                     .kernel_stacks
                     .intern(rec.kernel_stack, &mut StdHashMap::new()),

@@ -954,9 +954,12 @@ impl Profiler {
     pub fn collect(&mut self) -> Snapshot {
         let _cpu = crate::cputime::Timer::start(&crate::cputime::COLLECTION);
         self.make_room();
-        let snapshot = self.counts.collect(&mut self.kernel_stacks);
-        self.name_python_frames();
-        snapshot
+        let mut bound = StdHashMap::new();
+        let procs = &self.procs;
+        self.counts
+            .collect(&mut self.kernel_stacks, &mut |pid, frames| {
+                bind_python_words(procs, pid, frames, &mut bound)
+            })
     }
 
     /// Looks again at the processes whose CPython file the finder was reading.
@@ -969,14 +972,17 @@ impl Profiler {
         }
     }
 
-    /// Reads the code objects of the interpreter frames just drained from the kernel,
-    /// while their processes live (a code object cannot be read after its exit).
-    fn name_python_frames(&mut self) {
-        for (pid, word) in self.counts.take_python_words() {
-            if let Some(namer) = self.procs.get(&pid).and_then(|p| p.info.python.as_ref()) {
-                namer.prefetch(word);
-            }
-        }
+    /// Binds the interpreter frames' words of a user stack of `pid` new to user space to
+    /// the code objects their addresses hold now (`PyNamer::bind`: read while the process
+    /// lives, a code object cannot be read after its exit); `bound`: the addresses
+    /// checked this round, per process.
+    fn bind_python_words(
+        &self,
+        pid: u32,
+        frames: &mut [u64],
+        bound: &mut StdHashMap<u32, std::collections::HashMap<u64, u8>>,
+    ) {
+        bind_python_words(&self.procs, pid, frames, bound);
     }
 
     /// Moves the kernel's counts and stacks into user space without a snapshot: done by
@@ -987,8 +993,12 @@ impl Profiler {
     pub fn drain(&mut self) {
         let _cpu = crate::cputime::Timer::start(&crate::cputime::COLLECTION);
         self.make_room();
-        self.counts.drain(&mut self.kernel_stacks);
-        self.name_python_frames();
+        let mut bound = StdHashMap::new();
+        let procs = &self.procs;
+        self.counts
+            .drain(&mut self.kernel_stacks, &mut |pid, frames| {
+                bind_python_words(procs, pid, frames, &mut bound)
+            });
     }
 
     /// The samples of process `pid` walked in user space so far (the deferred ones).
@@ -1043,5 +1053,27 @@ impl Profiler {
     pub fn program_stats_of(&self, name: &str) -> Option<(u64, u64)> {
         let info = self.ebpf.program(name)?.info().ok()?;
         Some((info.run_time().as_nanos() as u64, info.run_count()))
+    }
+}
+
+/// [`Profiler::bind_python_words`] over `procs`.
+fn bind_python_words(
+    procs: &StdHashMap<u32, Proc>,
+    pid: u32,
+    frames: &mut [u64],
+    bound: &mut StdHashMap<u32, std::collections::HashMap<u64, u8>>,
+) {
+    if !frames.iter().any(|&w| sframe_common::python::is_frame(w)) {
+        return;
+    }
+    let Some(namer) = procs.get(&pid).and_then(|p| p.info.python.as_ref()) else {
+        return;
+    };
+    let seen = bound.entry(pid).or_default();
+    for w in frames
+        .iter_mut()
+        .filter(|w| sframe_common::python::is_frame(**w))
+    {
+        *w = namer.bind(*w, seen);
     }
 }

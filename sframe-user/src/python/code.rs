@@ -274,6 +274,22 @@ pub struct CodeInfo {
     pub first_line: u32,
     /// The raw location table (co_linetable bytes), at most MAX_LINETABLE bytes.
     linetable: Vec<u8>,
+    /// What identifies the object among those its address may hold over time: the
+    /// header's name, file and location-table pointers and first line.
+    identity: Identity,
+}
+
+/// The fields of a code object's header that tell one code object from another at the
+/// same address (after the first was freed).
+type Identity = [u64; 4];
+
+fn identity(header: &[u8], layout: &CodeLayout) -> Option<Identity> {
+    Some([
+        field_u64(header, layout.co_qualname)?,
+        field_u64(header, layout.co_filename)?,
+        field_u64(header, layout.co_linetable)?,
+        u64::from(field_u32(header, layout.co_firstlineno)?),
+    ])
 }
 
 impl CodeInfo {
@@ -297,7 +313,16 @@ impl CodeInfo {
             filename,
             first_line,
             linetable,
+            identity: identity(&header, layout).ok_or(ReadError::BadLayout)?,
         })
+    }
+
+    /// Whether the code object at `addr` is still the one this was read from (one read
+    /// of its header); None when the header cannot be read (the process gone).
+    pub fn still_at(&self, mem: &impl Memory, layout: &CodeLayout, addr: u64) -> Option<bool> {
+        let len = layout.code_header_len()?;
+        let header = read_vec(mem, "code object", addr, len).ok()?;
+        Some(identity(&header, layout)? == self.identity)
     }
 
     /// The source line of the instruction at `offset` code units (2-byte
@@ -585,6 +610,7 @@ mod tests {
             filename: String::new(),
             first_line,
             linetable: table,
+            identity: [0; 4],
         }
     }
 
@@ -909,6 +935,28 @@ mod tests {
                 ..l[1]
             }
         );
+    }
+
+    #[test]
+    fn a_code_object_is_told_from_another_at_its_address() {
+        for l in layouts() {
+            let table = [head(10, 2), 0, 5];
+            let mut m = forge(&l, "transient", "<string>", &table);
+            let ci = CodeInfo::read(&m, &l, CODE).unwrap();
+            assert_eq!(ci.still_at(&m, &l, CODE), Some(true));
+            // Freed, and another code object made at the same address: other strings.
+            m.put(0x50_0000, string_obj(&l, "lasting"));
+            put_u64(m.region(CODE), l.co_qualname, 0x50_0000);
+            assert_eq!(ci.still_at(&m, &l, CODE), Some(false));
+            let other = CodeInfo::read(&m, &l, CODE).unwrap();
+            assert_eq!(other.qualname, "lasting");
+            // Same strings, another first line.
+            let mut m = forge(&l, "transient", "<string>", &table);
+            put_u32(m.region(CODE), l.co_firstlineno, 7);
+            assert_eq!(ci.still_at(&m, &l, CODE), Some(false));
+            // Gone.
+            assert_eq!(ci.still_at(&FakeMem::default(), &l, CODE), None);
+        }
     }
 
     #[test]

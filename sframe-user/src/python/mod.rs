@@ -405,10 +405,45 @@ fn read_build(pid: u32, m: &Mapping) -> Result<PyBuild, String> {
 }
 
 /// Names the Python frames of one process from its memory.
+///
+/// A code object's address may hold another code object later (the first freed: code
+/// compiled by `exec`, a module's at start-up), and the kernel side records only the
+/// address. So each address keeps the contents seen there, up to
+/// [`PY_MAX_VERSION`](sframe_common::python::PY_MAX_VERSION) of them, and a stack's words
+/// are bound to the one the address held when the stack reached user space
+/// ([`PyNamer::bind`]).
 pub struct PyNamer {
     layout: code::CodeLayout,
     mem: Option<code::ProcMem>,
-    codes: Mutex<HashMap<u64, Option<Arc<code::CodeInfo>>>>,
+    codes: Mutex<HashMap<u64, Versions>>,
+}
+
+/// The contents seen at one code object's address.
+#[derive(Default)]
+struct Versions {
+    /// The latest (1 to `PY_MAX_VERSION`; 0: none).
+    current: u8,
+    slots: [Option<Arc<code::CodeInfo>>; sframe_common::python::PY_MAX_VERSION as usize],
+}
+
+impl Versions {
+    fn get(&self, version: u8) -> Option<&Arc<code::CodeInfo>> {
+        self.slots
+            .get(usize::from(version).checked_sub(1)?)?
+            .as_ref()
+    }
+
+    /// Stores `info` as the next version; returns it.
+    fn push(&mut self, info: Option<Arc<code::CodeInfo>>) -> u8 {
+        self.current = self.current % sframe_common::python::PY_MAX_VERSION + 1;
+        if let Some(slot) = usize::from(self.current)
+            .checked_sub(1)
+            .and_then(|i| self.slots.get_mut(i))
+        {
+            *slot = info;
+        }
+        self.current
+    }
 }
 
 impl std::fmt::Debug for PyNamer {
@@ -436,8 +471,7 @@ impl PyNamer {
         // The frame's address in the outputs (pprof's location): one per code object and
         // instruction.
         let address = addr | (u64::from(offset) << sframe_common::python::PY_OFFSET_SHIFT);
-        let info = self.code(addr);
-        match info {
+        match self.named(word) {
             Some(info) => Frame {
                 name: Some(info.qualname.clone()),
                 object: PYTHON_OBJECT.to_owned(),
@@ -458,33 +492,76 @@ impl PyNamer {
         }
     }
 
-    /// Reads the code object of an interpreter frame's `word` now, if not read yet (the
-    /// process may be gone when the frame is named).
-    pub fn prefetch(&self, word: u64) {
-        let _ = self.code(sframe_common::python::code(word));
+    /// `word` bound to what its code object's address holds now (read now when it is
+    /// not known, or no longer what was read: one read of the object's header when it
+    /// is). Done when a stack reaches user space, while its process lives; `seen`
+    /// remembers the addresses checked in one round (one check per address and round).
+    pub fn bind(&self, word: u64, seen: &mut HashMap<u64, u8>) -> u64 {
+        let addr = sframe_common::python::code(word);
+        if let Some(&v) = seen.get(&addr) {
+            return sframe_common::python::with_version(word, v);
+        }
+        let Ok(mut codes) = self.codes.lock() else {
+            return word;
+        };
+        let Some(mem) = self.mem.as_ref() else {
+            return word;
+        };
+        if codes.len() >= MAX_CODES && !codes.contains_key(&addr) {
+            codes.clear();
+        }
+        let versions = codes.entry(addr).or_default();
+        let current = versions.get(versions.current);
+        let v = match current.map(|info| info.still_at(mem, &self.layout, addr)) {
+            // The same object, or its process gone (what was read stays the best name).
+            Some(Some(true) | None) => versions.current,
+            // Never read, or another object now.
+            _ => {
+                let read = self.read(mem, addr);
+                if read.is_none() && versions.current == 0 {
+                    // Not a code object (or the process gone) when first seen: not
+                    // remembered, the word stays unbound.
+                    codes.remove(&addr);
+                    return word;
+                }
+                versions.push(read)
+            }
+        };
+        if seen.len() < MAX_CODES {
+            seen.insert(addr, v);
+        }
+        sframe_common::python::with_version(word, v)
     }
 
-    fn code(&self, addr: u64) -> Option<Arc<code::CodeInfo>> {
-        let Ok(mut codes) = self.codes.lock() else {
-            return None;
-        };
+    /// What names `word`: the version it was bound to, the latest one for a word not
+    /// bound, read now for a code object never read.
+    fn named(&self, word: u64) -> Option<Arc<code::CodeInfo>> {
+        let addr = sframe_common::python::code(word);
+        let mut codes = self.codes.lock().ok()?;
         if let Some(known) = codes.get(&addr) {
-            return known.clone();
+            return match sframe_common::python::version(word) {
+                0 => known.get(known.current),
+                v => known.get(v),
+            }
+            .cloned();
         }
-        let mem = self.mem.as_ref()?;
-        let read = code::CodeInfo::read(mem, &self.layout, addr)
-            .map_err(|e| log::debug!("code object {addr:#x}: {e}"))
-            .ok()
-            .map(Arc::new);
+        let read = self.read(self.mem.as_ref()?, addr);
         if codes.len() >= MAX_CODES {
             codes.clear();
         }
         // A code object not readable now (the process gone) is not remembered as such:
         // only answers read from the memory are.
         if read.is_some() {
-            codes.insert(addr, read.clone());
+            codes.entry(addr).or_default().push(read.clone());
         }
         read
+    }
+
+    fn read(&self, mem: &code::ProcMem, addr: u64) -> Option<Arc<code::CodeInfo>> {
+        code::CodeInfo::read(mem, &self.layout, addr)
+            .map_err(|e| log::debug!("code object {addr:#x}: {e}"))
+            .ok()
+            .map(Arc::new)
     }
 }
 
