@@ -20,8 +20,15 @@ pub const MAX_PY_THREADS: u32 = 64;
 
 /// Bytes of an interpreter frame the kernel side reads at once: every field it reads
 /// (`previous`, the code, the instruction pointer, the owner, `is_entry`) must lie in
-/// them (true of 3.11–3.13: the furthest is 3.12's and 3.13's `owner`, at 70).
-pub const FRAME_HEADER: u32 = 72;
+/// them (true of 3.10–3.13: the furthest is 3.10's `f_lasti`, at 96).
+pub const FRAME_HEADER: u32 = 104;
+
+/// [`PyProcess::flags`]: `frame_instr` is a C `int` counting code units from the first
+/// instruction (3.10's `PyFrameObject::f_lasti`), not a pointer to the instruction.
+pub const PY_FLAG_LASTI: u32 = 1;
+/// [`PyProcess::flags`]: each frame is its own invocation of the evaluation loop (3.10:
+/// `_PyEval_EvalFrameDefault` runs one frame object).
+pub const PY_FLAG_EVERY_ENTRY: u32 = 2;
 
 impl PyProcess {
     /// Whether every frame field the walk reads lies in the first [`FRAME_HEADER`] bytes
@@ -33,10 +40,17 @@ impl PyProcess {
         const fn byte(o: u32) -> bool {
             o < FRAME_HEADER
         }
+        const fn int(o: u32) -> bool {
+            o.is_multiple_of(4) && o < FRAME_HEADER - 3
+        }
         word(self.frame_previous)
             && word(self.frame_code)
-            && word(self.frame_instr)
-            && byte(self.frame_owner)
+            && if self.flags & PY_FLAG_LASTI != 0 {
+                int(self.frame_instr)
+            } else {
+                word(self.frame_instr)
+            }
+            && (self.frame_owner == NO_OFFSET || byte(self.frame_owner))
             && (self.frame_is_entry == NO_OFFSET || byte(self.frame_is_entry))
     }
 }
@@ -64,8 +78,15 @@ pub struct PyProcess {
     pub threads_head: u32,
     /// `PyThreadState::next`.
     pub thread_next: u32,
-    /// `PyThreadState::native_thread_id`.
+    /// `PyThreadState::native_thread_id`; with `pthread_tid`, `PyThreadState::thread_id`
+    /// (3.10: the thread's `pthread_t`).
     pub thread_native_id: u32,
+    /// The thread id's offset in the C library's thread descriptor (glibc's `struct
+    /// pthread`, whose address a `pthread_t` is): the walk reads the id there when the
+    /// thread state holds only the `pthread_t` (3.10); [`NO_OFFSET`] otherwise.
+    pub pthread_tid: u32,
+    /// [`PY_FLAG_LASTI`], [`PY_FLAG_EVERY_ENTRY`].
+    pub flags: u32,
     /// `PyThreadState::cframe` (3.11, 3.12) or `current_frame` (3.13).
     pub thread_frame: u32,
     /// `_PyCFrame::current_frame` (3.11, 3.12); [`NO_OFFSET`] when `thread_frame` is the
@@ -77,7 +98,7 @@ pub struct PyProcess {
     pub frame_code: u32,
     /// `_PyInterpreterFrame::prev_instr` / `instr_ptr`.
     pub frame_instr: u32,
-    /// `_PyInterpreterFrame::owner` (a byte).
+    /// `_PyInterpreterFrame::owner` (a byte); [`NO_OFFSET`] in 3.10.
     pub frame_owner: u32,
     /// `_PyInterpreterFrame::is_entry` (a byte, 3.11); [`NO_OFFSET`] in 3.12+.
     pub frame_is_entry: u32,
@@ -91,7 +112,7 @@ pub struct PyProcess {
     pub pidns_ino: u64,
 }
 
-const _: () = assert!(core::mem::size_of::<PyProcess>() == 72);
+const _: () = assert!(core::mem::size_of::<PyProcess>() == 80);
 
 #[cfg(feature = "user")]
 // SAFETY: repr(C), integers only, no implicit padding (size asserted above).

@@ -25,7 +25,8 @@ use sframe_common::{
     outcome::Counter,
     python::{
         MAX_PY_FRAMES, MAX_PY_PROCESSES, MAX_PY_THREAD_CACHE, MAX_PY_THREADS, NO_OFFSET,
-        OWNED_BY_CSTACK, PY_ENTRY, PyProcess, frame_word, thread_key,
+        OWNED_BY_CSTACK, PY_ENTRY, PY_FLAG_EVERY_ENTRY, PY_FLAG_LASTI, PyProcess, frame_word,
+        thread_key,
     },
     stack::mix,
     step::WalkState,
@@ -45,6 +46,22 @@ static PY_THREADS: LruHashMap<u64, u64> = LruHashMap::with_max_entries(MAX_PY_TH
 fn read_u64(addr: u64) -> Option<u64> {
     // SAFETY: bpf_probe_read_user checks the user address.
     unsafe { bpf_probe_read_user(addr as *const u64) }.ok()
+}
+
+/// The thread id of thread state `ts`, as the process's own PID namespace numbers it:
+/// `native_thread_id` (3.11+), or the id in the C library's descriptor its `pthread_t`
+/// points to (3.10).
+#[inline(always)]
+fn thread_id(py: &PyProcess, ts: u64) -> Option<u64> {
+    let id = read_u64(ts.wrapping_add(u64::from(py.thread_native_id)))?;
+    if py.pthread_tid == NO_OFFSET {
+        return Some(id);
+    }
+    // SAFETY: bpf_probe_read_user checks the user address.
+    let tid =
+        unsafe { bpf_probe_read_user(id.wrapping_add(u64::from(py.pthread_tid)) as *const u32) }
+            .ok()?;
+    Some(u64::from(tid))
 }
 
 /// The Python walk's state between the iterations of its `bpf_loop`s, in map memory
@@ -99,7 +116,7 @@ unsafe extern "C" fn thread_step(_index: u32, ctx: *mut c_void) -> i64 {
     if w.ts == 0 {
         return 1;
     }
-    match read_u64(w.ts.wrapping_add(u64::from(w.py.thread_native_id))) {
+    match thread_id(&w.py, w.ts) {
         Some(id) if id == w.tid => {
             w.found = w.ts;
             return 1;
@@ -126,7 +143,7 @@ fn thread_state(c: &mut PyLoopCtx, tgid: u32, tid: u32, own_tid: u32) -> Option<
     let w = unsafe { &mut *c.walk };
     // SAFETY: map lookup of a plain integer key; the value is copied out.
     if let Some(&ts) = unsafe { PY_THREADS.get(key) }
-        && read_u64(ts.wrapping_add(u64::from(w.py.thread_native_id))) == Some(u64::from(tid))
+        && thread_id(&w.py, ts) == Some(u64::from(tid))
     {
         return Some(ts);
     }
@@ -189,7 +206,11 @@ unsafe extern "C" fn frame_step(_index: u32, ctx: *mut c_void) -> i64 {
     if read != 0 {
         return 1;
     }
-    let owner = header_u8(w, w.py.frame_owner);
+    let owner = if w.py.frame_owner == NO_OFFSET {
+        0
+    } else {
+        header_u8(w, w.py.frame_owner)
+    };
     if owner == OWNED_BY_CSTACK {
         if w.pending != 0 {
             w.pending |= PY_ENTRY;
@@ -197,14 +218,20 @@ unsafe extern "C" fn frame_step(_index: u32, ctx: *mut c_void) -> i64 {
     } else {
         push(st, w.pending);
         let code = header_u64(w, w.py.frame_code);
-        let instr = header_u64(w, w.py.frame_instr);
-        let first = code.wrapping_add(u64::from(w.py.code_instructions));
-        let offset = if instr >= first {
-            (instr - first) / 2
+        let offset = if w.py.flags & PY_FLAG_LASTI != 0 {
+            // 3.10's `f_lasti`: code units, -1 before the first instruction.
+            u64::try_from(header_i32(w, w.py.frame_instr)).unwrap_or(0)
         } else {
-            0
+            let instr = header_u64(w, w.py.frame_instr);
+            let first = code.wrapping_add(u64::from(w.py.code_instructions));
+            if instr >= first {
+                (instr - first) / 2
+            } else {
+                0
+            }
         };
-        let entry = w.py.frame_is_entry != NO_OFFSET && header_u8(w, w.py.frame_is_entry) != 0;
+        let entry = w.py.flags & PY_FLAG_EVERY_ENTRY != 0
+            || (w.py.frame_is_entry != NO_OFFSET && header_u8(w, w.py.frame_is_entry) != 0);
         w.pending = if code == 0 {
             0
         } else {
@@ -222,6 +249,15 @@ fn header_u64(w: &PyWalk, offset: u32) -> u64 {
     let i = sframe_common::bounded(offset as usize, HEADER_BUF) & (HEADER_BUF - 8);
     // SAFETY: `i + 8 <= HEADER_BUF`, 8-aligned in the map value.
     unsafe { core::ptr::read_unaligned(w.header.as_ptr().add(i).cast::<u64>()) }
+}
+
+/// The 4-byte signed field at `offset` of the frame header just read (4-aligned
+/// offsets).
+#[inline(always)]
+fn header_i32(w: &PyWalk, offset: u32) -> i32 {
+    let i = sframe_common::bounded(offset as usize, HEADER_BUF) & (HEADER_BUF - 4);
+    // SAFETY: `i + 4 <= HEADER_BUF`, 4-aligned in the map value.
+    unsafe { core::ptr::read_unaligned(w.header.as_ptr().add(i).cast::<i32>()) }
 }
 
 /// The byte at `offset` of the frame header just read.

@@ -115,7 +115,7 @@ fn is_candidate(m: &Mapping) -> bool {
     name.starts_with("libpython3.") || name.starts_with("python3")
 }
 
-/// Offsets of the kernel side's walk for 3.11 and 3.12 (x86-64 and AArch64 alike),
+/// Offsets of the kernel side's walk for 3.10 to 3.12 (x86-64 and AArch64 alike),
 /// measured with `offsetof` against each version's `pycore_*.h` headers.
 fn offsets_for(version: (u8, u8)) -> Option<PyProcess> {
     let common = PyProcess {
@@ -126,6 +126,8 @@ fn offsets_for(version: (u8, u8)) -> Option<PyProcess> {
         threads_head: 0,
         thread_next: 8,
         thread_native_id: 0,
+        pthread_tid: NO_OFFSET,
+        flags: 0,
         thread_frame: 56,
         cframe_current: 0,
         frame_previous: 0,
@@ -136,6 +138,23 @@ fn offsets_for(version: (u8, u8)) -> Option<PyProcess> {
         code_instructions: 0,
     };
     match version {
+        // Frame objects: `PyThreadState::frame`, `PyFrameObject::f_back`, `f_code`,
+        // `f_lasti`; the thread by its `thread_id` (`pthread_t`; `pthread_tid` is the C
+        // library's, set per process).
+        (3, 10) => Some(PyProcess {
+            interpreters_head: 32,
+            threads_head: 8,
+            thread_native_id: 176,
+            thread_frame: 24,
+            cframe_current: NO_OFFSET,
+            frame_previous: 24,
+            frame_code: 32,
+            frame_instr: 96,
+            frame_owner: NO_OFFSET,
+            flags: sframe_common::python::PY_FLAG_LASTI
+                | sframe_common::python::PY_FLAG_EVERY_ENTRY,
+            ..common
+        }),
         (3, 11) => Some(PyProcess {
             threads_head: 16,
             thread_native_id: 160,
@@ -204,6 +223,8 @@ fn offsets_from_debug(bytes: &[u8]) -> Result<PyProcess, String> {
         threads_head: off(interp + 3)?,
         thread_next: off(thread + 2)?,
         thread_native_id: off(thread + 6)?,
+        pthread_tid: NO_OFFSET,
+        flags: 0,
         thread_frame: off(thread + 4)?,
         cframe_current: NO_OFFSET,
         frame_previous: off(frame + 1)?,
@@ -226,10 +247,13 @@ pub fn inspect(data: &[u8]) -> Result<PyBuild, String> {
     let file = object::File::parse(data).map_err(|e| format!("not an object file: {e}"))?;
     let mut runtime = None;
     let mut version = None;
+    // `Py_IsNone` is new in 3.10: with no `Py_Version` (3.11+), the build is 3.10.
+    let mut is_none = false;
     for sym in file.dynamic_symbols().chain(file.symbols()) {
         match sym.name() {
             Ok("_PyRuntime") if runtime.is_none() => runtime = Some(sym.address()),
             Ok("Py_Version") if version.is_none() => version = Some(sym.address()),
+            Ok("Py_IsNone") => is_none = true,
             _ => {}
         }
         if runtime.is_some() && version.is_some() {
@@ -237,16 +261,21 @@ pub fn inspect(data: &[u8]) -> Result<PyBuild, String> {
         }
     }
     let runtime_vaddr = runtime.ok_or("no _PyRuntime symbol")?;
-    let version_vaddr = version.ok_or("no Py_Version symbol (CPython before 3.11)")?;
-    let hex = bytes_at(&file, version_vaddr, 4).ok_or("Py_Version not in the file")?;
-    let mut a = [0u8; 4];
-    a.copy_from_slice(hex);
-    let hex = if file.is_little_endian() {
-        u32::from_le_bytes(a)
-    } else {
-        u32::from_be_bytes(a)
+    let version = match version {
+        Some(vaddr) => {
+            let hex = bytes_at(&file, vaddr, 4).ok_or("Py_Version not in the file")?;
+            let mut a = [0u8; 4];
+            a.copy_from_slice(hex);
+            let hex = if file.is_little_endian() {
+                u32::from_le_bytes(a)
+            } else {
+                u32::from_be_bytes(a)
+            };
+            ((hex >> 24) as u8, (hex >> 16) as u8)
+        }
+        None if is_none => (3, 10),
+        None => return Err("no Py_Version symbol and no Py_IsNone (CPython before 3.10)".into()),
     };
-    let version = ((hex >> 24) as u8, (hex >> 16) as u8);
     let layout = code::CodeLayout::for_version(version.0, version.1)
         .ok_or_else(|| format!("CPython {}.{} is not supported", version.0, version.1))?;
     let offsets = match version {
@@ -298,11 +327,27 @@ pub enum Found {
     No,
 }
 
-type Answers = Arc<Mutex<HashMap<FileKey, Option<Arc<PyBuild>>>>>;
+/// What the worker found in a file.
+#[derive(Clone, Debug)]
+enum Answer {
+    /// A CPython build's file (or not one).
+    Build(Option<Arc<PyBuild>>),
+    /// The C library's: the thread id's offset in its thread descriptor (or none known).
+    ThreadId(Option<u32>),
+}
+
+/// What the worker is asked to read of a file.
+#[derive(Clone, Copy, Debug)]
+enum Ask {
+    Build,
+    ThreadId,
+}
+
+type Answers = Arc<Mutex<HashMap<FileKey, Answer>>>;
 
 /// Recognises CPython builds among processes' mappings (see the module's doc).
 pub struct Finder {
-    queue: SyncSender<(u32, Mapping)>,
+    queue: SyncSender<(u32, Mapping, Ask)>,
     answers: Answers,
     asked: HashSet<FileKey>,
 }
@@ -323,6 +368,30 @@ impl Finder {
         })
     }
 
+    /// The answer for `m`'s file, asking the worker for it when not known yet (None:
+    /// ask again later).
+    fn answer(&mut self, pid: u32, m: &Mapping, ask: Ask) -> Result<Option<Answer>, ()> {
+        let key = file_key(m);
+        let answer = self
+            .answers
+            .lock()
+            .map(|a| a.get(&key).cloned())
+            .unwrap_or(None);
+        if answer.is_none() && !self.asked.contains(&key) {
+            if self.asked.len() >= MAX_FILES {
+                self.asked.clear();
+            }
+            match self.queue.try_send((pid, m.clone(), ask)) {
+                Ok(()) => {
+                    self.asked.insert(key);
+                }
+                Err(TrySendError::Full(_)) => {}
+                Err(TrySendError::Disconnected(_)) => return Err(()),
+            }
+        }
+        Ok(answer)
+    }
+
     /// What process `pid`, mapping `maps`, is.
     pub fn find(&mut self, pid: u32, maps: &[Mapping]) -> Found {
         let mut pending = false;
@@ -335,73 +404,142 @@ impl Finder {
             else {
                 continue;
             };
-            let key = file_key(m);
-            let answer = self
-                .answers
-                .lock()
-                .map(|a| a.get(&key).cloned())
-                .unwrap_or(None);
-            match answer {
-                Some(Some(build)) => {
+            match self.answer(pid, m, Ask::Build) {
+                Err(()) => return Found::No,
+                Ok(Some(Answer::Build(Some(build)))) => {
+                    let build = match self.with_thread_id(pid, maps, build) {
+                        Ok(Some(b)) => b,
+                        Ok(None) => {
+                            pending = true;
+                            continue;
+                        }
+                        Err(()) => continue,
+                    };
                     return Found::Python {
                         build,
                         start: first.start,
                         offset: first.offset,
                     };
                 }
-                Some(None) => {}
-                None => {
-                    pending = true;
-                    if !self.asked.contains(&key) {
-                        if self.asked.len() >= MAX_FILES {
-                            self.asked.clear();
-                        }
-                        match self.queue.try_send((pid, m.clone())) {
-                            Ok(()) => {
-                                self.asked.insert(key);
-                            }
-                            Err(TrySendError::Full(_)) => {}
-                            Err(TrySendError::Disconnected(_)) => return Found::No,
-                        }
-                    }
-                }
+                Ok(Some(_)) => {}
+                Ok(None) => pending = true,
             }
         }
         if pending { Found::Pending } else { Found::No }
     }
+
+    /// `build` as process `pid` runs it: for a build that finds threads by their
+    /// `pthread_t` (3.10), with the offset of the thread id in the C library's thread
+    /// descriptor, read from the C library the process maps (`Ok(None)`: being read;
+    /// `Err`: none known, no glibc).
+    fn with_thread_id(
+        &mut self,
+        pid: u32,
+        maps: &[Mapping],
+        build: Arc<PyBuild>,
+    ) -> Result<Option<Arc<PyBuild>>, ()> {
+        if build.version != (3, 10) {
+            return Ok(Some(build));
+        }
+        let Some(libc) = maps.iter().find(|m| m.executable && is_libc(m)) else {
+            log::debug!("pid {pid}: CPython 3.10 without a C library mapped: no frames");
+            return Err(());
+        };
+        match self.answer(pid, libc, Ask::ThreadId)? {
+            None => Ok(None),
+            Some(Answer::ThreadId(Some(off))) => {
+                let mut b = (*build).clone();
+                b.offsets.pthread_tid = off;
+                Ok(Some(Arc::new(b)))
+            }
+            Some(_) => Err(()),
+        }
+    }
 }
 
-fn worker(rx: &Receiver<(u32, Mapping)>, answers: &Answers) {
-    while let Ok((pid, m)) = rx.recv() {
-        let build = read_build(pid, &m)
-            .map_err(|e| log::debug!("pid {pid}: {}: not a CPython build: {e}", m.path))
-            .ok()
-            .map(Arc::new);
-        if let Some(b) = &build {
-            log::debug!(
-                "pid {pid}: {}: CPython {}.{}",
-                m.path,
-                b.version.0,
-                b.version.1
-            );
-        }
+/// Whether `m` may be glibc's `libc.so.6`, by its name.
+fn is_libc(m: &Mapping) -> bool {
+    m.is_file()
+        && m.path
+            .rsplit('/')
+            .next()
+            .is_some_and(|n| n.starts_with("libc.so") || n.starts_with("libc-2."))
+}
+
+fn worker(rx: &Receiver<(u32, Mapping, Ask)>, answers: &Answers) {
+    while let Ok((pid, m, ask)) = rx.recv() {
+        let answer = match ask {
+            Ask::Build => {
+                let build = read_build(pid, &m)
+                    .map_err(|e| log::debug!("pid {pid}: {}: not a CPython build: {e}", m.path))
+                    .ok()
+                    .map(Arc::new);
+                if let Some(b) = &build {
+                    log::debug!(
+                        "pid {pid}: {}: CPython {}.{}",
+                        m.path,
+                        b.version.0,
+                        b.version.1
+                    );
+                }
+                Answer::Build(build)
+            }
+            Ask::ThreadId => Answer::ThreadId(
+                read_mapped(pid, &m, thread_id_offset)
+                    .map_err(|e| log::debug!("pid {pid}: {}: no thread id offset: {e}", m.path))
+                    .ok(),
+            ),
+        };
         let Ok(mut a) = answers.lock() else {
             return;
         };
         if a.len() >= MAX_FILES {
             a.clear();
         }
-        a.insert(file_key(&m), build);
+        a.insert(file_key(&m), answer);
     }
 }
 
 fn read_build(pid: u32, m: &Mapping) -> Result<PyBuild, String> {
+    read_mapped(pid, m, inspect)
+}
+
+/// `read` of the bytes of the file `m` of process `pid` maps (opened as other mapped
+/// objects are, bounded in size, its pages released after).
+fn read_mapped<T>(
+    pid: u32,
+    m: &Mapping,
+    read: impl FnOnce(&[u8]) -> Result<T, String>,
+) -> Result<T, String> {
     let (file, meta) = crate::objects::open_mapped_file(pid, m).map_err(|e| e.to_string())?;
     if meta.len() > crate::objects::MAX_OBJECT_BYTES {
         return Err("larger than the object size limit".into());
     }
     let bytes = crate::mapped::ObjectBytes::map(file, &meta).map_err(|e| e.to_string())?;
-    bytes.releasing(|| inspect(&bytes))
+    bytes.releasing(|| read(&bytes))
+}
+
+/// The offset of the thread id in glibc's `struct pthread`, from the descriptor glibc
+/// keeps for debuggers (`_thread_db_pthread_tid`: size in bits, count, offset).
+pub fn thread_id_offset(data: &[u8]) -> Result<u32, String> {
+    let file = object::File::parse(data).map_err(|e| format!("not an object file: {e}"))?;
+    let sym = file
+        .dynamic_symbols()
+        .find(|s| s.name() == Ok("_thread_db_pthread_tid"))
+        .ok_or("no _thread_db_pthread_tid (not glibc)")?;
+    let raw = bytes_at(&file, sym.address(), 12).ok_or("_thread_db_pthread_tid not in the file")?;
+    let word = |i: usize| -> Option<u32> {
+        let b: [u8; 4] = raw.get(i * 4..i * 4 + 4)?.try_into().ok()?;
+        Some(if file.is_little_endian() {
+            u32::from_le_bytes(b)
+        } else {
+            u32::from_be_bytes(b)
+        })
+    };
+    match (word(0), word(1), word(2)) {
+        (Some(32), Some(1), Some(off)) if off < 4096 && off.is_multiple_of(4) => Ok(off),
+        other => Err(format!("an unexpected _thread_db_pthread_tid {other:?}")),
+    }
 }
 
 /// Names the Python frames of one process from its memory.
@@ -612,6 +750,29 @@ pub fn merge(addrs: &[u64], frames: Vec<Frame>) -> Vec<Frame> {
 mod tests {
     use super::*;
     use sframe_common::python::frame_word;
+
+    /// glibc tells its debuggers where a thread's id lies in its descriptor; this
+    /// machine's glibc is read as the finder reads a process's.
+    #[test]
+    fn the_thread_id_offset_is_read_from_glibc() {
+        let libc = [
+            "/lib/x86_64-linux-gnu/libc.so.6",
+            "/lib/aarch64-linux-gnu/libc.so.6",
+        ]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+        .expect("glibc");
+        let data = std::fs::read(libc).unwrap();
+        let off = thread_id_offset(&data).unwrap();
+        // x86-64's `struct pthread` keeps the id at 720 since glibc 2.x's first NPTL.
+        if cfg!(target_arch = "x86_64") {
+            assert_eq!(off, 720);
+        }
+        // Not glibc: nothing.
+        assert!(thread_id_offset(b"\x7fELF not really").is_err());
+        let exe = std::fs::read("/proc/self/exe").unwrap();
+        assert!(thread_id_offset(&exe).is_err());
+    }
 
     fn named(n: &str) -> Frame {
         Frame {
