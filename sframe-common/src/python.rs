@@ -20,11 +20,12 @@ pub const MAX_PY_THREADS: u32 = 64;
 
 /// Bytes of an interpreter frame the kernel side reads at once: every field it reads
 /// (`previous`, the code, the instruction pointer, the owner, `is_entry`) must lie in
-/// them (true of 3.10–3.13: the furthest is 3.10's `f_lasti`, at 96).
-pub const FRAME_HEADER: u32 = 104;
+/// them (true of 3.7–3.13: the furthest is 3.7–3.9's `f_lasti`, at 104).
+pub const FRAME_HEADER: u32 = 112;
 
-/// [`PyProcess::flags`]: `frame_instr` is a C `int` counting code units from the first
-/// instruction (3.10's `PyFrameObject::f_lasti`), not a pointer to the instruction.
+/// [`PyProcess::flags`]: `frame_instr` is a C `int` counting from the first instruction
+/// (`PyFrameObject::f_lasti`: code units in 3.10, bytes in 3.7–3.9; recorded as it is),
+/// not a pointer to the instruction.
 pub const PY_FLAG_LASTI: u32 = 1;
 /// [`PyProcess::flags`]: each frame is its own invocation of the evaluation loop (3.10:
 /// `_PyEval_EvalFrameDefault` runs one frame object).

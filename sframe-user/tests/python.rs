@@ -19,16 +19,37 @@ use support::{
 
 /// The chain of `support/runtimes/spin.py`, outermost first.
 const SPIN_CHAIN: &str = ";<module>;main;Outer.method;middle;leaf_work";
-/// The same on 3.10, whose code objects have no qualified name (`co_name` stands in).
+/// The same before 3.11, whose code objects have no qualified name (`co_name` stands in).
 const SPIN_CHAIN_310: &str = ";<module>;main;method;middle;leaf_work";
+
+/// Whether interpreter `what` (`pyenv 3.X.Y`) is older than 3.11: frame objects, each
+/// Python call through C.
+fn before_311(what: &str) -> bool {
+    what.strip_prefix("pyenv 3.")
+        .and_then(|v| v.split('.').next()?.parse::<u32>().ok())
+        .is_some_and(|minor| minor < 11)
+}
 
 /// [`SPIN_CHAIN`] as interpreter `what` names it.
 fn spin_chain(what: &str) -> &'static str {
-    if what.contains(" 3.10.") {
+    if before_311(what) {
         SPIN_CHAIN_310
     } else {
         SPIN_CHAIN
     }
+}
+
+/// The interpreters of [`interpreters`] whose version starts with one of `minors`
+/// ("3.12." …): tests of what differs between versions run on those it differs in.
+fn interpreters_of(minors: &[&str]) -> Vec<(String, PathBuf)> {
+    interpreters()
+        .into_iter()
+        .filter(|(what, _)| {
+            minors
+                .iter()
+                .any(|m| what.starts_with(&format!("pyenv {m}")))
+        })
+        .collect()
 }
 
 fn runtime_script(name: &str) -> PathBuf {
@@ -38,8 +59,9 @@ fn runtime_script(name: &str) -> PathBuf {
 }
 
 /// The CPython interpreters to test: (what it is, its `python3`): pyenv's 3.11, 3.12,
-/// 3.13 and 3.10 (in that order: tests that take one take 3.11 or 3.12), and Debian's
-/// (3.11). Each one missing is skipped outside CI and fails the test under `CI=true`.
+/// 3.13, 3.10, 3.9, 3.8 and 3.7 (in that order: tests that take one take 3.11 or 3.12),
+/// and Debian's (3.11). Each one missing is skipped outside CI and fails the test under
+/// `CI=true`.
 fn interpreters() -> Vec<(String, PathBuf)> {
     let ci = std::env::var_os("CI").is_some_and(|v| v == "true");
     // pyenv's root: as `pyenv` says, else where pyenv puts it by default.
@@ -53,7 +75,7 @@ fn interpreters() -> Vec<(String, PathBuf)> {
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".pyenv")))
         .filter(|r| r.join("versions").is_dir());
     let mut found = Vec::new();
-    for minor in ["3.11.", "3.12.", "3.13.", "3.10."] {
+    for minor in ["3.11.", "3.12.", "3.13.", "3.10.", "3.9.", "3.8.", "3.7."] {
         let version = root.as_ref().and_then(|r| {
             let mut v: Vec<PathBuf> = std::fs::read_dir(r.join("versions"))
                 .ok()?
@@ -170,7 +192,7 @@ fn through(stack: &str, chain: &str) -> bool {
 /// through C (`_PyEval_Vector;_PyEval_EvalFrame` between two Python frames), so there
 /// the Python frames alone must show it.
 fn shows(what: &str, stack: &str, chain: &str) -> bool {
-    if what.contains(" 3.10.") {
+    if before_311(what) {
         python_frames(stack).contains(chain)
     } else {
         through(stack, chain)
@@ -271,7 +293,8 @@ fn a_reused_code_object_address_names_each_code_object_s_own_samples() {
     let frequency = 199;
     // CPU seconds (process time) up to which `transient` spins, then in `lasting`.
     let (first, then) = (0.8, 1.2);
-    for (what, python) in interpreters() {
+    // Code objects are told apart by their header in every layout: one of each.
+    for (what, python) in interpreters_of(&["3.8.", "3.10.", "3.11.", "3.13."]) {
         let dir = fixture_dir("python-reuse");
         let folded = profile_command(
             &dir,
@@ -313,12 +336,9 @@ fn each_thread_shows_its_own_python_frames() {
         return;
     }
     let _serial = support::profiling::serial();
-    // 3.12 finds a thread's state by its native id, 3.10 by its `pthread_t` (the id in
-    // the C library's descriptor).
-    for (what, python) in interpreters()
-        .into_iter()
-        .filter(|(w, _)| w.contains(" 3.12.") || w.contains(" 3.10."))
-    {
+    // 3.12 finds a thread's state by its native id, 3.10 and 3.7 by its `pthread_t`
+    // (the id in the C library's descriptor).
+    for (what, python) in interpreters_of(&["3.12.", "3.10.", "3.7."]) {
         let dir = fixture_dir("python-threads");
         let folded = profile_command(&dir, 199, &[&python, &runtime_script("threads.py")], &["3"]);
         let hot = hottest(&folded);
@@ -358,7 +378,8 @@ fn coroutines_and_generators_show_their_frames_in_order() {
         return;
     }
     let _serial = support::profiling::serial();
-    for (what, python) in interpreters() {
+    // Frame objects (3.9, 3.10), `is_entry` (3.11), the C stack's own frames (3.13).
+    for (what, python) in interpreters_of(&["3.9.", "3.10.", "3.11.", "3.13."]) {
         let dir = fixture_dir("python-coroutines");
         let folded = profile_command(
             &dir,
@@ -435,7 +456,9 @@ fn off_cpu_time_is_charged_to_the_python_functions_that_slept() {
         return;
     }
     let _serial = support::profiling::serial();
-    for (what, python) in interpreters() {
+    // The off-CPU walker reads the frames as `profile` does: a frame object version
+    // and an interpreter frame one.
+    for (what, python) in interpreters_of(&["3.9.", "3.12."]) {
         let dir = fixture_dir("python-offcpu");
         let folded = dir.join("off-cpu.folded");
         let out = Command::new(env!("CARGO_BIN_EXE_sframe-user"))

@@ -130,14 +130,26 @@ pub struct CodeLayout {
     pub bytes_sval: u32,
     /// offsetof(PyVarObject, ob_size): a bytes object's length (`Py_ssize_t`).
     pub var_size: u32,
-    /// Whether `co_linetable` is 3.10's table of (bytecode delta, line delta) byte pairs
-    /// (PEP 626), not the location table of 3.11+.
-    pub line_pairs: bool,
+    /// The format of the line table (`co_linetable`, or `co_lnotab` before 3.10).
+    pub lines: LineTable,
+}
+
+/// The line table formats of CPython versions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LineTable {
+    /// 3.11+'s location table (Objects/locations.md); offsets in code units.
+    Locations,
+    /// 3.10's `co_linetable` (PEP 626): (bytecode bytes, line delta) pairs; offsets in
+    /// code units.
+    Pairs,
+    /// 3.6–3.9's `co_lnotab`: (bytecode bytes, line delta) pairs, a line delta applying
+    /// from its entry's end; offsets in bytes (the frames' `f_lasti`).
+    Lnotab,
 }
 
 impl CodeLayout {
-    /// Layouts for (3, 10) to (3, 13) on 64-bit targets; None otherwise. 3.10 has
-    /// no `co_qualname`: its `co_name` stands in (a method shows as `method`, not
+    /// Layouts for (3, 7) to (3, 13) on 64-bit targets; None otherwise. Before 3.11
+    /// there is no `co_qualname`: `co_name` stands in (a method shows as `method`, not
     /// `Class.method`).
     pub fn for_version(major: u8, minor: u8) -> Option<Self> {
         let v312 = Self {
@@ -153,23 +165,37 @@ impl CodeLayout {
             str_state: 32,
             bytes_sval: 32,
             var_size: 16,
-            line_pairs: false,
+            lines: LineTable::Locations,
+        };
+        // No adaptive instructions before 3.11: the frame's `f_lasti` counts from
+        // `co_code`'s first.
+        let v310 = Self {
+            co_filename: 104,
+            co_name: 112,
+            co_qualname: 112,
+            co_linetable: 120,
+            co_firstlineno: 40,
+            co_code_adaptive: 0,
+            ascii_size: 48,
+            compact_size: 72,
+            lines: LineTable::Pairs,
+            ..v312
         };
         match (major, minor) {
-            (3, 10) => Some(Self {
-                co_filename: 104,
-                co_name: 112,
-                co_qualname: 112,
-                co_linetable: 120,
-                co_firstlineno: 40,
-                // No adaptive instructions: the frame's `f_lasti` counts code units
-                // from `co_code`'s first.
-                co_code_adaptive: 0,
-                ascii_size: 48,
-                compact_size: 72,
-                line_pairs: true,
-                ..v312
+            (3, 7) => Some(Self {
+                co_filename: 96,
+                co_name: 104,
+                co_qualname: 104,
+                co_linetable: 112,
+                co_firstlineno: 36,
+                lines: LineTable::Lnotab,
+                ..v310
             }),
+            (3, 8 | 9) => Some(Self {
+                lines: LineTable::Lnotab,
+                ..v310
+            }),
+            (3, 10) => Some(v310),
             (3, 11) => Some(Self {
                 co_firstlineno: 72,
                 co_code_adaptive: 184,
@@ -293,8 +319,8 @@ pub struct CodeInfo {
     pub first_line: u32,
     /// The raw location table (co_linetable bytes), at most MAX_LINETABLE bytes.
     linetable: Vec<u8>,
-    /// The table is 3.10's ([`CodeLayout::line_pairs`]).
-    line_pairs: bool,
+    /// The table's format.
+    lines: LineTable,
     /// What identifies the object among those its address may hold over time: the
     /// header's name, file and location-table pointers and first line.
     identity: Identity,
@@ -334,7 +360,7 @@ impl CodeInfo {
             filename,
             first_line,
             linetable,
-            line_pairs: layout.line_pairs,
+            lines: layout.lines,
             identity: identity(&header, layout).ok_or(ReadError::BadLayout)?,
         })
     }
@@ -352,12 +378,14 @@ impl CodeInfo {
     /// format (CPython's Objects/locations.md); None when the table says no
     /// location, the offset is past it, or the table is malformed before
     /// reaching it.
-    /// For 3.10 (`line_pairs`), `offset` counts code units from `co_code`'s first.
+    /// Before 3.11, `offset` counts from `co_code`'s first: code units in 3.10, bytes
+    /// before (see [`LineTable`]).
     pub fn line(&self, offset: u32) -> Option<u32> {
-        if self.line_pairs {
-            line_from_pairs(&self.linetable, i64::from(self.first_line), offset)
-        } else {
-            line_for_offset(&self.linetable, i64::from(self.first_line), offset)
+        let first = i64::from(self.first_line);
+        match self.lines {
+            LineTable::Locations => line_for_offset(&self.linetable, first, offset),
+            LineTable::Pairs => line_from_pairs(&self.linetable, first, offset),
+            LineTable::Lnotab => line_from_lnotab(&self.linetable, first, offset),
         }
     }
 }
@@ -595,6 +623,27 @@ fn line_from_pairs(table: &[u8], first_line: i64, target: u32) -> Option<u32> {
     None
 }
 
+/// The line of the instruction at byte `target`, per `co_lnotab` (3.6–3.9's
+/// `PyCode_Addr2Line`): byte pairs (bytecode bytes, signed line delta), each line delta
+/// applying from the end of its entry's bytes (past the code: its last line). None for
+/// a line below 1.
+fn line_from_lnotab(table: &[u8], first_line: i64, target: u32) -> Option<u32> {
+    let target = u64::from(target);
+    let mut line = first_line;
+    let mut addr: u64 = 0;
+    for pair in table.chunks_exact(2) {
+        let &[span, delta] = pair else {
+            return None;
+        };
+        addr += u64::from(span);
+        if addr > target {
+            break;
+        }
+        line += i64::from(i8::from_ne_bytes([delta]));
+    }
+    u32::try_from(line).ok().filter(|&l| l > 0)
+}
+
 fn line_for_offset_311(table: &[u8], first_line: i64, target: u32) -> Option<u32> {
     let target = u64::from(target);
     let mut line = first_line;
@@ -668,7 +717,7 @@ mod tests {
             filename: String::new(),
             first_line,
             linetable: table,
-            line_pairs: false,
+            lines: LineTable::Locations,
             identity: [0; 4],
         }
     }
@@ -971,7 +1020,7 @@ mod tests {
 
     #[test]
     fn versions() {
-        assert!(CodeLayout::for_version(3, 9).is_none());
+        assert!(CodeLayout::for_version(3, 6).is_none());
         assert!(CodeLayout::for_version(3, 14).is_none());
         assert!(CodeLayout::for_version(2, 11).is_none());
         let l = layouts();
@@ -1323,11 +1372,20 @@ h = lambda s: s.encode("utf-8", "surrogatepass").hex()
 def lines(c):
     if hasattr(c, "co_positions"):
         return [p[0] for p in c.co_positions()]
-    # 3.10: ranges of bytecode bytes.
     out = [None] * (len(c.co_code) // 2)
-    for start, end, line in c.co_lines():
-        for i in range(start // 2, end // 2):
-            out[i] = line
+    if hasattr(c, "co_lines"):
+        # 3.10: ranges of bytecode bytes.
+        for start, end, line in c.co_lines():
+            for i in range(start // 2, end // 2):
+                out[i] = line
+        return out
+    # 3.7-3.9: where each line starts.
+    import dis
+    starts = dict(dis.findlinestarts(c))
+    line = c.co_firstlineno
+    for i in range(len(out)):
+        line = starts.get(2 * i, line)
+        out[i] = line
     return out
 for c in codes:
     name = getattr(c, "co_qualname", c.co_name)
@@ -1420,7 +1478,10 @@ time.sleep(300)
                     assert_eq!(ci.filename, unhex(f[4]), "3.{minor}");
                     assert_eq!(ci.first_line.to_string(), f[2], "3.{minor} {qual}");
                     let units: u32 = f[5].parse().unwrap();
-                    assert_eq!(ci.line(units), None, "3.{minor} {qual}: past the end");
+                    // (co_lnotab gives the last line past the code.)
+                    if minor >= 10 {
+                        assert_eq!(ci.line(units), None, "3.{minor} {qual}: past the end");
+                    }
                     seen.insert(qual);
                     ncode += 1;
                     cur = Some((ci, units));
@@ -1429,6 +1490,8 @@ time.sleep(300)
                     let (ci, units) = cur.as_ref().unwrap();
                     let off: u32 = f[1].parse().unwrap();
                     assert!(off < *units);
+                    // Before 3.10 a frame's offset counts bytes.
+                    let off = if minor < 10 { off * 2 } else { off };
                     let want = if f[2] == "None" {
                         None
                     } else {
@@ -1440,7 +1503,7 @@ time.sleep(300)
                 _ => panic!("unexpected line {line}"),
             }
         }
-        let expected: &[&str] = if minor == 10 {
+        let expected: &[&str] = if minor <= 10 {
             &["<module>", "inner", "größe", "nested日本", "\u{20000}", "m"]
         } else {
             &[
@@ -1475,7 +1538,7 @@ time.sleep(300)
         std::fs::create_dir_all(&tmp).unwrap();
         let script = tmp.join("prof_target.py");
         std::fs::write(&script, SCRIPT).unwrap();
-        for minor in [10u8, 11, 12, 13] {
+        for minor in [7u8, 8, 9, 10, 11, 12, 13] {
             let prefix = format!("3.{minor}.");
             let mut found: Vec<&String> = names
                 .iter()

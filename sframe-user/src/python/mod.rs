@@ -115,7 +115,7 @@ fn is_candidate(m: &Mapping) -> bool {
     name.starts_with("libpython3.") || name.starts_with("python3")
 }
 
-/// Offsets of the kernel side's walk for 3.10 to 3.12 (x86-64 and AArch64 alike),
+/// Offsets of the kernel side's walk for 3.7 to 3.12 (x86-64 and AArch64 alike),
 /// measured with `offsetof` against each version's `pycore_*.h` headers.
 fn offsets_for(version: (u8, u8)) -> Option<PyProcess> {
     let common = PyProcess {
@@ -141,15 +141,15 @@ fn offsets_for(version: (u8, u8)) -> Option<PyProcess> {
         // Frame objects: `PyThreadState::frame`, `PyFrameObject::f_back`, `f_code`,
         // `f_lasti`; the thread by its `thread_id` (`pthread_t`; `pthread_tid` is the C
         // library's, set per process).
-        (3, 10) => Some(PyProcess {
-            interpreters_head: 32,
+        (3, 7..=10) => Some(PyProcess {
+            interpreters_head: if version.1 == 7 { 24 } else { 32 },
             threads_head: 8,
             thread_native_id: 176,
             thread_frame: 24,
             cframe_current: NO_OFFSET,
             frame_previous: 24,
             frame_code: 32,
-            frame_instr: 96,
+            frame_instr: if version.1 == 10 { 96 } else { 104 },
             frame_owner: NO_OFFSET,
             flags: sframe_common::python::PY_FLAG_LASTI
                 | sframe_common::python::PY_FLAG_EVERY_ENTRY,
@@ -247,13 +247,18 @@ pub fn inspect(data: &[u8]) -> Result<PyBuild, String> {
     let file = object::File::parse(data).map_err(|e| format!("not an object file: {e}"))?;
     let mut runtime = None;
     let mut version = None;
-    // `Py_IsNone` is new in 3.10: with no `Py_Version` (3.11+), the build is 3.10.
-    let mut is_none = false;
+    // Before 3.11 (no `Py_Version`), the newest of these functions the file defines
+    // tells its version: `Py_IsNone` is new in 3.10, `PyFrame_GetBack` in 3.9,
+    // `PyCode_NewWithPosOnlyArgs` in 3.8, `PyContext_New` in 3.7.
+    let mut minor = 0u8;
     for sym in file.dynamic_symbols().chain(file.symbols()) {
         match sym.name() {
             Ok("_PyRuntime") if runtime.is_none() => runtime = Some(sym.address()),
             Ok("Py_Version") if version.is_none() => version = Some(sym.address()),
-            Ok("Py_IsNone") => is_none = true,
+            Ok("Py_IsNone") => minor = minor.max(10),
+            Ok("PyFrame_GetBack") => minor = minor.max(9),
+            Ok("PyCode_NewWithPosOnlyArgs") => minor = minor.max(8),
+            Ok("PyContext_New") => minor = minor.max(7),
             _ => {}
         }
         if runtime.is_some() && version.is_some() {
@@ -273,8 +278,8 @@ pub fn inspect(data: &[u8]) -> Result<PyBuild, String> {
             };
             ((hex >> 24) as u8, (hex >> 16) as u8)
         }
-        None if is_none => (3, 10),
-        None => return Err("no Py_Version symbol and no Py_IsNone (CPython before 3.10)".into()),
+        None if minor >= 7 => (3, minor),
+        None => return Err("no Py_Version symbol, nor one of 3.7-3.10's".into()),
     };
     let layout = code::CodeLayout::for_version(version.0, version.1)
         .ok_or_else(|| format!("CPython {}.{} is not supported", version.0, version.1))?;
@@ -429,7 +434,7 @@ impl Finder {
     }
 
     /// `build` as process `pid` runs it: for a build that finds threads by their
-    /// `pthread_t` (3.10), with the offset of the thread id in the C library's thread
+    /// `pthread_t` (3.7–3.10), with the offset of the thread id in the C library's thread
     /// descriptor, read from the C library the process maps (`Ok(None)`: being read;
     /// `Err`: none known, no glibc).
     fn with_thread_id(
@@ -438,11 +443,11 @@ impl Finder {
         maps: &[Mapping],
         build: Arc<PyBuild>,
     ) -> Result<Option<Arc<PyBuild>>, ()> {
-        if build.version != (3, 10) {
+        if build.version >= (3, 11) {
             return Ok(Some(build));
         }
         let Some(libc) = maps.iter().find(|m| m.executable && is_libc(m)) else {
-            log::debug!("pid {pid}: CPython 3.10 without a C library mapped: no frames");
+            log::debug!("pid {pid}: CPython before 3.11 without a C library mapped: no frames");
             return Err(());
         };
         match self.answer(pid, libc, Ask::ThreadId)? {
