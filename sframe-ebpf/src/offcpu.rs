@@ -421,22 +421,12 @@ fn walk_due(user: impl FnOnce() -> *const pt_regs) -> i32 {
         pt,
     );
     // The interpreter frames where it slept, after the native ones (as on CPU).
-    let mut py = crate::unwind::PyWords {
-        frames: core::ptr::null(),
-        first: 0,
-        len: 0,
-    };
-    if let Some(st) = OFF_CPU_SCRATCH.get_ptr_mut(0) {
-        // SAFETY: this CPU's off-CPU scratch, walked into just above.
-        let first = unsafe { (*st).stack.len };
-        crate::python::append_frames(due.pid, due.tid, st, crate::python::PY_WALK_OFF_CPU);
-        // SAFETY: as above.
-        unsafe {
-            py.len = (*st).stack.len.wrapping_sub(first);
-            py.first = first;
-            py.frames = (*st).stack.frames.as_ptr();
-        }
-    }
+    let py = crate::python::append_frames(
+        &OFF_CPU_SCRATCH,
+        due.pid,
+        due.tid,
+        crate::python::PY_WALK_OFF_CPU,
+    );
     if needs_tables(&OFF_CPU_SCRATCH, outcome) {
         // No table yet for where it slept (a process or library new to user space): its
         // stack goes to user space to be walked once the tables are loaded, as an

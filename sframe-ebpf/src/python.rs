@@ -266,10 +266,49 @@ fn header_u8(w: &PyWalk, offset: u32) -> u8 {
     w.header[sframe_common::bounded(offset as usize, HEADER_BUF)]
 }
 
+/// Interpreter frame words to send with a deferred sample: `len` words from index
+/// `first` of the user stack `frames` (null: none).
+pub(crate) struct PyWords {
+    pub(crate) frames: *const u64,
+    pub(crate) first: u32,
+    pub(crate) len: u32,
+}
+
+/// Appends the interpreter frames of thread `tid` of process `tgid`, innermost first,
+/// to the stack walked into `scratch` (a per-CPU walk state, entry 0), when the process
+/// is a Python process, using entry `slot` of [`PY_WALK`]; returns them (for a deferred
+/// record).
+#[inline(always)]
+pub(crate) fn append_frames(
+    scratch: &PerCpuArray<WalkState>,
+    tgid: u32,
+    tid: u32,
+    slot: u32,
+) -> PyWords {
+    let mut py = PyWords {
+        frames: core::ptr::null(),
+        first: 0,
+        len: 0,
+    };
+    let Some(st) = scratch.get_ptr_mut(0) else {
+        return py;
+    };
+    // SAFETY: this CPU's walk state of the calling program, walked into before.
+    let first = unsafe { (*st).stack.len };
+    walk_frames(tgid, tid, st, slot);
+    // SAFETY: as above.
+    unsafe {
+        py.len = (*st).stack.len.wrapping_sub(first);
+        py.first = first;
+        py.frames = (*st).stack.frames.as_ptr();
+    }
+    py
+}
+
 /// Appends the interpreter frames of thread `tid` of process `tgid`, innermost first,
 /// to the stack walked into `st`, when the process is a Python process.
 #[inline(always)]
-pub(crate) fn append_frames(tgid: u32, tid: u32, st: *mut WalkState, slot: u32) {
+fn walk_frames(tgid: u32, tid: u32, st: *mut WalkState, slot: u32) {
     // SAFETY: map lookup of a plain integer key; the value is copied out.
     let Some(py) = (unsafe { PY_PROCESSES.get(tgid) }).copied() else {
         return;

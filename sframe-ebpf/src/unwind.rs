@@ -316,22 +316,12 @@ pub fn profile<const THREAD_NAMES: bool>(ctx: &PerfEventContext) -> u32 {
         key.outcome = walk(tgid, pt);
         // The interpreter frames follow the native ones; a deferred sample carries them
         // in its record (its native frames are walked again in user space).
-        let mut py = PyWords {
-            frames: core::ptr::null(),
-            first: 0,
-            len: 0,
-        };
-        if let Some(st) = SCRATCH.get_ptr_mut(0) {
-            // SAFETY: per-CPU scratch of this program, walked into just above.
-            let first = unsafe { (*st).stack.len };
-            crate::python::append_frames(tgid, pid_tgid as u32, st, crate::python::PY_WALK_PROFILE);
-            // SAFETY: as above.
-            unsafe {
-                py.len = (*st).stack.len.wrapping_sub(first);
-                py.first = first;
-                py.frames = (*st).stack.frames.as_ptr();
-            }
-        }
+        let py = crate::python::append_frames(
+            &SCRATCH,
+            tgid,
+            pid_tgid as u32,
+            crate::python::PY_WALK_PROFILE,
+        );
         if needs_tables(&SCRATCH, key.outcome) {
             lifecycle::send_miss(tgid);
             if defer(&key, pt, 0, 0, 0, &py) {
@@ -371,14 +361,6 @@ pub(crate) fn needs_tables(scratch: &PerCpuArray<WalkState>, outcome: u32) -> bo
 #[map]
 static DEFERRED: RingBuf = RingBuf::with_byte_size(DEFERRED_RING_BYTES, 0);
 
-/// Interpreter frame words to send with a deferred sample: `len` words from index
-/// `first` of the user stack `frames` (null: none).
-pub(crate) struct PyWords {
-    pub(crate) frames: *const u64,
-    pub(crate) first: u32,
-    pub(crate) len: u32,
-}
-
 /// Sends the sample's registers and the top of its stack to user space (`DEFERRED`),
 /// with the nanoseconds of an off-CPU sleep (0 for an on-CPU sample) and its state;
 /// false when the ring buffer is full.
@@ -389,7 +371,7 @@ pub(crate) fn defer(
     off_cpu_ns: u64,
     off_cpu_state: u32,
     off_cpu_kernel_stack: u64,
-    py: &PyWords,
+    py: &crate::python::PyWords,
 ) -> bool {
     let Some(mut entry) = DEFERRED.reserve::<DeferredSample>(0) else {
         count(Counter::DeferredLost, 1);
