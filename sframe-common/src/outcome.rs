@@ -141,11 +141,16 @@ pub enum Counter {
     /// Samples of a Python process whose thread has no thread state the walk found
     /// (a thread that never ran Python, or one the walk looked for past its bound).
     PythonNoThread = 20,
+    /// Searches of an interpreter's thread list for the sampled thread's state: a thread
+    /// not remembered (`PY_THREADS`), or remembered without one
+    /// ([`PY_NO_THREAD_STATE`](crate::python::PY_NO_THREAD_STATE)) while the list had
+    /// another head.
+    PythonThreadSearches = 21,
 }
 
 impl Counter {
     /// Number of counters (the length of [`Counter::ALL`]).
-    pub const COUNT: usize = 21;
+    pub const COUNT: usize = 22;
     /// Every counter, in the order of their codes (`ALL[i] as usize == i`).
     pub const ALL: [Counter; Self::COUNT] = [
         Self::Samples,
@@ -169,6 +174,7 @@ impl Counter {
         Self::OffCpuPaused,
         Self::PythonFrames,
         Self::PythonNoThread,
+        Self::PythonThreadSearches,
     ];
 
     /// The counter's name in snake case (e.g. `stack_map_full`), for reports and metrics.
@@ -195,6 +201,7 @@ impl Counter {
             Self::OffCpuPaused => "off_cpu_paused",
             Self::PythonFrames => "python_frames",
             Self::PythonNoThread => "python_no_thread",
+            Self::PythonThreadSearches => "python_thread_searches",
         }
     }
 }

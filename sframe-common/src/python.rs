@@ -18,10 +18,50 @@ pub const MAX_PY_FRAMES: u32 = 128;
 /// Thread states the kernel side looks through for the sampled thread's.
 pub const MAX_PY_THREADS: u32 = 64;
 
-/// Bytes of an interpreter frame the kernel side reads at once: every field it reads
-/// (`previous`, the code, the instruction pointer, the owner, `is_entry`) must lie in
-/// them (true of 3.7–3.13: the furthest is 3.7–3.9's `f_lasti`, at 104).
-pub const FRAME_HEADER: u32 = 112;
+/// Bytes of an interpreter frame (3.11+) the kernel side reads at once: every field it
+/// reads (`previous`, the code, the instruction pointer, the owner, `is_entry`) must lie
+/// in them (the furthest is 3.12's and 3.13's `owner`, at 70). No more is read: a frame
+/// can be as short as its header, at the end of a mapping.
+pub const FRAME_HEADER: u32 = 72;
+/// The same for a frame object (3.7–3.10, [`PY_FLAG_LASTI`]): the furthest field is
+/// 3.7–3.9's `f_lasti`, at 104 (a frame object is over 300 bytes).
+pub const FRAME_OBJECT_HEADER: u32 = 112;
+
+impl PyProcess {
+    /// The bytes of a frame the walk reads at once ([`FRAME_HEADER`] or
+    /// [`FRAME_OBJECT_HEADER`]).
+    pub const fn frame_header(&self) -> u32 {
+        if self.flags & PY_FLAG_LASTI != 0 {
+            FRAME_OBJECT_HEADER
+        } else {
+            FRAME_HEADER
+        }
+    }
+
+    /// Whether every frame field the walk reads lies in the first
+    /// [`PyProcess::frame_header`] bytes (8-byte fields 8-aligned).
+    pub const fn fits_header(&self) -> bool {
+        const fn word(o: u32, header: u32) -> bool {
+            o.is_multiple_of(8) && o <= header - 8
+        }
+        const fn byte(o: u32, header: u32) -> bool {
+            o < header
+        }
+        const fn int(o: u32, header: u32) -> bool {
+            o.is_multiple_of(4) && o <= header - 4
+        }
+        let h = self.frame_header();
+        word(self.frame_previous, h)
+            && word(self.frame_code, h)
+            && if self.flags & PY_FLAG_LASTI != 0 {
+                int(self.frame_instr, h)
+            } else {
+                word(self.frame_instr, h)
+            }
+            && (self.frame_owner == NO_OFFSET || byte(self.frame_owner, h))
+            && (self.frame_is_entry == NO_OFFSET || byte(self.frame_is_entry, h))
+    }
+}
 
 /// [`PyProcess::flags`]: `frame_instr` is a C `int` counting from the first instruction
 /// (`PyFrameObject::f_lasti`: code units in 3.10, bytes in 3.7–3.9; recorded as it is),
@@ -30,31 +70,6 @@ pub const PY_FLAG_LASTI: u32 = 1;
 /// [`PyProcess::flags`]: each frame is its own invocation of the evaluation loop (3.10:
 /// `_PyEval_EvalFrameDefault` runs one frame object).
 pub const PY_FLAG_EVERY_ENTRY: u32 = 2;
-
-impl PyProcess {
-    /// Whether every frame field the walk reads lies in the first [`FRAME_HEADER`] bytes
-    /// (8-byte fields 8-aligned).
-    pub const fn fits_header(&self) -> bool {
-        const fn word(o: u32) -> bool {
-            o.is_multiple_of(8) && o < FRAME_HEADER - 7
-        }
-        const fn byte(o: u32) -> bool {
-            o < FRAME_HEADER
-        }
-        const fn int(o: u32) -> bool {
-            o.is_multiple_of(4) && o < FRAME_HEADER - 3
-        }
-        word(self.frame_previous)
-            && word(self.frame_code)
-            && if self.flags & PY_FLAG_LASTI != 0 {
-                int(self.frame_instr)
-            } else {
-                word(self.frame_instr)
-            }
-            && (self.frame_owner == NO_OFFSET || byte(self.frame_owner))
-            && (self.frame_is_entry == NO_OFFSET || byte(self.frame_is_entry))
-    }
-}
 
 /// Python processes the kernel side knows at once.
 pub const MAX_PY_PROCESSES: u32 = 1024;
@@ -118,6 +133,13 @@ const _: () = assert!(core::mem::size_of::<PyProcess>() == 80);
 #[cfg(feature = "user")]
 // SAFETY: repr(C), integers only, no implicit padding (size asserted above).
 unsafe impl aya::Pod for PyProcess {}
+
+/// Set in a [`thread_key`]'s value of the thread-state cache when the thread's search
+/// found no thread state (a thread that never ran Python: a native thread of a Python
+/// process); the value's other bits are the head of the thread list then. The thread is
+/// searched again once the head changed (CPython adds each new thread state at the head:
+/// a thread that starts running Python gets one there).
+pub const PY_NO_THREAD_STATE: u64 = 1 << 63;
 
 /// Key of the thread-state cache: process and thread.
 #[inline(always)]

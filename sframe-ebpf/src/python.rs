@@ -25,8 +25,8 @@ use sframe_common::{
     outcome::Counter,
     python::{
         MAX_PY_FRAMES, MAX_PY_PROCESSES, MAX_PY_THREAD_CACHE, MAX_PY_THREADS, NO_OFFSET,
-        OWNED_BY_CSTACK, PY_ENTRY, PY_FLAG_EVERY_ENTRY, PY_FLAG_LASTI, PyProcess, frame_word,
-        thread_key,
+        OWNED_BY_CSTACK, PY_ENTRY, PY_FLAG_EVERY_ENTRY, PY_FLAG_LASTI, PY_NO_THREAD_STATE,
+        PyProcess, frame_word, thread_key,
     },
     stack::mix,
     step::WalkState,
@@ -82,15 +82,18 @@ pub(crate) struct PyWalk {
     /// the evaluation loop's own frame).
     frame: u64,
     pending: u64,
-    /// The header of the frame being read ([`FRAME_HEADER`] bytes used).
+    /// The header of the frame being read ([`FRAME_HEADER`] or [`FRAME_OBJECT_HEADER`]
+    /// bytes used).
     header: [u8; HEADER_BUF],
 }
 
 /// Bytes of a frame read at once: every field the walk reads lies in them.
 const FRAME_HEADER: usize = sframe_common::python::FRAME_HEADER as usize;
-/// The header buffer's size: a power of two above `FRAME_HEADER`, for masked indexes.
+/// Bytes of a frame object read at once.
+const FRAME_OBJECT_HEADER: usize = sframe_common::python::FRAME_OBJECT_HEADER as usize;
+/// The header buffer's size: a power of two above both, for masked indexes.
 const HEADER_BUF: usize = 128;
-const _: () = assert!(FRAME_HEADER <= HEADER_BUF);
+const _: () = assert!(FRAME_HEADER <= HEADER_BUF && FRAME_OBJECT_HEADER <= HEADER_BUF);
 
 /// Entry [`PY_WALK_PROFILE`]: `profile`'s; [`PY_WALK_OFF_CPU`]: the off-CPU walker's
 /// (which `profile` can interrupt on its CPU).
@@ -142,13 +145,23 @@ fn thread_state(c: &mut PyLoopCtx, tgid: u32, tid: u32, own_tid: u32) -> Option<
     // SAFETY: this CPU's PY_WALK value, valid during the program run.
     let w = unsafe { &mut *c.walk };
     // SAFETY: map lookup of a plain integer key; the value is copied out.
-    if let Some(&ts) = unsafe { PY_THREADS.get(key) }
+    let cached = unsafe { PY_THREADS.get(key) }.copied();
+    if let Some(ts) = cached
+        && ts & PY_NO_THREAD_STATE == 0
         && thread_id(&w.py, ts) == Some(u64::from(tid))
     {
         return Some(ts);
     }
     let interp = read_u64(w.py.runtime.wrapping_add(u64::from(w.py.interpreters_head)))?;
-    w.ts = read_u64(interp.wrapping_add(u64::from(w.py.threads_head)))?;
+    let head = read_u64(interp.wrapping_add(u64::from(w.py.threads_head)))?;
+    // Searched without finding one while the list began with the same thread state:
+    // CPython puts every new thread state at the list's head, so none was added since.
+    let none_here = PY_NO_THREAD_STATE | (head & !PY_NO_THREAD_STATE);
+    if cached == Some(none_here) {
+        return None;
+    }
+    count(Counter::PythonThreadSearches, 1);
+    w.ts = head;
     w.found = 0;
     w.tid = u64::from(tid);
     // SAFETY: bpf_loop with a static callback and a pointer to the stack.
@@ -163,6 +176,7 @@ fn thread_state(c: &mut PyLoopCtx, tgid: u32, tid: u32, own_tid: u32) -> Option<
     // SAFETY: as above.
     let found = unsafe { (*c.walk).found };
     if found == 0 {
+        let _ = PY_THREADS.insert(key, none_here, 0);
         return None;
     }
     let _ = PY_THREADS.insert(key, found, 0);
@@ -192,14 +206,20 @@ unsafe extern "C" fn frame_step(_index: u32, ctx: *mut c_void) -> i64 {
     if frame == 0 {
         return 1;
     }
-    // The frame's first FRAME_HEADER bytes in one read (every field the walk needs lies
-    // there: user space refuses offsets past it).
-    // SAFETY: bpf_probe_read_user checks the user address; `header` holds FRAME_HEADER
-    // bytes.
+    // The frame's first bytes in one read (every field the walk needs lies there: user
+    // space refuses offsets past it), a frame object's more than an interpreter frame's
+    // (which can be as short as its header).
+    let size = if w.py.flags & PY_FLAG_LASTI != 0 {
+        FRAME_OBJECT_HEADER
+    } else {
+        FRAME_HEADER
+    };
+    // SAFETY: bpf_probe_read_user checks the user address; `header` holds HEADER_BUF
+    // bytes, at least `size`.
     let read = unsafe {
         bpf_probe_read_user_raw(
             w.header.as_mut_ptr().cast(),
-            FRAME_HEADER as u32,
+            size as u32,
             frame as *const c_void,
         )
     };

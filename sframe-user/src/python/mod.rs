@@ -292,7 +292,7 @@ pub fn inspect(data: &[u8]) -> Result<PyBuild, String> {
     if !offsets.fits_header() {
         return Err(format!(
             "frame fields past the {} bytes the walk reads: {offsets:?}",
-            sframe_common::python::FRAME_HEADER
+            offsets.frame_header()
         ));
     }
     let base_vaddr = file
@@ -400,6 +400,15 @@ impl Finder {
     /// What process `pid`, mapping `maps`, is.
     pub fn find(&mut self, pid: u32, maps: &[Mapping]) -> Found {
         let mut pending = false;
+        // A build before 3.11 needs the C library's thread id offset too: asked for at
+        // once, beside the build (read one after the other, the second answer would come
+        // a retry later, and the samples meanwhile lack their Python frames).
+        if has_candidate(maps)
+            && let Some(libc) = maps.iter().find(|m| m.executable && is_libc(m))
+            && self.answer(pid, libc, Ask::ThreadId).is_err()
+        {
+            return Found::No;
+        }
         for m in maps.iter().filter(|m| is_candidate(m) && m.executable) {
             // Its first mapping: the one at the lowest file offset.
             let Some(first) = maps
