@@ -29,11 +29,16 @@ pub enum WalkOutcome {
     NoScratch = 10,
     /// A return address of 0: many runtimes end stacks this way.
     ZeroReturnAddress = 11,
+    /// The native walk reached the program's entry, but the sampled thread's interpreter
+    /// frames could not all be read (a frame's memory unreadable, or a chain longer than
+    /// `MAX_PY_FRAMES`): the stack ends its Python frames with
+    /// [`PY_UNREAD`](crate::python::PY_UNREAD).
+    PythonUnread = 12,
 }
 
 impl WalkOutcome {
     /// Number of outcomes (the length of [`WalkOutcome::ALL`]).
-    pub const COUNT: usize = 12;
+    pub const COUNT: usize = 13;
     /// Every outcome, in the order of their codes (`ALL[i] as usize == i`).
     pub const ALL: [WalkOutcome; Self::COUNT] = [
         Self::Complete,
@@ -48,6 +53,7 @@ impl WalkOutcome {
         Self::UnknownProcess,
         Self::NoScratch,
         Self::ZeroReturnAddress,
+        Self::PythonUnread,
     ];
 
     /// The outcome's name in snake case (e.g. `no_mapping`), for reports and metrics.
@@ -65,15 +71,32 @@ impl WalkOutcome {
             Self::UnknownProcess => "unknown_process",
             Self::NoScratch => "no_scratch",
             Self::ZeroReturnAddress => "zero_return_address",
+            Self::PythonUnread => "python_unread",
         }
     }
 
     /// Stacks that reach the program's entry.
     pub const fn is_complete(self) -> bool {
-        matches!(
-            self,
-            Self::Complete | Self::FramePointerEnd | Self::ZeroReturnAddress
-        )
+        Self::is_complete_code(self as u32)
+    }
+
+    /// [`WalkOutcome::is_complete`] of an outcome's code (the kernel side's `u32`).
+    pub const fn is_complete_code(code: u32) -> bool {
+        code == Self::Complete as u32
+            || code == Self::FramePointerEnd as u32
+            || code == Self::ZeroReturnAddress as u32
+    }
+
+    /// The outcome of a stack whose native walk ended with `native`, when its
+    /// interpreter frames could not all be read (`python_unread`): a complete native
+    /// walk becomes [`WalkOutcome::PythonUnread`] (the program's own frames are
+    /// missing); another keeps its own reason.
+    pub const fn with_python(native: u32, python_unread: bool) -> u32 {
+        if python_unread && Self::is_complete_code(native) {
+            Self::PythonUnread as u32
+        } else {
+            native
+        }
     }
 }
 

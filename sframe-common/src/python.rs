@@ -219,6 +219,20 @@ pub const fn with_version(word: u64, version: u8) -> u64 {
     (word & !PY_VERSION_MASK) | (v << 1)
 }
 
+/// The word that ends a stack's interpreter frames when the walk could not read the rest
+/// of the chain (a frame's memory unreadable, or more than [`MAX_PY_FRAMES`] frames): no
+/// code object (address 0), an invocation's first frame (so user space shows it in place
+/// of the evaluation-loop frame whose Python frames are missing). Such a stack's outcome
+/// is [`WalkOutcome::PythonUnread`](crate::outcome::WalkOutcome::PythonUnread) when its
+/// native walk was complete.
+pub const PY_UNREAD: u64 = crate::stack::FRAME_EXACT | PY_FRAME | PY_ENTRY;
+
+/// Whether a user stack word is [`PY_UNREAD`] (whatever version bits user space set).
+#[inline(always)]
+pub const fn is_unread(word: u64) -> bool {
+    is_frame(word) && code(word) == 0
+}
+
 /// Whether an interpreter frame's word starts an invocation of the evaluation loop.
 #[inline(always)]
 pub const fn is_entry(word: u64) -> bool {
@@ -228,6 +242,30 @@ pub const fn is_entry(word: u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_unread_marker_is_a_frame_word_of_no_code_object() {
+        assert!(is_frame(PY_UNREAD) && is_entry(PY_UNREAD) && is_unread(PY_UNREAD));
+        assert!(is_unread(with_version(PY_UNREAD, 2)));
+        assert!(!is_unread(frame_word(0x7f12_3456_7890, 0, true)));
+        // A native word is never the marker, whatever its low bits.
+        assert!(!is_unread(crate::stack::FRAME_EXACT | 0x1234));
+        use crate::outcome::WalkOutcome as O;
+        assert_eq!(
+            O::with_python(O::Complete as u32, true),
+            O::PythonUnread as u32
+        );
+        assert_eq!(
+            O::with_python(O::ZeroReturnAddress as u32, true),
+            O::PythonUnread as u32
+        );
+        assert_eq!(
+            O::with_python(O::Complete as u32, false),
+            O::Complete as u32
+        );
+        assert_eq!(O::with_python(O::NoRule as u32, true), O::NoRule as u32);
+        assert!(!O::PythonUnread.is_complete());
+    }
 
     #[test]
     fn frame_words_round_trip_and_are_never_native() {

@@ -453,7 +453,7 @@ fn walk_due(user: impl FnOnce() -> *const pt_regs) -> i32 {
     }
     // Stored only now that it is counted (see `unwind::profile`).
     key.user_stack = store_stack(&OFF_CPU_SCRATCH);
-    key.outcome = outcome | due.state;
+    key.outcome = WalkOutcome::with_python(outcome, py.unread) | due.state;
     add(&key, due.ns);
     0
 }

@@ -26,7 +26,7 @@ use sframe_common::{
     python::{
         MAX_PY_FRAMES, MAX_PY_PROCESSES, MAX_PY_THREAD_CACHE, MAX_PY_THREADS, NO_OFFSET,
         OWNED_BY_CSTACK, PY_ENTRY, PY_FLAG_EVERY_ENTRY, PY_FLAG_LASTI, PY_NO_THREAD_STATE,
-        PyProcess, frame_word, thread_key,
+        PY_UNREAD, PyProcess, frame_word, thread_key,
     },
     stack::mix,
     step::WalkState,
@@ -174,9 +174,13 @@ fn thread_state(c: &mut PyLoopCtx, tgid: u32, tid: u32, own_tid: u32) -> Option<
         )
     };
     // SAFETY: as above.
-    let found = unsafe { (*c.walk).found };
+    let (found, left) = unsafe { ((*c.walk).found, (*c.walk).ts) };
     if found == 0 {
-        let _ = PY_THREADS.insert(key, none_here, 0);
+        // Remembered only when the search read the whole list (`ts` 0 at its end): a
+        // read that failed or a list longer than the bound says nothing of the thread.
+        if left == 0 {
+            let _ = PY_THREADS.insert(key, none_here, 0);
+        }
         return None;
     }
     let _ = PY_THREADS.insert(key, found, 0);
@@ -193,7 +197,9 @@ fn push(st: &mut WalkState, word: u64) {
     st.stack.frames[sframe_common::bounded(i as usize, MAX_FRAMES)] = word;
     st.stack.len = i + 1;
     st.hash = mix(st.hash, word);
-    count(Counter::PythonFrames, 1);
+    if word != PY_UNREAD {
+        count(Counter::PythonFrames, 1);
+    }
 }
 
 unsafe extern "C" fn frame_step(_index: u32, ctx: *mut c_void) -> i64 {
@@ -287,11 +293,13 @@ fn header_u8(w: &PyWalk, offset: u32) -> u8 {
 }
 
 /// Interpreter frame words to send with a deferred sample: `len` words from index
-/// `first` of the user stack `frames` (null: none).
+/// `first` of the user stack `frames` (null: none); `unread` when the walk could not
+/// read the whole chain (the words end with [`PY_UNREAD`]).
 pub(crate) struct PyWords {
     pub(crate) frames: *const u64,
     pub(crate) first: u32,
     pub(crate) len: u32,
+    pub(crate) unread: bool,
 }
 
 /// Appends the interpreter frames of thread `tid` of process `tgid`, innermost first,
@@ -309,13 +317,14 @@ pub(crate) fn append_frames(
         frames: core::ptr::null(),
         first: 0,
         len: 0,
+        unread: false,
     };
     let Some(st) = scratch.get_ptr_mut(0) else {
         return py;
     };
     // SAFETY: this CPU's walk state of the calling program, walked into before.
     let first = unsafe { (*st).stack.len };
-    walk_frames(tgid, tid, st, slot);
+    py.unread = walk_frames(tgid, tid, st, slot);
     // SAFETY: as above.
     unsafe {
         py.len = (*st).stack.len.wrapping_sub(first);
@@ -326,15 +335,16 @@ pub(crate) fn append_frames(
 }
 
 /// Appends the interpreter frames of thread `tid` of process `tgid`, innermost first,
-/// to the stack walked into `st`, when the process is a Python process.
+/// to the stack walked into `st`, when the process is a Python process; true when the
+/// thread's frame chain could not all be read (then [`PY_UNREAD`] ends them).
 #[inline(always)]
-fn walk_frames(tgid: u32, tid: u32, st: *mut WalkState, slot: u32) {
+fn walk_frames(tgid: u32, tid: u32, st: *mut WalkState, slot: u32) -> bool {
     // SAFETY: map lookup of a plain integer key; the value is copied out.
     let Some(py) = (unsafe { PY_PROCESSES.get(tgid) }).copied() else {
-        return;
+        return false;
     };
     let Some(walk) = PY_WALK.get_ptr_mut(slot) else {
-        return;
+        return false;
     };
     // SAFETY: this CPU's PY_WALK value; no other program on this CPU uses it meanwhile.
     unsafe { (*walk).py = py };
@@ -352,7 +362,7 @@ fn walk_frames(tgid: u32, tid: u32, st: *mut WalkState, slot: u32) {
         };
         if r != 0 {
             count(Counter::PythonNoThread, 1);
-            return;
+            return false;
         }
         ns.pid
     } else {
@@ -361,15 +371,21 @@ fn walk_frames(tgid: u32, tid: u32, st: *mut WalkState, slot: u32) {
     let mut c = PyLoopCtx { st, walk };
     let Some(ts) = thread_state(&mut c, tgid, tid, own_tid) else {
         count(Counter::PythonNoThread, 1);
-        return;
+        return false;
     };
     let Some(mut frame) = read_u64(ts.wrapping_add(u64::from(py.thread_frame))) else {
-        return;
+        // SAFETY: `st` is the caller's walk state (see `append_frames`).
+        unsafe { push(&mut *st, PY_UNREAD) };
+        return true;
     };
     if py.cframe_current != NO_OFFSET && frame != 0 {
         match read_u64(frame.wrapping_add(u64::from(py.cframe_current))) {
             Some(f) => frame = f,
-            None => return,
+            None => {
+                // SAFETY: as above.
+                unsafe { push(&mut *st, PY_UNREAD) };
+                return true;
+            }
         }
     }
     // SAFETY: as above.
@@ -386,6 +402,13 @@ fn walk_frames(tgid: u32, tid: u32, st: *mut WalkState, slot: u32) {
             0,
         )
     };
-    // SAFETY: as in `frame_step`.
-    unsafe { push(&mut *st, (*walk).pending) };
+    // SAFETY: as in `frame_step`; the loop is over.
+    let (st, pending, left) = unsafe { (&mut *st, (*walk).pending, (*walk).frame) };
+    push(st, pending);
+    // A frame left to read: one could not be read, or the bound was reached.
+    if left != 0 {
+        push(st, PY_UNREAD);
+        return true;
+    }
+    false
 }

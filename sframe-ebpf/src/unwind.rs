@@ -323,6 +323,7 @@ pub fn profile<const THREAD_NAMES: bool>(ctx: &PerfEventContext) -> u32 {
             crate::python::PY_WALK_PROFILE,
         );
         if needs_tables(&SCRATCH, key.outcome) {
+            // (The native outcome: user space walks it again and adds `py.unread`.)
             lifecycle::send_miss(tgid);
             if defer(&key, pt, 0, 0, 0, &py) {
                 count(Counter::Deferred, 1);
@@ -333,6 +334,7 @@ pub fn profile<const THREAD_NAMES: bool>(ctx: &PerfEventContext) -> u32 {
         // stay in `STACKS` with no count naming it, and user space drains only the
         // stacks counts name (under process churn such stacks filled the map).
         key.user_stack = store_stack(&SCRATCH);
+        key.outcome = WalkOutcome::with_python(key.outcome, py.unread);
     }
     count_outcome(key.outcome);
     bump(&key);

@@ -395,6 +395,90 @@ fn a_thread_that_never_runs_python_is_not_searched_at_each_sample() {
     );
 }
 
+/// A Python chain longer than the walk reads (`MAX_PY_FRAMES`) ends its frames with the
+/// unread marker and counts as `python_unread`, not complete; a shorter one beside it,
+/// in the same profile, is read whole and complete.
+#[test]
+fn a_chain_deeper_than_the_walk_reads_counts_its_stacks_as_python_unread() {
+    if !bpf_or_skip("a_chain_deeper_than_the_walk_reads_counts_its_stacks_as_python_unread") {
+        return;
+    }
+    use sframe_common::{
+        WalkOutcome,
+        python::{MAX_PY_FRAMES, is_frame, is_unread},
+    };
+    let _serial = support::profiling::serial();
+    let Some((what, python)) = interpreters().into_iter().next() else {
+        return;
+    };
+    let spawn = |depth: u32| {
+        KillOnDrop::spawn(
+            Command::new(&python)
+                .arg(runtime_script("deep.py"))
+                .arg("1000")
+                .arg(depth.to_string()),
+        )
+    };
+    // 200 calls: past the 128 frames read; 40: well within.
+    let deep = spawn(200);
+    let shallow = spawn(40);
+    let frequency = 199;
+    let mut profiler = Profiler::start(frequency).expect("start");
+    profiler.add_target(deep.pid()).expect("tables");
+    profiler.add_target(shallow.pid()).expect("tables");
+    support::profiling::pump_cpu_all(&mut profiler, &[deep.pid(), shallow.pid()], 1.5);
+    let snap = profiler.collect();
+    // Per process: samples, samples with Python frames, those ending with the marker
+    // after exactly MAX_PY_FRAMES frames, samples counted python_unread.
+    let mut seen = std::collections::HashMap::<u32, [u64; 4]>::new();
+    for c in &snap.counts {
+        let words = profiler.stack(c.key.user_stack).unwrap_or(&[]);
+        let py: Vec<u64> = words.iter().copied().filter(|&w| is_frame(w)).collect();
+        let s = seen.entry(c.key.pid).or_default();
+        s[0] += c.count;
+        if !py.is_empty() {
+            s[1] += c.count;
+        }
+        if py.len() == MAX_PY_FRAMES as usize + 1 && py.last().is_some_and(|&w| is_unread(w)) {
+            s[2] += c.count;
+        }
+        if c.key.outcome == WalkOutcome::PythonUnread as u32 {
+            s[3] += c.count;
+        }
+        // The marker ends a chain and is found nowhere else.
+        assert!(
+            py.iter().rev().skip(1).all(|&w| !is_unread(w)),
+            "{what}: a marker inside the Python frames"
+        );
+    }
+    let d = seen.get(&deep.pid()).copied().unwrap_or_default();
+    let s = seen.get(&shallow.pid()).copied().unwrap_or_default();
+    eprintln!(
+        "{what}: deep: {} samples, {} with Python frames, {} cut with the marker, {} \
+         python_unread; shallow: {} samples, {} with Python frames, {} cut, {} python_unread",
+        d[0], d[1], d[2], d[3], s[0], s[1], s[2], s[3]
+    );
+    assert!(
+        d[0] >= support::profiling::samples_floor(1.5, frequency),
+        "{what}: {} samples of the deep chain",
+        d[0]
+    );
+    // Every deep sample whose frames were read was cut, and counted so; samples taken
+    // before the process's interpreter was known (no Python frames) stay complete.
+    assert!(d[1] * 100 >= d[0] * 80, "{what}: {d:?}");
+    assert_eq!(
+        d[2], d[1],
+        "{what}: deep samples with frames not cut: {d:?}"
+    );
+    assert_eq!(d[3], d[2], "{what}: cut samples not python_unread: {d:?}");
+    assert!(s[1] * 100 >= s[0] * 80, "{what}: {s:?}");
+    assert_eq!(s[2] + s[3], 0, "{what}: the shallow chain was cut: {s:?}");
+    assert!(
+        snap.outcomes[WalkOutcome::PythonUnread as usize] >= d[3],
+        "{what}: the outcome counts miss the python_unread samples"
+    );
+}
+
 #[test]
 fn each_thread_shows_its_own_python_frames() {
     if !bpf_or_skip("each_thread_shows_its_own_python_frames") {
@@ -722,6 +806,16 @@ fn a_forged_interpreter_state_is_walked_within_bounds_and_changes_no_other_proce
     assert!(
         fake_walked > 0,
         "the forged state was never walked: the test did not attack\n{hot}"
+    );
+    // Its frame chain is a cycle: every walk of it stops at the bound, with the marker.
+    let (_, fake_cut) = share(folded, |s| {
+        s.starts_with("python3.13;")
+            && s.contains("[[python]+")
+            && s.contains(sframe_user::python::UNREAD_FRAME)
+    });
+    assert_eq!(
+        fake_cut, fake_walked,
+        "forged walks not ended by the marker\n{hot}"
     );
     assert!(
         longest <= 1 + sframe_common::budget::MAX_FRAMES + 8,

@@ -189,11 +189,13 @@ fn walk_record(
         .py
         .get(skip..skip.saturating_add(rec.py_len as usize))
         .unwrap_or_default();
+    let mut unread = false;
     for &word in words {
         let i = st.stack.len as usize;
         if !sframe_common::python::is_frame(word) {
             continue;
         }
+        unread |= sframe_common::python::is_unread(word);
         let Some(slot) = st.stack.frames.get_mut(i) else {
             break;
         };
@@ -202,7 +204,13 @@ fn walk_record(
         st.hash = sframe_common::stack::mix(st.hash, word);
     }
     match entries {
-        Some(_) => (st, outcome),
+        Some(_) => {
+            let outcome = WalkOutcome::with_python(outcome as u32, unread);
+            (
+                st,
+                WalkOutcome::try_from(outcome).unwrap_or(WalkOutcome::PythonUnread),
+            )
+        }
         None => (st, WalkOutcome::UnknownProcess),
     }
 }

@@ -34,6 +34,28 @@ use crate::{
 /// The object name of Python frames in the outputs.
 pub const PYTHON_OBJECT: &str = "[python]";
 
+/// The name of the frame that stands for the interpreter frames a walk could not read
+/// ([`sframe_common::python::PY_UNREAD`]), in place of the evaluation loop's frame
+/// whose Python frames are missing.
+pub const UNREAD_FRAME: &str = "[unread Python frames]";
+
+/// The frame of [`sframe_common::python::PY_UNREAD`].
+pub fn unread_frame() -> Frame {
+    Frame {
+        name: Some(UNREAD_FRAME.to_owned()),
+        object: PYTHON_OBJECT.to_owned(),
+        file_offset: 0,
+        build_id: None,
+        location: None,
+        inlined: Vec::new(),
+        reason: Some(
+            "the thread's interpreter frames could not all be read at the sample (a frame's \
+             memory unreadable, or more frames than the walk reads)"
+                .to_owned(),
+        ),
+    }
+}
+
 /// The native function an invocation of the evaluation loop runs in.
 pub const EVAL_FUNCTION: &str = "_PyEval_EvalFrameDefault";
 
@@ -618,6 +640,9 @@ impl PyNamer {
 
     /// The frame of an interpreter frame's `word` (see `sframe_common::python`).
     pub fn frame(&self, word: u64) -> Frame {
+        if sframe_common::python::is_unread(word) {
+            return unread_frame();
+        }
         let addr = sframe_common::python::code(word);
         let offset = sframe_common::python::offset(word);
         // The frame's address in the outputs (pprof's location): one per code object and
@@ -649,6 +674,9 @@ impl PyNamer {
     /// is). Done when a stack reaches user space, while its process lives; `seen`
     /// remembers the addresses checked in one round (one check per address and round).
     pub fn bind(&self, word: u64, seen: &mut HashMap<u64, u8>) -> u64 {
+        if sframe_common::python::is_unread(word) {
+            return word;
+        }
         let addr = sframe_common::python::code(word);
         if let Some(&v) = seen.get(&addr) {
             return sframe_common::python::with_version(word, v);
@@ -833,6 +861,24 @@ mod tests {
             .map(|f| f.name.clone().unwrap_or_default())
             .collect();
         assert_eq!(merged, ["leaf", "f", "g", "call", "h", "main", "_start"]);
+    }
+
+    #[test]
+    fn the_unread_marker_stands_in_the_evaluation_frame_whose_frames_are_missing() {
+        use sframe_common::python::PY_UNREAD;
+        // Innermost first: leaf, eval (f read), call, eval (frames not read), main; the
+        // kernel side read `f` then could not go on.
+        let addrs = [1, 2, 3, 4, 5, frame_word(0x1000, 0, true), PY_UNREAD];
+        let frames: Vec<Frame> = ["leaf", EVAL_FUNCTION, "call", EVAL_FUNCTION, "main", "f"]
+            .iter()
+            .map(|n| named(n))
+            .chain([unread_frame()])
+            .collect();
+        let merged: Vec<String> = merge(&addrs, frames)
+            .iter()
+            .map(Frame::folded_name)
+            .collect();
+        assert_eq!(merged, ["leaf", "f", "call", UNREAD_FRAME, "main"]);
     }
 
     #[test]

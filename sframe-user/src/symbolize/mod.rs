@@ -401,6 +401,7 @@ impl Symbolizer {
         for &addr in addrs {
             if sframe_common::python::is_frame(addr) {
                 slots.push(Slot::Done(match python {
+                    _ if sframe_common::python::is_unread(addr) => crate::python::unread_frame(),
                     Some(namer) => namer.frame(addr),
                     None => Frame::unknown(
                         crate::python::PYTHON_OBJECT,
