@@ -18,19 +18,76 @@ use crate::{objects::Build, procfs};
 /// reload after its exec not at all (the dynamic loader has just mapped its libraries,
 /// which its code is about to run: a short process on a cold machine, whose first load
 /// read cold files, otherwise exited before the reload was due and lost every frame in
-/// its libraries); later ones `RELOAD_INTERVAL`, or longer in proportion to what
-/// reloading it costs (`RELOAD_SHARE`), so that a process mapping code in a loop gets a
-/// bounded share.
-fn reload_wait(load_cost: Duration, reloads: u32) -> Duration {
+/// its libraries); a young process's next ones (fewer than `YOUNG_RELOADS`, in its first
+/// `YOUNG_AGE`: its loader maps one library after another, and a compiler pass of 30 ms
+/// that waited `RELOAD_INTERVAL` for its second reload exited first, its libraries
+/// unknown) only in proportion to what reloading it costs (`RELOAD_SHARE`), while
+/// [`YoungReloads`] allows; later ones `RELOAD_INTERVAL`, or longer in proportion to
+/// the cost, so that a process mapping code in a loop gets a bounded share.
+fn reload_wait(load_cost: Duration, reloads: u32, young: bool) -> Duration {
     if reloads == 0 {
         return Duration::ZERO;
     }
     let cost = load_cost.as_secs_f64();
-    RELOAD_INTERVAL.max(Duration::from_secs_f64(cost / RELOAD_SHARE - cost))
+    let share = Duration::from_secs_f64(cost / RELOAD_SHARE - cost);
+    if young {
+        return share;
+    }
+    RELOAD_INTERVAL.max(share)
+}
+
+/// Reloads of a young process that wait only for their cost share.
+const YOUNG_RELOADS: u32 = 16;
+/// How long a process counts as young after its exec.
+const YOUNG_AGE: Duration = Duration::from_millis(500);
+/// The loop time young processes' reloads may take, per second, over all processes (a
+/// storm of new processes mapping libraries gets no more: its reloads then wait as a
+/// grown process's do).
+const YOUNG_RELOAD_BUDGET: Duration = Duration::from_millis(30);
+
+/// A token bucket of loop time for young processes' reloads: `YOUNG_RELOAD_BUDGET` per
+/// second, at most one second's worth saved.
+#[derive(Debug)]
+pub(super) struct YoungReloads {
+    /// Time left to spend (may go below zero by one reload's cost), in seconds.
+    left: f64,
+    at: Instant,
+}
+
+impl Default for YoungReloads {
+    fn default() -> Self {
+        Self {
+            left: YOUNG_RELOAD_BUDGET.as_secs_f64(),
+            at: Instant::now(),
+        }
+    }
+}
+
+impl YoungReloads {
+    /// Whether a young process's reload may skip the grown process's wait now.
+    fn allows(&mut self) -> bool {
+        let now = Instant::now();
+        let budget = YOUNG_RELOAD_BUDGET.as_secs_f64();
+        self.left = (self.left + now.duration_since(self.at).as_secs_f64() * budget).min(budget);
+        self.at = now;
+        self.left > 0.0
+    }
+
+    /// A young process's reload took `cost`.
+    fn spend(&mut self, cost: Duration) {
+        self.left -= cost.as_secs_f64();
+    }
+}
+
+impl super::Proc {
+    /// Whether its reloads may wait only for their cost share (see `reload_wait`).
+    fn is_young(&self) -> bool {
+        self.reloads < YOUNG_RELOADS && self.born.elapsed() < YOUNG_AGE
+    }
 }
 
 /// Reloads of one process for misses are at least this far apart (a miss that persists
-/// comes back from the kernel side every `MISS_INTERVAL_NS`).
+/// comes back from the kernel side every `MISS_INTERVAL_NS`), but a young process's.
 const RELOAD_INTERVAL: Duration = Duration::from_millis(40);
 /// Time `handle_events` spends on first loads of processes seen through misses.
 const PENDING_BUDGET: Duration = Duration::from_millis(50);
@@ -130,7 +187,17 @@ impl Profiler {
             .iter()
             .position(|e| e.kind == ProcEventKind::Exit as u32)
             .unwrap_or(batch.len());
+        // The processes that mapped libraries are reloaded once each, after the batch's
+        // mmap events (a loader maps several at once) and before its misses and exits.
+        let after_mmaps = batch
+            .iter()
+            .position(|e| priority(e) > 1)
+            .unwrap_or(batch.len());
+        let mut mapped: Vec<u32> = Vec::new();
         for (i, e) in batch.into_iter().enumerate() {
+            if i == after_mmaps {
+                self.reload_mapped(&mut mapped, &mut added);
+            }
             if i == first_exit {
                 self.load_pending(&mut added);
                 self.unwind_deferred();
@@ -170,7 +237,9 @@ impl Profiler {
                     // reloaded just before (then once, when its throttle allows).
                     self.lifecycle.mmaps += 1;
                     if known {
-                        self.request_reload(pid, &mut added);
+                        if !mapped.contains(&pid) {
+                            mapped.push(pid);
+                        }
                     } else if self.kernel_filtered || self.is_listed(pid) {
                         self.load(pid, &mut added, true);
                     }
@@ -191,6 +260,7 @@ impl Profiler {
                 }
             }
         }
+        self.reload_mapped(&mut mapped, &mut added);
         self.load_pending(&mut added);
         self.run_due_reloads(&mut added);
         self.reload_built(&mut added);
@@ -211,15 +281,28 @@ impl Profiler {
         !built.is_empty()
     }
 
+    /// [`Profiler::request_reload`] for each process of `mapped` (emptied).
+    fn reload_mapped(&mut self, mapped: &mut Vec<u32>, added: &mut Vec<u32>) {
+        for pid in mapped.drain(..) {
+            self.request_reload(pid, added);
+        }
+    }
+
+    /// When `p`'s next reload for new mappings may run (see `reload_wait`).
+    fn reload_at(&mut self, pid: u32) -> Option<Instant> {
+        let p = self.procs.get(&pid)?;
+        let young = p.is_young() && self.young_reloads.allows();
+        Some(p.loaded_at + reload_wait(p.load_cost, p.reloads, young))
+    }
+
     /// Reloads `pid` for new mappings now if its throttle allows, else once when it does.
     fn request_reload(&mut self, pid: u32, added: &mut Vec<u32>) {
         if self.reload_due.contains_key(&pid) {
             return;
         }
-        let Some(p) = self.procs.get(&pid) else {
+        let Some(due) = self.reload_at(pid) else {
             return self.load(pid, added, true);
         };
-        let due = p.loaded_at + reload_wait(p.load_cost, p.reloads);
         if due <= Instant::now() {
             self.load(pid, added, true);
         } else {
@@ -305,10 +388,15 @@ impl Profiler {
         if let Some(p) = self.procs.get(&pid)
             && p.exited_at.is_none()
             && !now
+            && !(p.is_young() && self.young_reloads.allows())
             && p.loaded_at.elapsed() < RELOAD_INTERVAL
         {
             return;
         }
+        let young = self
+            .procs
+            .get(&pid)
+            .is_some_and(|p| p.exited_at.is_none() && p.reloads > 0 && p.is_young());
         let new = self.procs.get(&pid).is_none_or(|p| p.exited_at.is_some());
         let started = Instant::now();
         // Between its objects (each built on the loop if it is small), the kernel's
@@ -322,6 +410,9 @@ impl Profiler {
                 }
             });
         let load_cost = started.elapsed();
+        if young {
+            self.young_reloads.spend(load_cost);
+        }
         match refreshed {
             Ok(report) if !report.maps.is_empty() => {
                 log::debug!(
@@ -332,12 +423,14 @@ impl Profiler {
                 let build_time = report.build_time;
                 self.lifecycle.process_loads += 1;
                 self.load_retries.remove(&pid);
-                let (info, reloads) = match self.procs.remove(&pid) {
+                let (info, reloads, born) = match self.procs.remove(&pid) {
                     // A reload without exec: same command and namespace.
-                    Some(p) if !new && !renamed => {
-                        (p.info.with_maps(report.maps), p.reloads.saturating_add(1))
-                    }
-                    _ => (target_info(pid, report.maps), 0),
+                    Some(p) if !new && !renamed => (
+                        p.info.with_maps(report.maps),
+                        p.reloads.saturating_add(1),
+                        p.born,
+                    ),
+                    _ => (target_info(pid, report.maps), 0, Instant::now()),
                 };
                 let mut info = info;
                 self.python.install(&mut info);
@@ -353,6 +446,7 @@ impl Profiler {
                         // reload after its first dlopen, and exit first).
                         load_cost: load_cost.saturating_sub(build_time),
                         reloads,
+                        born,
                     },
                 );
                 if new {
@@ -495,11 +589,30 @@ mod tests {
     #[test]
     fn the_first_reload_after_an_exec_waits_for_nothing_later_ones_pay_their_cost() {
         let slow = Duration::from_millis(100);
-        assert_eq!(reload_wait(slow, 0), Duration::ZERO);
-        assert_eq!(reload_wait(Duration::ZERO, 1), RELOAD_INTERVAL);
+        assert_eq!(reload_wait(slow, 0, false), Duration::ZERO);
+        assert_eq!(reload_wait(Duration::ZERO, 1, false), RELOAD_INTERVAL);
         // Nine times the cost: reloading takes at most a tenth of the time.
-        let w = reload_wait(slow, 1);
+        let w = reload_wait(slow, 1, false);
         assert!((w.as_secs_f64() - 0.9).abs() < 1e-6, "{w:?}");
-        assert_eq!(reload_wait(slow, 7), w);
+        assert_eq!(reload_wait(slow, 7, false), w);
+        // A young process: its cost share only, not the interval.
+        let cheap = Duration::from_micros(60);
+        let young = reload_wait(cheap, 3, true);
+        assert!(young < Duration::from_millis(1), "{young:?}");
+        assert_eq!(reload_wait(cheap, 3, false), RELOAD_INTERVAL);
+        assert_eq!(reload_wait(slow, 3, true), w);
+    }
+
+    #[test]
+    fn young_reloads_share_a_budget_of_loop_time() {
+        let mut b = YoungReloads::default();
+        assert!(b.allows());
+        // A storm of new processes spends it: then their reloads wait as grown ones do.
+        b.spend(YOUNG_RELOAD_BUDGET * 2);
+        assert!(!b.allows());
+        // It comes back at its rate: a second's worth at most.
+        b.at -= Duration::from_secs(2);
+        assert!(b.allows());
+        assert!(b.left <= YOUNG_RELOAD_BUDGET.as_secs_f64() + 1e-9);
     }
 }

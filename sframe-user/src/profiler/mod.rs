@@ -290,6 +290,9 @@ struct Proc {
     load_cost: Duration,
     /// Reloads since its exec (or since it was first seen).
     reloads: u32,
+    /// When it was loaded after its exec (or first seen): a young process's loader is
+    /// mapping its libraries (see `lifecycle::reload_wait`).
+    born: Instant,
 }
 
 pub struct Profiler {
@@ -313,6 +316,9 @@ pub struct Profiler {
     pending: lifecycle::FirstLoads,
     /// Processes with new mappings whose reload is throttled, and when it is due.
     reload_due: StdHashMap<u32, Instant>,
+    /// What young processes' unthrottled reloads may still spend (see
+    /// `lifecycle::YoungReloads`).
+    young_reloads: lifecycle::YoungReloads,
     /// The last `handle_events` left events in the ring (it handles a bounded number).
     events_left: bool,
     /// Loads of a live process that found no maps (mid-exec), retried so far.
@@ -444,6 +450,7 @@ impl Profiler {
             procs: StdHashMap::new(),
             pending: Default::default(),
             reload_due: StdHashMap::new(),
+            young_reloads: lifecycle::YoungReloads::default(),
             events_left: false,
             load_retries: StdHashMap::new(),
             failed_loads: StdHashMap::new(),
@@ -858,6 +865,7 @@ impl Profiler {
                 loaded_at: Instant::now(),
                 load_cost: Duration::ZERO,
                 reloads: 0,
+                born: Instant::now(),
             },
         );
     }
@@ -879,6 +887,7 @@ impl Profiler {
                 loaded_at: Instant::now(),
                 load_cost: Duration::ZERO,
                 reloads: 0,
+                born: Instant::now(),
             },
         );
         Ok(report)
