@@ -46,6 +46,30 @@ int main(void) {
 }
 "#;
 
+/// Runs `n` processes made by `spawn`, two at a time (one per CPU of these machines),
+/// each to a successful end, while `profiler` handles its events; then half a second
+/// more of events. Returns their pids.
+fn run_in_pairs(
+    profiler: &mut Profiler,
+    n: usize,
+    spawn: impl Fn() -> std::process::Child + Send + 'static,
+) -> HashSet<u32> {
+    let (tx, rx) = mpsc::channel();
+    let workload = thread::spawn(move || {
+        let mut pids = Vec::new();
+        for _ in 0..n / 2 {
+            let (mut a, mut b) = (spawn(), spawn());
+            pids.extend([a.id(), b.id()]);
+            assert!(a.wait().unwrap().success() && b.wait().unwrap().success());
+        }
+        tx.send(pids).unwrap();
+    });
+    let pids = pump_until(profiler, &rx, Duration::from_secs(120));
+    workload.join().unwrap();
+    pump(profiler, Duration::from_millis(500));
+    pids.into_iter().collect()
+}
+
 #[test]
 fn whole_system_profiling_keeps_up_with_process_churn() {
     if !bpf_or_skip("whole_system_profiling_keeps_up_with_process_churn") {
@@ -76,28 +100,12 @@ fn whole_system_profiling_keeps_up_with_process_churn() {
         }
     }
     let before = profiler.lifecycle();
-    let (tx, rx) = mpsc::channel();
-    let workload = {
-        let exe = exe.clone();
-        thread::spawn(move || {
-            let mut pids = Vec::new();
-            // Two at a time: one per CPU of these machines.
-            for _ in 0..PROCESSES / 2 {
-                let mut a = Command::new(&exe).spawn().expect("spawn");
-                let mut b = Command::new(&exe).spawn().expect("spawn");
-                pids.extend([a.id(), b.id()]);
-                assert!(a.wait().unwrap().success() && b.wait().unwrap().success());
-            }
-            tx.send(pids).unwrap();
-        })
-    };
     let started = Instant::now();
-    let pids = pump_until(&mut profiler, &rx, Duration::from_secs(120));
-    workload.join().unwrap();
-    pump(&mut profiler, Duration::from_millis(500));
+    let pids = run_in_pairs(&mut profiler, PROCESSES, move || {
+        Command::new(&exe).spawn().expect("spawn")
+    });
     let elapsed = started.elapsed();
     let snap = profiler.collect();
-    let pids: HashSet<u32> = pids.into_iter().collect();
     let stacks = stacks_of(&profiler, &snap, &profiler.targets(), &pids);
     let (good, total, bad) = complete_through(&stacks, &["main", "churn_work"]);
     let all: u64 = snap
@@ -231,21 +239,8 @@ fn short_processes_that_load_many_libraries_unwind_through_each() {
     // resident, as a build's compiler passes find theirs.
     assert!(run().wait().expect("wait").success());
     pump(&mut profiler, Duration::from_millis(500));
-    let (tx, rx) = mpsc::channel();
-    let workload = thread::spawn(move || {
-        let mut pids = Vec::new();
-        for _ in 0..PROCESSES / 2 {
-            let (mut a, mut b) = (run(), run());
-            pids.extend([a.id(), b.id()]);
-            assert!(a.wait().unwrap().success() && b.wait().unwrap().success());
-        }
-        tx.send(pids).unwrap();
-    });
-    let pids = pump_until(&mut profiler, &rx, Duration::from_secs(120));
-    workload.join().unwrap();
-    pump(&mut profiler, Duration::from_millis(500));
+    let pids = run_in_pairs(&mut profiler, PROCESSES, run);
     let snap = profiler.collect();
-    let pids: HashSet<u32> = pids.into_iter().collect();
     let stacks = stacks_of(&profiler, &snap, &profiler.targets(), &pids);
     // Complete through `main → run → lN_work` for one of the plugins.
     let plugin = |f: &str| {

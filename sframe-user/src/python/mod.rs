@@ -681,30 +681,39 @@ impl PyNamer {
         if let Some(&v) = seen.get(&addr) {
             return sframe_common::python::with_version(word, v);
         }
-        let Ok(mut codes) = self.codes.lock() else {
-            return word;
-        };
         let Some(mem) = self.mem.as_ref() else {
             return word;
         };
-        if codes.len() >= MAX_CODES && !codes.contains_key(&addr) {
-            codes.clear();
-        }
-        let versions = codes.entry(addr).or_default();
-        let current = versions.get(versions.current);
+        // What the address held when last read. The lock is not held while the
+        // process's memory is read (the naming thread takes it too, and a read can be
+        // slow): another thread may push the same content meanwhile, which costs a slot.
+        let (current, version) = {
+            let Ok(codes) = self.codes.lock() else {
+                return word;
+            };
+            match codes.get(&addr) {
+                Some(known) => (known.get(known.current).cloned(), known.current),
+                None => (None, 0),
+            }
+        };
         let v = match current.map(|info| info.still_at(mem, &self.layout, addr)) {
             // The same object, or its process gone (what was read stays the best name).
-            Some(Some(true) | None) => versions.current,
+            Some(Some(true) | None) => version,
             // Never read, or another object now.
             _ => {
                 let read = self.read(mem, addr);
-                if read.is_none() && versions.current == 0 {
+                if read.is_none() && version == 0 {
                     // Not a code object (or the process gone) when first seen: not
                     // remembered, the word stays unbound.
-                    codes.remove(&addr);
                     return word;
                 }
-                versions.push(read)
+                let Ok(mut codes) = self.codes.lock() else {
+                    return word;
+                };
+                if codes.len() >= MAX_CODES && !codes.contains_key(&addr) {
+                    codes.clear();
+                }
+                codes.entry(addr).or_default().push(read)
             }
         };
         if seen.len() < MAX_CODES {
@@ -717,15 +726,19 @@ impl PyNamer {
     /// bound, read now for a code object never read.
     fn named(&self, word: u64) -> Option<Arc<code::CodeInfo>> {
         let addr = sframe_common::python::code(word);
-        let mut codes = self.codes.lock().ok()?;
-        if let Some(known) = codes.get(&addr) {
-            return match sframe_common::python::version(word) {
-                0 => known.get(known.current),
-                v => known.get(v),
+        {
+            let codes = self.codes.lock().ok()?;
+            if let Some(known) = codes.get(&addr) {
+                return match sframe_common::python::version(word) {
+                    0 => known.get(known.current),
+                    v => known.get(v),
+                }
+                .cloned();
             }
-            .cloned();
         }
+        // Read without the lock held (see `bind`).
         let read = self.read(self.mem.as_ref()?, addr);
+        let mut codes = self.codes.lock().ok()?;
         if codes.len() >= MAX_CODES {
             codes.clear();
         }
