@@ -468,19 +468,21 @@ fn a_switch_storm_keeps_the_off_cpu_programs_within_their_budget() {
     // The kernel's measure over the governor's last whole cycle (a pause, then a
     // window): what the budget is about. A span of the run that is not a whole number of
     // cycles holds one window more or less than its share (a 20 s span of 15 s cycles
-    // held 1 or 2 windows of 3 s at 3.6 %: 0.5 to 1.3 % by phase alone). The cycles'
-    // starts are where the run time begins to grow again after a pause (the programs
-    // detached: no run time).
+    // held 1 or 2 windows of 3 s at 3.6 %: 0.5 to 1.3 % by phase alone). A cycle, a
+    // pause then its window, goes from one pause's start (where the run time stops
+    // growing: the programs detached) to the next's. (Counted from the windows' starts
+    // instead, the last cycle's window had to begin before the storm ended: a run whose
+    // pauses were 15 s long saw its third window begin at 41 s of 40, and failed.)
     let (times, increases): (Vec<f64>, Vec<u64>) = kernel_run_ns
         .windows(2)
         .map(|w| (w[0].0, w[1].1.saturating_sub(w[0].1)))
         .unzip();
-    let starts: Vec<usize> = (1..increases.len())
-        .filter(|&i| increases[i - 1] == 0 && increases[i] > 0)
+    let pauses: Vec<usize> = (1..increases.len())
+        .filter(|&i| increases[i - 1] > 0 && increases[i] == 0)
         .collect();
-    let [.., first, last] = starts[..] else {
+    let [.., first, last] = pauses[..] else {
         panic!(
-            "fewer than two observation windows after a pause in the kernel's readings \
+            "fewer than two pauses after a window in the kernel's readings \
              {kernel_run_ns:?}: {windows:?}"
         );
     };
