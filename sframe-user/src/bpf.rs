@@ -9,7 +9,7 @@ pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DI
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
-    #[error("loading the eBPF object failed (root or CAP_BPF+CAP_PERFMON needed): {0}")]
+    #[error("loading the eBPF object failed: {}", explain_object_error(.0))]
     Object(#[from] aya::EbpfError),
     #[error("loading program {name} failed (verifier log follows if any): {source}")]
     Program {
@@ -52,6 +52,71 @@ pub enum LoadError {
         #[source]
         source: aya::programs::ProgramError,
     },
+}
+
+/// What went wrong in loading the object, said as what it is: a permission the process
+/// lacks, or a kernel feature the running kernel lacks (a map type it does not know is
+/// refused with `EINVAL`, not `EPERM`: Linux 5.10 has no task storage).
+fn explain_object_error(e: &aya::EbpfError) -> String {
+    const PRIVILEGES: &str = "root or CAP_BPF+CAP_PERFMON needed";
+    let aya::EbpfError::MapError(aya::maps::MapError::CreateError { name, io_error }) = e else {
+        return format!("{e} (if the kernel denied it: {PRIVILEGES})");
+    };
+    match io_error.raw_os_error() {
+        Some(libc::EPERM | libc::EACCES) => {
+            format!("creating map {name}: {io_error} ({PRIVILEGES})")
+        }
+        _ => {
+            let feature = match name.as_str() {
+                maps::OFF_CPU_TASKS => "task storage maps (BPF_MAP_TYPE_TASK_STORAGE, Linux 5.11)",
+                maps::EVENTS | maps::DEFERRED => {
+                    "BPF ring buffers (BPF_MAP_TYPE_RINGBUF, Linux 5.8)"
+                }
+                _ => "the map's type, flags or size",
+            };
+            format!(
+                "the kernel refused to create map {name}: {io_error}: this kernel ({}) lacks {feature}",
+                kernel_release().as_deref().unwrap_or("release unknown")
+            )
+        }
+    }
+}
+
+/// The running kernel's release (`uname -r`).
+fn kernel_release() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .ok()
+        .map(|s| s.trim().to_owned())
+}
+
+#[cfg(test)]
+mod explain_tests {
+    use super::*;
+
+    fn create_error(name: &str, errno: i32) -> aya::EbpfError {
+        aya::EbpfError::MapError(aya::maps::MapError::CreateError {
+            name: name.to_owned(),
+            io_error: std::io::Error::from_raw_os_error(errno),
+        })
+    }
+
+    /// Linux 5.10 refuses the task storage map with EINVAL: the message names the
+    /// feature, not a privilege (which the profiler, run as root, had).
+    #[test]
+    fn a_map_the_kernel_cannot_create_names_the_missing_feature_not_a_privilege() {
+        let text = LoadError::Object(create_error(maps::OFF_CPU_TASKS, libc::EINVAL)).to_string();
+        assert!(
+            text.contains("task storage") && text.contains("5.11"),
+            "{text}"
+        );
+        assert!(!text.contains("CAP_BPF"), "{text}");
+        let text = LoadError::Object(create_error(maps::EVENTS, libc::EINVAL)).to_string();
+        assert!(text.contains("ring buffers"), "{text}");
+        // A permission error says so.
+        let text = LoadError::Object(create_error(maps::COUNTS, libc::EPERM)).to_string();
+        assert!(text.contains("CAP_BPF+CAP_PERFMON"), "{text}");
+        assert!(!text.contains("lacks"), "{text}");
+    }
 }
 
 /// What the kernel side is told at load time.
