@@ -121,6 +121,9 @@ pub mod globals {
             MMAP_RET_OFFSET = "MMAP_RET_OFFSET",
             /// Off-CPU: sleeps shorter than this (ns) are not walked.
             OFF_CPU_MIN_NS = "OFF_CPU_MIN_NS",
+            /// 1 where the kernel has `bpf_get_current_task_btf` and `bpf_task_pt_regs`
+            /// (the user registers of samples taken in kernel mode).
+            TASK_REGS_HELPERS = "TASK_REGS_HELPERS",
         }
     }
 }
@@ -132,6 +135,8 @@ pub mod programs {
         ALL {
             /// The perf-event walker.
             PROFILE = "profile",
+            /// The perf-event walker for kernels without `bpf_loop` (before 5.17).
+            PROFILE_BOUNDED = "profile_bounded",
             /// The perf-event walker without thread names.
             PROFILE_NO_THREAD_NAMES = "profile_no_thread_names",
             /// Raw samples for host-side walks.

@@ -9,6 +9,7 @@ mod python;
 mod regs;
 mod task_storage;
 mod unwind;
+mod walker;
 
 use aya_ebpf::{
     bindings::pt_regs,
@@ -32,7 +33,14 @@ use crate::regs::RegsSource;
 /// Walks and counts the user stack of each sample of a target (see `unwind`).
 #[perf_event]
 pub fn profile(ctx: PerfEventContext) -> u32 {
-    unwind::profile::<true>(&ctx)
+    unwind::profile::<true, walker::Looped>(&ctx)
+}
+
+/// `profile` for kernels without `bpf_loop` (before Linux 5.17): the same walk, its
+/// iterations bounded loops of calls to global functions (see `walker`).
+#[perf_event]
+pub fn profile_bounded(ctx: PerfEventContext) -> u32 {
+    unwind::profile::<true, walker::ProfileCalls>(&ctx)
 }
 
 /// The same program without the thread name in the count keys (no
@@ -42,7 +50,7 @@ pub fn profile(ctx: PerfEventContext) -> u32 {
 /// itself is the code the profiler ships, with no branch added for the measurement.
 #[perf_event]
 pub fn profile_no_thread_names(ctx: PerfEventContext) -> u32 {
-    unwind::profile::<false>(&ctx)
+    unwind::profile::<false, walker::Looped>(&ctx)
 }
 
 /// Off-CPU: times the sleeps of target threads (see `offcpu`).

@@ -42,6 +42,7 @@ use crate::{
     is_target, lifecycle, regs,
     task_storage::TaskStorage,
     unwind::{INDEX_SLOT_OFF_CPU, STACKS, count, defer, needs_tables, store_stack, walk_in},
+    walker::Looped,
 };
 
 /// Sleeps shorter than this (ns) are not walked; set at load time.
@@ -413,7 +414,7 @@ fn walk_due(user: impl FnOnce() -> *const pt_regs) -> i32 {
             key.comm.len() as u32,
         )
     };
-    let outcome = walk_in(
+    let outcome = walk_in::<Looped>(
         &OFF_CPU_SCRATCH,
         &OFF_CPU_WINDOW,
         INDEX_SLOT_OFF_CPU,
@@ -421,7 +422,7 @@ fn walk_due(user: impl FnOnce() -> *const pt_regs) -> i32 {
         pt,
     );
     // The interpreter frames where it slept, after the native ones (as on CPU).
-    let py = crate::python::append_frames(
+    let py = crate::python::append_frames::<Looped>(
         &OFF_CPU_SCRATCH,
         due.pid,
         due.tid,

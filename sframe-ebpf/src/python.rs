@@ -32,7 +32,10 @@ use sframe_common::{
     step::WalkState,
 };
 
-use crate::unwind::count;
+use crate::{
+    unwind::count,
+    walker::{PY_FRAME_CALLS, PY_THREAD_CALLS, Walker, repeat},
+};
 
 /// Python processes: where their runtime is, and their version's offsets.
 #[map]
@@ -139,7 +142,7 @@ unsafe extern "C" fn thread_step(_index: u32, ctx: *mut c_void) -> i64 {
 /// The thread state of thread `tid` (in `w.found`, 0 if none): the one remembered if it
 /// still names the thread, else the first in the main interpreter's list that does.
 #[inline(always)]
-fn thread_state(c: &mut PyLoopCtx, tgid: u32, tid: u32, own_tid: u32) -> Option<u64> {
+fn thread_state<W: Walker>(c: &mut PyLoopCtx, tgid: u32, tid: u32, own_tid: u32) -> Option<u64> {
     let key = thread_key(tgid, tid);
     let tid = own_tid;
     // SAFETY: this CPU's PY_WALK value, valid during the program run.
@@ -164,15 +167,19 @@ fn thread_state(c: &mut PyLoopCtx, tgid: u32, tid: u32, own_tid: u32) -> Option<
     w.ts = head;
     w.found = 0;
     w.tid = u64::from(tid);
-    // SAFETY: bpf_loop with a static callback and a pointer to the stack.
-    unsafe {
-        bpf_loop(
-            MAX_PY_THREADS,
-            thread_step as *mut c_void,
-            c as *mut PyLoopCtx as *mut c_void,
-            0,
-        )
-    };
+    if W::BPF_LOOP {
+        // SAFETY: bpf_loop with a static callback and a pointer to the stack.
+        unsafe {
+            bpf_loop(
+                MAX_PY_THREADS,
+                thread_step as *mut c_void,
+                c as *mut PyLoopCtx as *mut c_void,
+                0,
+            )
+        };
+    } else {
+        repeat::<PY_THREAD_CALLS>(W::py_thread);
+    }
     // SAFETY: as above.
     let (found, left) = unsafe { ((*c.walk).found, (*c.walk).ts) };
     if found == 0 {
@@ -268,6 +275,36 @@ unsafe extern "C" fn frame_step(_index: u32, ctx: *mut c_void) -> i64 {
     0
 }
 
+/// One iteration of a loop body (`thread_step`, `frame_step`) with the walk state of
+/// `scratch` and entry `slot` of [`PY_WALK`], for the walker without `bpf_loop`, which
+/// finds them in the maps at each call (see `walker`); false when the loop is over.
+#[inline(always)]
+fn call(
+    scratch: &PerCpuArray<WalkState>,
+    slot: u32,
+    body: unsafe extern "C" fn(u32, *mut c_void) -> i64,
+) -> bool {
+    let (Some(st), Some(walk)) = (scratch.get_ptr_mut(0), PY_WALK.get_ptr_mut(slot)) else {
+        return false;
+    };
+    let mut c = PyLoopCtx { st, walk };
+    // SAFETY: `c` holds this CPU's map values of the walking program, as `bpf_loop`'s
+    // context does.
+    unsafe { body(0, &mut c as *mut PyLoopCtx as *mut c_void) == 0 }
+}
+
+/// One thread state of the thread search (see [`call`]).
+#[inline(always)]
+pub(crate) fn thread_call(scratch: &PerCpuArray<WalkState>, slot: u32) -> bool {
+    call(scratch, slot, thread_step)
+}
+
+/// One frame of the frame walk (see [`call`]).
+#[inline(always)]
+pub(crate) fn frame_call(scratch: &PerCpuArray<WalkState>, slot: u32) -> bool {
+    call(scratch, slot, frame_step)
+}
+
 /// The 8-byte field at `offset` of the frame header just read (8-aligned offsets; the
 /// mask keeps the read inside the buffer whatever the offset).
 #[inline(always)]
@@ -307,7 +344,7 @@ pub(crate) struct PyWords {
 /// is a Python process, using entry `slot` of [`PY_WALK`]; returns them (for a deferred
 /// record).
 #[inline(always)]
-pub(crate) fn append_frames(
+pub(crate) fn append_frames<W: Walker>(
     scratch: &PerCpuArray<WalkState>,
     tgid: u32,
     tid: u32,
@@ -324,7 +361,7 @@ pub(crate) fn append_frames(
     };
     // SAFETY: this CPU's walk state of the calling program, walked into before.
     let first = unsafe { (*st).stack.len };
-    py.unread = walk_frames(tgid, tid, st, slot);
+    py.unread = walk_frames::<W>(tgid, tid, st, slot);
     // SAFETY: as above.
     unsafe {
         py.len = (*st).stack.len.wrapping_sub(first);
@@ -338,7 +375,7 @@ pub(crate) fn append_frames(
 /// to the stack walked into `st`, when the process is a Python process; true when the
 /// thread's frame chain could not all be read (then [`PY_UNREAD`] ends them).
 #[inline(always)]
-fn walk_frames(tgid: u32, tid: u32, st: *mut WalkState, slot: u32) -> bool {
+fn walk_frames<W: Walker>(tgid: u32, tid: u32, st: *mut WalkState, slot: u32) -> bool {
     // SAFETY: map lookup of a plain integer key; the value is copied out.
     let Some(py) = (unsafe { PY_PROCESSES.get(tgid) }).copied() else {
         return false;
@@ -369,7 +406,7 @@ fn walk_frames(tgid: u32, tid: u32, st: *mut WalkState, slot: u32) -> bool {
         tid
     };
     let mut c = PyLoopCtx { st, walk };
-    let Some(ts) = thread_state(&mut c, tgid, tid, own_tid) else {
+    let Some(ts) = thread_state::<W>(&mut c, tgid, tid, own_tid) else {
         count(Counter::PythonNoThread, 1);
         return false;
     };
@@ -393,15 +430,19 @@ fn walk_frames(tgid: u32, tid: u32, st: *mut WalkState, slot: u32) -> bool {
         (*walk).frame = frame;
         (*walk).pending = 0;
     }
-    // SAFETY: bpf_loop with a static callback and a pointer to the stack.
-    unsafe {
-        bpf_loop(
-            MAX_PY_FRAMES,
-            frame_step as *mut c_void,
-            &mut c as *mut PyLoopCtx as *mut c_void,
-            0,
-        )
-    };
+    if W::BPF_LOOP {
+        // SAFETY: bpf_loop with a static callback and a pointer to the stack.
+        unsafe {
+            bpf_loop(
+                MAX_PY_FRAMES,
+                frame_step as *mut c_void,
+                &mut c as *mut PyLoopCtx as *mut c_void,
+                0,
+            )
+        };
+    } else {
+        repeat::<PY_FRAME_CALLS>(W::py_frame);
+    }
     // SAFETY: as in `frame_step`; the loop is over.
     let (st, pending, left) = unsafe { (&mut *st, (*walk).pending, (*walk).frame) };
     push(st, pending);

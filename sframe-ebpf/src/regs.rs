@@ -144,6 +144,19 @@ fn copy_from_ctx(dst: &mut pt_regs, src: &pt_regs) {
     );
 }
 
+/// Whether the kernel has `bpf_get_current_task_btf` (Linux 5.11) and `bpf_task_pt_regs`
+/// (5.15), set at load time. Without them a sample taken in kernel mode has no user
+/// registers here: the branch that calls them is then dead code, which the verifier of
+/// a kernel without them never visits (a read-only global is a known constant to it).
+#[unsafe(no_mangle)]
+static TASK_REGS_HELPERS: u32 = 1;
+
+#[inline(always)]
+fn task_regs_helpers() -> bool {
+    // SAFETY: a read of a global set at load time.
+    unsafe { core::ptr::read_volatile(&TASK_REGS_HELPERS) != 0 }
+}
+
 /// The copy of the sampled task's user registers: a per-CPU map value, not the BPF
 /// stack (AArch64's register block alone is 272 of its 512 bytes).
 #[map]
@@ -165,6 +178,9 @@ pub unsafe fn user_regs(ctx_regs: *const pt_regs) -> Option<(&'static pt_regs, R
         // SAFETY: `dst` is this CPU's map value.
         copy_from_ctx(unsafe { &mut *dst }, regs);
         return Some((unsafe { &*dst }, RegsSource::Interrupt));
+    }
+    if !task_regs_helpers() {
+        return None;
     }
     // SAFETY: plain helper calls; the verifier checks their arguments.
     let task = unsafe { bpf_get_current_task_btf() };

@@ -8,7 +8,7 @@ use std::{collections::HashMap, process::Command, thread, time::Duration};
 use sframe_common::WalkOutcome;
 use sframe_user::{
     procfs,
-    profiler::{Profiler, symbolization_addresses},
+    profiler::{Profiler, ProfilerConfig, SampleProgram, symbolization_addresses},
     symbolize::Symbolizer,
 };
 use support::{KillOnDrop, bpf_or_skip, compile_c};
@@ -40,7 +40,16 @@ fn chain_source(n: usize) -> String {
 type Stacks = Vec<(Vec<String>, u64, WalkOutcome)>;
 
 fn profile(pid: u32, cpu: f64) -> (Stacks, [u64; WalkOutcome::COUNT]) {
-    let mut profiler = Profiler::start(499).expect("load and attach the profile program");
+    profile_with(pid, cpu, SampleProgram::Profile)
+}
+
+/// `profile` with the perf-event program given.
+fn profile_with(pid: u32, cpu: f64, program: SampleProgram) -> (Stacks, [u64; WalkOutcome::COUNT]) {
+    let mut profiler = Profiler::start_with(ProfilerConfig {
+        program,
+        ..ProfilerConfig::explicit(499)
+    })
+    .expect("load and attach the profile program");
     let report = profiler.add_target(pid).expect("load the target's tables");
     assert!(
         report.with_table >= 2,
@@ -96,11 +105,16 @@ fn assert_chain(stacks: &[(Vec<String>, u64, WalkOutcome)], expected: &[String])
 }
 
 fn run_chain(flags: &[&str], name: &str) {
-    let n = 24;
+    run_chain_of(24, flags, name, SampleProgram::Profile);
+}
+
+/// A chain of `n` functions (`n` + 6 frames with the leaf and libc's start), profiled
+/// with `program`.
+fn run_chain_of(n: usize, flags: &[&str], name: &str, program: SampleProgram) {
     let exe = compile_c(name, &chain_source(n), flags);
     let child = KillOnDrop::spawn(&mut Command::new(&exe));
     thread::sleep(Duration::from_millis(200));
-    let (stacks, outcomes) = profile(child.pid(), 1.0);
+    let (stacks, outcomes) = profile_with(child.pid(), 1.0, program);
     eprintln!("outcomes: {outcomes:?}");
     let mut expected = vec!["main".to_string()];
     expected.extend((0..n).map(|i| format!("f{i}")));
@@ -125,6 +139,70 @@ fn unwinds_a_deep_chain_without_frame_pointers_from_eh_frame() {
         return;
     }
     run_chain(&["-O2", "-fomit-frame-pointer"], "chain_ehframe");
+}
+
+/// The walker for kernels without `bpf_loop` (`profile_bounded`: a bounded loop of
+/// global-function calls) walks what `profile` walks, to the frame bound: 254 of the
+/// 256 frames a stack holds, from the SFrame and `.eh_frame` tables alike. (On this
+/// kernel both load; the VM guests run it where it is the only one.)
+#[test]
+fn the_walker_without_bpf_loop_walks_chains_to_the_frame_bound() {
+    if !bpf_or_skip("the_walker_without_bpf_loop_walks_chains_to_the_frame_bound") {
+        return;
+    }
+    let n = sframe_common::budget::MAX_FRAMES - 8;
+    run_chain_of(
+        n,
+        &["-O2", "-fomit-frame-pointer", "-Wa,--gsframe"],
+        "chain_bounded_sframe",
+        SampleProgram::Bounded,
+    );
+    run_chain_of(
+        n,
+        &["-O2", "-fomit-frame-pointer"],
+        "chain_bounded_ehframe",
+        SampleProgram::Bounded,
+    );
+}
+
+/// Past the bound, the walker without `bpf_loop` stops as `profile` does: every sample
+/// of a chain deeper than the stack holds is `truncated`, with the stack full.
+#[test]
+fn the_walker_without_bpf_loop_truncates_deeper_chains_as_profile_does() {
+    if !bpf_or_skip("the_walker_without_bpf_loop_truncates_deeper_chains_as_profile_does") {
+        return;
+    }
+    let max = sframe_common::budget::MAX_FRAMES;
+    let exe = compile_c(
+        "chain_bounded_deep",
+        &chain_source(max + 20),
+        &["-O2", "-fomit-frame-pointer"],
+    );
+    let child = KillOnDrop::spawn(&mut Command::new(&exe));
+    thread::sleep(Duration::from_millis(200));
+    for program in [SampleProgram::Profile, SampleProgram::Bounded] {
+        let (stacks, outcomes) = profile_with(child.pid(), 0.5, program);
+        let total: u64 = stacks.iter().map(|s| s.1).sum();
+        let full: u64 = stacks
+            .iter()
+            .filter(|(names, _, outcome)| {
+                *outcome == WalkOutcome::Truncated
+                    && names.len() == max
+                    && names.last().map(String::as_str) == Some("leaf")
+            })
+            .map(|s| s.1)
+            .sum();
+        eprintln!(
+            "{}: {full} of {total} full and truncated; {outcomes:?}",
+            program.name()
+        );
+        assert!(total >= 100, "{}: too few samples: {total}", program.name());
+        assert!(
+            full * 100 >= total * 99,
+            "{}: only {full} of {total} samples truncated at {max} frames",
+            program.name()
+        );
+    }
 }
 
 #[test]

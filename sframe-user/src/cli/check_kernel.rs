@@ -14,6 +14,29 @@ pub fn run() -> i32 {
             return 1;
         }
     };
+    let walker = sframe_user::profiler::SampleProgram::Profile.resolve();
+    println!(
+        "walker {} ({})",
+        walker.name(),
+        if walker == sframe_user::profiler::SampleProgram::Profile {
+            "the kernel has bpf_loop"
+        } else {
+            "the kernel has no bpf_loop (Linux 5.17): bounded loops of global-function calls"
+        }
+    );
+    if sframe_user::bpf::has_task_regs_helpers() {
+        println!("kernel-mode samples: user registers from bpf_task_pt_regs");
+    } else {
+        println!(
+            "kernel-mode samples: no user registers (the kernel has no \
+             bpf_get_current_task_btf, Linux 5.11, or bpf_task_pt_regs, 5.15): \
+             counted no_user_regs"
+        );
+    }
+    match sframe_user::bpf::off_cpu_support() {
+        Ok(()) => println!("off-cpu available"),
+        Err(why) => println!("off-cpu refused: {why}"),
+    }
     let mut failed = 0;
     let mut unavailable = 0;
     for c in &checks {

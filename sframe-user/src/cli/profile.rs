@@ -15,13 +15,21 @@ use sframe_user::{
         prometheus::{self, Feed, Metrics, server},
         snapshot_delta, timestamped_path,
     },
-    profiler::{Profiler, ProfilerConfig, Snapshot, TargetInfo, TargetSpec},
+    profiler::{Profiler, ProfilerConfig, SampleProgram, Snapshot, TargetInfo, TargetSpec},
     symbolize::Symbolizer,
 };
 use tokio::io::{Interest, unix::AsyncFd};
 
 /// How long the end of a profile waits for tables its deferred samples need.
 const DEFERRED_FLUSH: Duration = Duration::from_secs(10);
+
+/// `--walker`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Walker {
+    Auto,
+    BpfLoop,
+    Bounded,
+}
 
 #[derive(Args, Debug)]
 pub struct ProfileArgs {
@@ -124,6 +132,11 @@ pub struct ProfileArgs {
     /// With --off-cpu: do not sample on CPU.
     #[arg(long, requires = "off_cpu")]
     pub no_on_cpu: bool,
+    /// How the kernel side iterates a walk: `bpf-loop` (the `bpf_loop` helper, Linux
+    /// 5.17), `bounded` (bounded loops of global-function calls, every supported
+    /// kernel), or `auto`: `bpf-loop` where the kernel has it.
+    #[arg(long, value_enum, default_value_t = Walker::Auto)]
+    pub walker: Walker,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Top)]
     pub format: Format,
@@ -425,7 +438,14 @@ pub async fn run(args: ProfileArgs) -> Result<()> {
             counts: Some(args.max_counts),
             kernel_stacks: None,
         },
-        program: sframe_user::profiler::SampleProgram::Profile,
+        program: match args.walker {
+            Walker::Auto => SampleProgram::Profile,
+            Walker::BpfLoop if !sframe_user::bpf::has_bpf_loop() => {
+                bail!("--walker bpf-loop: the kernel has no bpf_loop helper (Linux 5.17)")
+            }
+            Walker::BpfLoop => SampleProgram::Profile,
+            Walker::Bounded => SampleProgram::Bounded,
+        },
         on_cpu: !args.no_on_cpu,
         off_cpu_min: args.off_cpu.then_some(args.off_cpu_min),
     };

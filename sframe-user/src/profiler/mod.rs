@@ -42,9 +42,13 @@ use crate::{
 /// The perf-event program that walks and counts the samples.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum SampleProgram {
-    /// `profile`: what the profiler ships and the CLI runs.
+    /// `profile`: what the profiler ships and the CLI runs, where the kernel has
+    /// `bpf_loop` (Linux 5.17); `profile_bounded` where it has not (see `resolve`).
     #[default]
     Profile,
+    /// `profile_bounded`: the same walk, iterated by bounded loops of global-function
+    /// calls, which kernels before `bpf_loop` verify (and later ones too).
+    Bounded,
     /// `profile_no_thread_names`: the same walker without the thread name in the count
     /// keys (names then come only from `/proc`); for the benchmark's A/B of what
     /// recording each sample's thread costs.
@@ -56,7 +60,17 @@ impl SampleProgram {
     pub fn name(self) -> &'static str {
         match self {
             Self::Profile => programs::PROFILE,
+            Self::Bounded => programs::PROFILE_BOUNDED,
             Self::WithoutThreadNames => programs::PROFILE_NO_THREAD_NAMES,
+        }
+    }
+
+    /// The program that runs on this kernel: `Bounded` in place of `Profile` where the
+    /// kernel lacks `bpf_loop` (a probe program, as libbpf's).
+    pub fn resolve(self) -> Self {
+        match self {
+            Self::Profile if !bpf::has_bpf_loop() => Self::Bounded,
+            other => other,
         }
     }
 }
@@ -410,7 +424,14 @@ impl Profiler {
                 .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
         })?;
         bpf::spawn_logger(&mut ebpf);
-        bpf::load_perf_event(&mut ebpf, config.program.name())?;
+        let program = config.program.resolve();
+        if program != config.program {
+            log::info!(
+                "the kernel has no bpf_loop (Linux 5.17): walking with {}",
+                program.name()
+            );
+        }
+        bpf::load_perf_event(&mut ebpf, program.name())?;
         if !v2.is_empty() {
             let mut map: Array<MapData, CgroupFilter> = take(&mut ebpf, maps::TARGET_CGROUPS)?;
             for (i, f) in v2.iter().enumerate() {
@@ -429,7 +450,7 @@ impl Profiler {
             }
         }
         let mut profiler = Self {
-            program: config.program,
+            program,
             store,
             targets: take(&mut ebpf, maps::TARGET_TGIDS)?,
             counts: Counts::new(&mut ebpf, config.max_kept_counts)?,
@@ -475,6 +496,7 @@ impl Profiler {
         }
         profiler.scan_named_targets();
         if config.off_cpu_min.is_some() {
+            bpf::off_cpu_support().map_err(LoadError::Unsupported)?;
             profiler.off_cpu_programs = Some(off_cpu::OffCpu::attach(&mut profiler.ebpf)?);
         }
         if config.on_cpu {

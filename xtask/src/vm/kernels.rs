@@ -23,10 +23,12 @@ pub struct Kernel {
 
 #[derive(Clone, Debug)]
 pub enum KernelSource {
-    /// The newest package whose name matches `prefix` + version digits + `suffix`.
+    /// The newest package whose name matches `prefix` + version digits + `suffix`, in
+    /// the host's apt lists or in a suite of the project's own (`apt`).
     Debian {
         prefix: &'static str,
         suffix: &'static str,
+        apt: Option<&'static Suite>,
     },
     /// The running kernel: the guest tests run directly on this machine.
     Host,
@@ -41,6 +43,7 @@ pub fn x86_64_matrix() -> Vec<Kernel> {
             source: KernelSource::Debian {
                 prefix: "linux-image-6.1.0-",
                 suffix: "-cloud-amd64",
+                apt: None,
             },
         },
         Kernel {
@@ -48,6 +51,7 @@ pub fn x86_64_matrix() -> Vec<Kernel> {
             source: KernelSource::Debian {
                 prefix: "linux-image-6.12.",
                 suffix: "-cloud-amd64",
+                apt: None,
             },
         },
         Kernel {
@@ -66,6 +70,7 @@ pub fn aarch64_matrix() -> Vec<Kernel> {
             source: KernelSource::Debian {
                 prefix: "linux-image-6.1.0-",
                 suffix: "-cloud-arm64",
+                apt: None,
             },
         },
         Kernel {
@@ -73,9 +78,70 @@ pub fn aarch64_matrix() -> Vec<Kernel> {
             source: KernelSource::Debian {
                 prefix: "linux-image-6.12.",
                 suffix: "-cloud-arm64",
+                apt: None,
             },
         },
     ]
+}
+
+/// Kernels run only when named (`--kernel 5.10`), not in the default matrix: Debian
+/// 11's 5.10, which the profiler does not start on yet (off-CPU needs task storage,
+/// Linux 5.11, and the BTF `sched_switch` of 5.18: see README, "Kernels").
+pub fn on_request(arch_suffix: &'static str) -> Vec<Kernel> {
+    vec![Kernel {
+        name: "5.10".into(),
+        source: KernelSource::Debian {
+            prefix: "linux-image-5.10.0-",
+            suffix: if arch_suffix == "arm64" {
+                "-cloud-arm64"
+            } else {
+                "-cloud-amd64"
+            },
+            apt: Some(&BULLSEYE),
+        },
+    }]
+}
+
+/// Debian suites the host's apt does not list, read through an apt configuration of
+/// the project's own under `target/vm/apt/NAME` (its sources, lists and caches; the
+/// host's sources and lists are never touched).
+#[derive(Debug)]
+pub struct Suite {
+    pub name: &'static str,
+    /// The `sources.list` lines.
+    pub sources: &'static str,
+}
+
+/// Debian 11's kernels (5.10): its main suite and its security updates.
+pub static BULLSEYE: Suite = Suite {
+    name: "bullseye",
+    sources: "deb http://deb.debian.org/debian bullseye main\n\
+              deb http://security.debian.org/debian-security bullseye-security main\n",
+};
+
+/// The apt options that make apt read `suite` only (none: the host's configuration).
+fn apt_options(suite: Option<&Suite>) -> Result<Vec<String>> {
+    let Some(suite) = suite else {
+        return Ok(Vec::new());
+    };
+    let dir = cmd::target_dir().join("vm").join("apt").join(suite.name);
+    for sub in ["lists/partial", "cache/archives/partial"] {
+        std::fs::create_dir_all(dir.join(sub))
+            .with_context(|| format!("creating {}", dir.join(sub).display()))?;
+    }
+    let sources = dir.join("sources.list");
+    std::fs::write(&sources, suite.sources)
+        .with_context(|| format!("writing {}", sources.display()))?;
+    let d = dir.display();
+    Ok([
+        format!("Dir::Etc::sourcelist={}", sources.display()),
+        "Dir::Etc::sourceparts=-".to_owned(),
+        format!("Dir::State::Lists={d}/lists"),
+        format!("Dir::Cache={d}/cache"),
+    ]
+    .into_iter()
+    .flat_map(|o| ["-o".to_owned(), o])
+    .collect())
 }
 
 /// Natural order of package names: digit runs compare as numbers.
@@ -122,9 +188,14 @@ fn matches(name: &str, prefix: &str, suffix: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '+')
 }
 
-fn apt_candidates(prefix: &str, suffix: &str) -> Vec<String> {
+fn apt_candidates(prefix: &str, suffix: &str, apt: &[String]) -> Vec<String> {
     let pattern = format!("^{}", prefix.replace('.', "\\."));
-    let out = cmd::output(Command::new("apt-cache").args(["search", "--names-only", &pattern]))
+    let out =
+        cmd::output(
+            Command::new("apt-cache")
+                .args(apt)
+                .args(["search", "--names-only", &pattern]),
+        )
         .unwrap_or_default();
     let mut names: Vec<String> = out
         .lines()
@@ -136,22 +207,26 @@ fn apt_candidates(prefix: &str, suffix: &str) -> Vec<String> {
     names
 }
 
-/// The newest package of the series; runs `apt-get update` once when the lists know
-/// none.
-pub fn resolve(prefix: &str, suffix: &str) -> Result<String> {
-    if let Some(name) = apt_candidates(prefix, suffix).pop() {
+/// The newest package of the series (in `suite`, or the host's lists); runs `apt-get
+/// update` once when the lists know none.
+pub fn resolve(prefix: &str, suffix: &str, suite: Option<&Suite>) -> Result<String> {
+    let apt = apt_options(suite)?;
+    if let Some(name) = apt_candidates(prefix, suffix, &apt).pop() {
         return Ok(name);
     }
     let mut update = cmd::privileged("apt-get");
-    update.args(["update", "-q", "-o", "DPkg::Lock::Timeout=600"]);
+    update
+        .args(&apt)
+        .args(["update", "-q", "-o", "DPkg::Lock::Timeout=600"]);
     cmd::run(&mut update, "apt-get update (no kernel package known yet)")?;
-    apt_candidates(prefix, suffix)
+    apt_candidates(prefix, suffix, &apt)
         .pop()
         .with_context(|| format!("no Debian package named {prefix}*{suffix} in the apt lists"))
 }
 
-/// The kernel image of package `name`, downloaded and extracted into `cache` once.
-pub fn fetch(name: &str, cache: &Path) -> Result<PathBuf> {
+/// The kernel image of package `name` (of `suite`, or the host's lists), downloaded
+/// and extracted into `cache` once.
+pub fn fetch(name: &str, suite: Option<&Suite>, cache: &Path) -> Result<PathBuf> {
     // A foreign architecture's package is named `NAME:ARCH` to apt.
     let arch_suffix = if name.ends_with("-arm64") {
         ":arm64"
@@ -165,9 +240,11 @@ pub fn fetch(name: &str, cache: &Path) -> Result<PathBuf> {
     }
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let mut download = Command::new("apt-get");
-    download
-        .current_dir(&dir)
-        .args(["download", "-q", &format!("{name}{arch_suffix}")]);
+    download.current_dir(&dir).args(apt_options(suite)?).args([
+        "download",
+        "-q",
+        &format!("{name}{arch_suffix}"),
+    ]);
     cmd::run(&mut download, &format!("download kernel package {name}"))?;
     let deb = std::fs::read_dir(&dir)?
         .filter_map(|e| e.ok())

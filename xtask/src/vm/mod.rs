@@ -116,7 +116,8 @@ pub struct VmTestArgs {
     /// The guests' architecture.
     #[arg(long, value_enum, default_value = "x86_64")]
     arch: Arch,
-    /// Only these kernels of the matrix (`6.1`, `6.12`, `host`); default: all.
+    /// Only these kernels of the matrix (`6.1`, `6.12`, `host`; `5.10`, not in the
+    /// default matrix, only when named); default: the matrix.
     #[arg(long)]
     kernel: Vec<String>,
     /// Only the tests whose name contains this.
@@ -227,9 +228,18 @@ fn run_matrix(args: VmTestArgs) -> Result<(String, Vec<String>)> {
         Arch::X86_64 => kernels::x86_64_matrix(),
         Arch::Aarch64 => kernels::aarch64_matrix(),
     };
+    let on_request = kernels::on_request(match args.arch {
+        Arch::X86_64 => "amd64",
+        Arch::Aarch64 => "arm64",
+    });
     let matrix: Vec<Kernel> = matrix
         .into_iter()
         .filter(|k| args.kernel.is_empty() || args.kernel.contains(&k.name))
+        .chain(
+            on_request
+                .into_iter()
+                .filter(|k| args.kernel.contains(&k.name)),
+        )
         .collect();
     if matrix.is_empty() {
         bail!("no kernel of the matrix matches {:?}", args.kernel);
@@ -247,13 +257,22 @@ fn run_matrix(args: VmTestArgs) -> Result<(String, Vec<String>)> {
     let mut initrd: Option<PathBuf> = None;
     let mut prepared: Vec<(usize, Result<PathBuf>)> = Vec::new();
     for (i, k) in matrix.iter().enumerate() {
-        let KernelSource::Debian { prefix, suffix } = &k.source else {
+        let KernelSource::Debian {
+            prefix,
+            suffix,
+            apt,
+        } = &k.source
+        else {
             continue;
         };
         let image = (|| -> Result<PathBuf> {
-            let package = kernels::resolve(prefix, suffix)?;
+            let package = kernels::resolve(prefix, suffix, *apt)?;
             eprintln!("xtask: vm: kernel {} is {package}", k.name);
-            kernels::fetch(&package, &cmd::target_dir().join("vm").join("kernels"))
+            kernels::fetch(
+                &package,
+                *apt,
+                &cmd::target_dir().join("vm").join("kernels"),
+            )
         })();
         if image.is_ok() && initrd.is_none() {
             let p = base.join("initrd.cpio");

@@ -132,6 +132,8 @@ struct CostRow {
     profiler: Result<ProgramRun>,
     /// The profiler's program without thread names (`profile_no_thread_names`).
     no_names: Result<ProgramRun>,
+    /// The walker for kernels without `bpf_loop` (`profile_bounded`).
+    bounded: Result<ProgramRun>,
     /// ns/sample of each A/B window: (with thread names, ns).
     name_windows: Vec<(bool, f64)>,
 }
@@ -205,24 +207,37 @@ fn bpf_cost(args: &Args) -> Result<(FilterOnly, Vec<CostRow>)> {
         }
         progress(&format!("  chain of {depth} frames, pid {}", fixture.pid()));
         let baseline = measure_baseline(Some(fixture.pid()), args.sample_time());
-        // The thread-name A/B alternates its two programs (ABBA…) so that a drift of the
-        // host's speed during the run falls on both alike; each side sums its windows.
+        // The thread-name A/B and the walker without `bpf_loop` alternate their three
+        // programs (ABC, CBA, …) so that a drift of the host's speed during the run
+        // falls on all alike; each sums its windows.
         let pairs = name_pairs(args);
         let mut profiler: Result<ProgramRun> = Ok(ProgramRun::default());
         let mut no_names: Result<ProgramRun> = Ok(ProgramRun::default());
+        let mut bounded: Result<ProgramRun> = Ok(ProgramRun::default());
         let mut name_windows = Vec::new();
-        for window in 0..2 * pairs {
-            let names_first = (window / 2) % 2 == 0;
-            let with_names = (window % 2 == 0) == names_first;
-            let (program, total) = if with_names {
-                (SampleProgram::Profile, &mut profiler)
+        let order = [
+            SampleProgram::Profile,
+            SampleProgram::WithoutThreadNames,
+            SampleProgram::Bounded,
+        ];
+        for window in 0..order.len() * pairs {
+            let k = window % order.len();
+            let program = if (window / order.len()).is_multiple_of(2) {
+                order[k]
             } else {
-                (SampleProgram::WithoutThreadNames, &mut no_names)
+                order[order.len() - 1 - k]
+            };
+            let total = match program {
+                SampleProgram::Profile => &mut profiler,
+                SampleProgram::WithoutThreadNames => &mut no_names,
+                SampleProgram::Bounded => &mut bounded,
             };
             let run = measure_profiler_with(Some(fixture.pid()), args.sample_time(), program);
             if let Ok(r) = &run {
-                if let Some(ns) = r.per_sample_ns() {
-                    name_windows.push((with_names, ns));
+                if let Some(ns) = r.per_sample_ns()
+                    && program != SampleProgram::Bounded
+                {
+                    name_windows.push((program == SampleProgram::Profile, ns));
                 }
                 progress(&format!(
                     "    window {window}, {}: {:.0} ns/sample",
@@ -239,6 +254,7 @@ fn bpf_cost(args: &Args) -> Result<(FilterOnly, Vec<CostRow>)> {
             ("baseline", &baseline),
             ("profile", &profiler),
             ("profile, no thread names", &no_names),
+            ("profile_bounded", &bounded),
         ] {
             match run {
                 Ok(r) => progress(&format!(
@@ -256,6 +272,7 @@ fn bpf_cost(args: &Args) -> Result<(FilterOnly, Vec<CostRow>)> {
             baseline,
             profiler,
             no_names,
+            bounded,
             name_windows,
         });
     }
@@ -477,6 +494,7 @@ fn cost_section(doc: &mut String, filter_only: &FilterOnly, rows: &[CostRow], ar
             ("`fp_baseline` (kernel FP walker)", &row.baseline),
             ("`profile` (this profiler)", &row.profiler),
             ("`profile`, no thread names", &row.no_names),
+            ("`profile_bounded` (no `bpf_loop`)", &row.bounded),
         ] {
             match run {
                 Ok(r) => {
@@ -519,6 +537,27 @@ fn cost_section(doc: &mut String, filter_only: &FilterOnly, rows: &[CostRow], ar
             doc,
             "\nAt 32 frames the profiler costs {:.2} µs per sample (goal ≤ 3 µs).",
             ns / 1000.0
+        );
+    }
+    let bounded: Vec<String> = rows
+        .iter()
+        .filter_map(|row| {
+            let with_loop = row.profiler.as_ref().ok()?.per_frame_ns()?;
+            let bounded = row.bounded.as_ref().ok()?.per_frame_ns()?;
+            Some(format!(
+                "{} frames {bounded:.1} against {with_loop:.1} ns/frame ({:.2}×)",
+                row.depth,
+                bounded / with_loop
+            ))
+        })
+        .collect();
+    if !bounded.is_empty() {
+        let _ = writeln!(
+            doc,
+            "\nThe walker for kernels without `bpf_loop` (`profile_bounded`, global-function \
+             calls in bounded loops; same run, windows alternated with `profile`'s; goal \
+             ≤ 1.2× per frame): {}.",
+            bounded.join(", ")
         );
     }
     let names: Vec<String> = rows

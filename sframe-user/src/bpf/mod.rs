@@ -1,8 +1,10 @@
 //! Loading the embedded eBPF object.
 
+mod btf_map_type;
+
 use aya::{Ebpf, EbpfLoader};
 use log::warn;
-use sframe_common::names::{globals, maps};
+use sframe_common::names::{globals, maps, programs};
 
 /// The BPF object built by `build.rs` (aya-build) from `sframe-ebpf`.
 pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sframe"));
@@ -11,6 +13,11 @@ pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DI
 pub enum LoadError {
     #[error("loading the eBPF object failed: {}", explain_object_error(.0))]
     Object(#[from] aya::EbpfError),
+    #[error("preparing the eBPF object for this kernel: {0}")]
+    ObjectPatch(String),
+    /// A feature the running kernel cannot give (the message names what it lacks).
+    #[error("{0}")]
+    Unsupported(String),
     #[error("loading program {name} failed (verifier log follows if any): {source}")]
     Program {
         name: &'static str,
@@ -165,6 +172,7 @@ pub fn load_with(config: &LoadConfig) -> Result<Ebpf, LoadError> {
     ensure_tracefs();
     let offsets = TracepointOffsets::read();
     let self_tgid = std::process::id();
+    let task_regs = u32::from(has_task_regs_helpers());
     let mut loader = EbpfLoader::new();
     loader
         .override_global(globals::FILTER_FLAGS, &config.filter_flags, true)
@@ -180,7 +188,8 @@ pub fn load_with(config: &LoadConfig) -> Result<Ebpf, LoadError> {
         .override_global(globals::MMAP_PROT_OFFSET, &offsets.mmap_prot, true)
         .override_global(globals::MMAP_FD_OFFSET, &offsets.mmap_fd, true)
         .override_global(globals::MMAP_RET_OFFSET, &offsets.mmap_ret, true)
-        .override_global(globals::OFF_CPU_MIN_NS, &config.off_cpu_min_ns, true);
+        .override_global(globals::OFF_CPU_MIN_NS, &config.off_cpu_min_ns, true)
+        .override_global(globals::TASK_REGS_HELPERS, &task_regs, true);
     if let Some(rows) = config.max_rows {
         loader.map_max_entries(maps::ROWS, rows.div_ceil(ROW_BLOCK as u32).max(1));
     }
@@ -201,7 +210,27 @@ pub fn load_with(config: &LoadConfig) -> Result<Ebpf, LoadError> {
     // `OFF_CPU_TASKS` is a task-storage map, which aya creates but has no type for
     // (the profiler never reads it).
     loader.allow_unsupported_maps();
-    Ok(loader.load(EBPF_OBJECT)?)
+    if has_task_storage() {
+        return Ok(loader.load(EBPF_OBJECT)?);
+    }
+    // A kernel without task storage (before 5.11) would refuse the whole object: the
+    // map is created as a hash map instead, which no program loaded there uses
+    // (off-CPU profiling, its only user, is refused on such a kernel: see
+    // `off_cpu_support`).
+    let patched = btf_map_type::with_map_type(
+        EBPF_OBJECT,
+        maps::OFF_CPU_TASKS,
+        aya::maps::MapType::Hash as u32,
+    )
+    .map_err(LoadError::ObjectPatch)?;
+    loader.map_max_entries(maps::OFF_CPU_TASKS, 1);
+    // The ELF reader wants the object aligned as the embedded one is.
+    let mut aligned = vec![0u64; patched.len().div_ceil(8)];
+    // SAFETY: `aligned` holds at least `patched.len()` bytes.
+    let bytes =
+        unsafe { std::slice::from_raw_parts_mut(aligned.as_mut_ptr().cast::<u8>(), patched.len()) };
+    bytes.copy_from_slice(&patched);
+    Ok(loader.load(bytes)?)
 }
 
 /// Offsets of the tracepoint record fields the lifecycle programs read (0: unknown on
@@ -549,12 +578,60 @@ pub struct ProgramCheck {
     pub verified_instructions: Result<Option<u32>, String>,
 }
 
+/// Whether the running kernel has task-storage maps (Linux 5.11), which off-CPU
+/// profiling keeps each sleeping thread's start in.
+pub fn has_task_storage() -> bool {
+    aya::sys::is_map_supported(aya::maps::MapType::TaskStorage).unwrap_or(false)
+}
+
+/// Why off-CPU profiling cannot run on this kernel, if it cannot: the kernel features
+/// its programs need and the kernel lacks.
+pub fn off_cpu_support() -> Result<(), String> {
+    if has_task_storage() {
+        return Ok(());
+    }
+    Err(format!(
+        "off-CPU profiling needs task storage maps (BPF_MAP_TYPE_TASK_STORAGE, Linux 5.11); \
+         this kernel ({}) has none",
+        kernel_release().unwrap_or_else(|| "of unknown release".into())
+    ))
+}
+
+/// Whether the running kernel has `bpf_get_current_task_btf` (Linux 5.11) and
+/// `bpf_task_pt_regs` (5.15) for perf-event programs: the user registers of a sample
+/// taken in kernel mode. Without them such a sample is counted `no_user_regs`.
+pub fn has_task_regs_helpers() -> bool {
+    use aya::{
+        programs::ProgramType,
+        sys::{BpfHelper, is_helper_supported},
+    };
+    [
+        BpfHelper::BPF_FUNC_get_current_task_btf,
+        BpfHelper::BPF_FUNC_task_pt_regs,
+    ]
+    .into_iter()
+    .all(|h| is_helper_supported(ProgramType::PerfEvent, h).unwrap_or(false))
+}
+
+/// Whether the running kernel has the `bpf_loop` helper (Linux 5.17) for perf-event
+/// programs: loads a probe program that calls it (a probe that fails to run at all
+/// answers no, and the walker that needs no `bpf_loop` is used).
+pub fn has_bpf_loop() -> bool {
+    use aya::{
+        programs::ProgramType,
+        sys::{BpfHelper, is_helper_supported},
+    };
+    is_helper_supported(ProgramType::PerfEvent, BpfHelper::BPF_FUNC_loop).unwrap_or(false)
+}
+
 /// Loads every program of the object into the running kernel, without attaching any,
 /// and reports what the verifier said of each: the answer to "does it run on this
 /// kernel" (`sframe-user check-kernel`, and the VM test matrix).
 pub fn check_kernel() -> Result<Vec<ProgramCheck>, LoadError> {
     use aya::programs::Program;
     let mut ebpf = load()?;
+    let bpf_loop = has_bpf_loop();
+    let off_cpu = off_cpu_support().is_ok();
     let btf = aya::Btf::from_sys_fs();
     let mut out = Vec::new();
     for (name, program) in ebpf.programs_mut() {
@@ -618,7 +695,12 @@ pub fn check_kernel() -> Result<Vec<ProgramCheck>, LoadError> {
         out.push(ProgramCheck {
             name: name.to_owned(),
             kind,
-            optional: false,
+            // Where the kernel has no `bpf_loop`, `profile_bounded` walks (and the
+            // benchmark's variant of `profile` does not run); where off-CPU profiling
+            // is refused, its programs do not run.
+            optional: (!bpf_loop
+                && (name == programs::PROFILE || name == programs::PROFILE_NO_THREAD_NAMES))
+                || (!off_cpu && name.starts_with("off_cpu_")),
             verified_instructions,
         });
     }
