@@ -50,6 +50,27 @@ fn profile_with(pid: u32, cpu: f64, program: SampleProgram) -> (Stacks, [u64; Wa
         ..ProfilerConfig::explicit(499)
     })
     .expect("load and attach the profile program");
+    // The program asked for is the one that runs (a walker swapped for another would
+    // pass every assertion below).
+    // (Named from the contract, not from `SampleProgram::name`, which could be wrong.)
+    use sframe_common::names::programs;
+    let sampling = [
+        programs::PROFILE,
+        programs::PROFILE_BOUNDED,
+        programs::PROFILE_NO_THREAD_NAMES,
+    ];
+    let expected = match program {
+        SampleProgram::Profile if sframe_user::bpf::has_bpf_loop() => programs::PROFILE,
+        SampleProgram::Profile | SampleProgram::Bounded => programs::PROFILE_BOUNDED,
+        SampleProgram::WithoutThreadNames => programs::PROFILE_NO_THREAD_NAMES,
+    };
+    let loaded: Vec<String> = profiler
+        .verifier_stats()
+        .into_iter()
+        .map(|(name, _)| name)
+        .filter(|name| sampling.contains(&name.as_str()))
+        .collect();
+    assert_eq!(loaded, [expected], "the loaded perf-event programs");
     let report = profiler.add_target(pid).expect("load the target's tables");
     assert!(
         report.with_table >= 2,

@@ -578,21 +578,54 @@ pub struct ProgramCheck {
     pub verified_instructions: Result<Option<u32>, String>,
 }
 
+/// What the running kernel offers the programs, probed once per process (each probe
+/// loads a small program; the object is loaded many times by the benchmark).
+struct KernelFeatures {
+    task_storage: bool,
+    task_regs_helpers: bool,
+    bpf_loop: bool,
+}
+
+fn kernel_features() -> &'static KernelFeatures {
+    use aya::{
+        programs::ProgramType,
+        sys::{BpfHelper, is_helper_supported},
+    };
+    static FEATURES: std::sync::OnceLock<KernelFeatures> = std::sync::OnceLock::new();
+    // A probe that fails to run at all answers no.
+    let helper = |h| is_helper_supported(ProgramType::PerfEvent, h).unwrap_or(false);
+    FEATURES.get_or_init(|| KernelFeatures {
+        task_storage: aya::sys::is_map_supported(aya::maps::MapType::TaskStorage).unwrap_or(false),
+        task_regs_helpers: helper(BpfHelper::BPF_FUNC_get_current_task_btf)
+            && helper(BpfHelper::BPF_FUNC_task_pt_regs),
+        bpf_loop: helper(BpfHelper::BPF_FUNC_loop),
+    })
+}
+
 /// Whether the running kernel has task-storage maps (Linux 5.11), which off-CPU
 /// profiling keeps each sleeping thread's start in.
 pub fn has_task_storage() -> bool {
-    aya::sys::is_map_supported(aya::maps::MapType::TaskStorage).unwrap_or(false)
+    kernel_features().task_storage
 }
 
 /// Why off-CPU profiling cannot run on this kernel, if it cannot: the kernel features
-/// its programs need and the kernel lacks.
+/// its programs need and the kernel lacks (of those a probe can tell: `sched_switch`'s
+/// `prev_state` argument, Linux 5.18, is found when its program loads).
 pub fn off_cpu_support() -> Result<(), String> {
-    if has_task_storage() {
+    let f = kernel_features();
+    let mut missing = Vec::new();
+    if !f.task_storage {
+        missing.push("task storage maps (BPF_MAP_TYPE_TASK_STORAGE, Linux 5.11)");
+    }
+    if !f.task_regs_helpers {
+        missing.push("bpf_get_current_task_btf (Linux 5.11) and bpf_task_pt_regs (5.15)");
+    }
+    if missing.is_empty() {
         return Ok(());
     }
     Err(format!(
-        "off-CPU profiling needs task storage maps (BPF_MAP_TYPE_TASK_STORAGE, Linux 5.11); \
-         this kernel ({}) has none",
+        "off-CPU profiling needs {}; this kernel ({}) lacks them",
+        missing.join(" and "),
         kernel_release().unwrap_or_else(|| "of unknown release".into())
     ))
 }
@@ -601,27 +634,13 @@ pub fn off_cpu_support() -> Result<(), String> {
 /// `bpf_task_pt_regs` (5.15) for perf-event programs: the user registers of a sample
 /// taken in kernel mode. Without them such a sample is counted `no_user_regs`.
 pub fn has_task_regs_helpers() -> bool {
-    use aya::{
-        programs::ProgramType,
-        sys::{BpfHelper, is_helper_supported},
-    };
-    [
-        BpfHelper::BPF_FUNC_get_current_task_btf,
-        BpfHelper::BPF_FUNC_task_pt_regs,
-    ]
-    .into_iter()
-    .all(|h| is_helper_supported(ProgramType::PerfEvent, h).unwrap_or(false))
+    kernel_features().task_regs_helpers
 }
 
 /// Whether the running kernel has the `bpf_loop` helper (Linux 5.17) for perf-event
-/// programs: loads a probe program that calls it (a probe that fails to run at all
-/// answers no, and the walker that needs no `bpf_loop` is used).
+/// programs (a probe program that calls it; without it `profile_bounded` walks).
 pub fn has_bpf_loop() -> bool {
-    use aya::{
-        programs::ProgramType,
-        sys::{BpfHelper, is_helper_supported},
-    };
-    is_helper_supported(ProgramType::PerfEvent, BpfHelper::BPF_FUNC_loop).unwrap_or(false)
+    kernel_features().bpf_loop
 }
 
 /// Loads every program of the object into the running kernel, without attaching any,
@@ -700,7 +719,13 @@ pub fn check_kernel() -> Result<Vec<ProgramCheck>, LoadError> {
             // is refused, its programs do not run.
             optional: (!bpf_loop
                 && (name == programs::PROFILE || name == programs::PROFILE_NO_THREAD_NAMES))
-                || (!off_cpu && name.starts_with("off_cpu_")),
+                || (!off_cpu
+                    && [
+                        programs::OFF_CPU_SWITCH,
+                        programs::OFF_CPU_RETURN,
+                        programs::OFF_CPU_WAKE,
+                    ]
+                    .contains(&name)),
             verified_instructions,
         });
     }

@@ -1063,9 +1063,8 @@ impl Profiler {
         self.counts.stack(id)
     }
 
-    /// The `profile` program's accumulated run time (ns) and run count, as the kernel
-    /// reports them while `kernel.bpf_stats_enabled` is 1 (`cargo xtask bench`).
-    /// Instructions the verifier processed for each loaded program (its budget is 1M).
+    /// Instructions the verifier processed for each loaded program (its budget is 1M;
+    /// `None` where the kernel does not tell, before 5.16).
     pub fn verifier_stats(&self) -> Vec<(String, Option<u32>)> {
         self.ebpf
             .programs()
@@ -1076,6 +1075,8 @@ impl Profiler {
             .collect()
     }
 
+    /// The sampling program's accumulated run time (ns) and run count, as the kernel
+    /// reports them while `kernel.bpf_stats_enabled` is 1 (`cargo xtask bench`).
     pub fn program_stats(&self) -> Option<(u64, u64)> {
         self.program_stats_of(self.program.name())
     }
